@@ -49,7 +49,56 @@ def _configure_info(p):
     p.add_argument("--seq", type=int, default=8, help="sequence length T for the shape trace")
 
 
-CONFIGURE = {"info": _configure_info}
+def add_data_args(p: argparse.ArgumentParser, split: str = "test") -> None:
+    p.add_argument("--data", default="default",
+                   help=f"default (its {split} split), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT")
+    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_positions)")
+    p.add_argument("--stride", type=int, default=None, help="window stride (default: seq-len)")
+    p.add_argument("--max-tokens", type=int, default=None, help="use only the first K tokens of the corpus")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward (default 8)")
+    p.set_defaults(split=split)
+
+
+def data_from_args(args, model, data: str | None = None, split: str | None = None):
+    """Token ids (1-D) of ``--data`` for ``model``, plus the resolved seq_len and stride."""
+    from .corpus import load_texts, tokenize_corpus
+    from .loading import load_tokenizer
+    from .perplexity import check_window
+
+    args.seq_len = model.cfg.n_positions if args.seq_len is None else args.seq_len
+    args.stride = args.seq_len if args.stride is None else args.stride
+    check_window(args.seq_len, args.stride, model.cfg.n_positions)
+    if args.batch_size < 1:
+        raise HeadpruneError(f"--batch-size {args.batch_size} must be at least 1")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise HeadpruneError(f"--max-tokens {args.max_tokens} must be at least 2")
+    tokenizer = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
+    ids = tokenize_corpus(load_texts(data or args.data, split or args.split), tokenizer)
+    return ids[: args.max_tokens] if args.max_tokens else ids
+
+
+@command("eval", "sliding-window perplexity of a model on a corpus")
+def cmd_eval(args) -> None:
+    import json
+
+    from .perplexity import evaluate
+
+    model = load_from_args(args)
+    ids = data_from_args(args, model)
+    result = evaluate(model, ids, args.seq_len, args.stride, args.batch_size, progress=not args.json)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(f"tokens scored: {result.tokens:,}\nmean NLL: {result.nll:.6f} nats/token\nperplexity: {result.ppl:.4f}")
+
+
+def _configure_eval(p):
+    add_model_args(p)
+    add_data_args(p, "test")
+    p.add_argument("--json", action="store_true", help="print one JSON object with tokens, nll, ppl")
+
+
+CONFIGURE = {"info": _configure_info, "eval": _configure_eval}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,3 +6,10 @@ class HeadpruneError(Exception):
 
     The message must say what is wrong and what to do, on one line.
     """
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (the run goes on)."""
+    import sys
+
+    print(f"headprune: warning: {message}", file=sys.stderr)

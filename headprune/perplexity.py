@@ -1,0 +1,117 @@
+"""Fixed-length sliding-window perplexity (Hugging Face's guide "Perplexity of fixed-length models").
+
+Windows of ``seq_len`` tokens start at 0, s, 2s, ... (stride s) until one reaches the end of the corpus.
+Window w = ids[b_w : e_w] scores only the tokens new to it, positions t in [e_{w-1}, e_w) with t > b_w,
+each predicted from ids[b_w : t]. Then
+
+    NLL = Σ_t −log p(x_t | context) / #scored tokens,        perplexity = exp(NLL).
+
+Token-weighted exactly: the guide's loop weights each window's mean loss by (new tokens − 1), which is
+the number of scored tokens only for the first window; we count the tokens that are really scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .errors import HeadpruneError, warn
+from .model import GPT2, token_nll
+
+
+@dataclass(frozen=True)
+class Window:
+    begin: int
+    end: int
+    first_scored: int  # first target position (absolute) this window scores
+
+
+@dataclass
+class Batch:
+    tokens: Tensor  # (b, L) int64
+    mask: Tensor  # (b, L-1) bool: which next-token predictions are scored
+
+
+@dataclass
+class Perplexity:
+    tokens: int
+    nll: float
+    ppl: float
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "nll": self.nll, "ppl": self.ppl}
+
+
+def check_window(seq_len: int, stride: int, n_positions: int) -> None:
+    if seq_len < 2:
+        raise HeadpruneError(f"--seq-len {seq_len} is too short; use at least 2")
+    if seq_len > n_positions:
+        raise HeadpruneError(f"--seq-len {seq_len} exceeds the model's n_positions {n_positions}; use <= {n_positions}")
+    if not 0 < stride <= seq_len:
+        raise HeadpruneError(f"--stride {stride} must be in 1..seq-len ({seq_len})")
+
+
+def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[Window]:
+    """The guide's windows over a corpus of ``n_tokens`` tokens."""
+    if n_tokens < 2:
+        raise HeadpruneError(f"the corpus has {n_tokens} token(s); at least 2 are needed to score anything")
+    if n_tokens < seq_len:
+        warn(f"the corpus has only {n_tokens} tokens, shorter than one window of {seq_len}; scoring what there is")
+    windows, prev_end = [], 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + seq_len, n_tokens)
+        windows.append(Window(begin, end, max(prev_end, begin + 1)))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return windows
+
+
+def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int) -> list[Batch]:
+    """Windows grouped into batches of equal length (only the corpus' last window can be shorter)."""
+    windows = sliding_windows(len(ids), seq_len, stride)
+    batches: list[Batch] = []
+    groups: dict[int, list[Window]] = {}
+    for w in windows:
+        groups.setdefault(w.end - w.begin, []).append(w)
+    for length, group in groups.items():
+        for i in range(0, len(group), batch_size):
+            chunk = group[i : i + batch_size]
+            tokens = torch.stack([ids[w.begin : w.end] for w in chunk])
+            target_pos = torch.arange(1, length)  # window-relative position of each target
+            mask = torch.stack([target_pos >= w.first_scored - w.begin for w in chunk])
+            batches.append(Batch(tokens, mask))
+    return batches
+
+
+def batch_nll_sum(model: GPT2, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
+    """Sum of scored next-token NLLs (fp64 scalar) and their count for one batch."""
+    tokens = batch.tokens.to(model.device)
+    nll = token_nll(model(tokens, **forward_kwargs), tokens)  # (b, L-1)
+    mask = batch.mask.to(nll.device)
+    return (nll.double() * mask).sum(), int(mask.sum())
+
+
+@torch.no_grad()
+def evaluate(
+    model: GPT2,
+    ids: Tensor,
+    seq_len: int,
+    stride: int,
+    batch_size: int = 8,
+    progress: bool = True,
+    **forward_kwargs,
+) -> Perplexity:
+    """Token-weighted NLL and perplexity of ``model`` on ``ids`` (1-D) with sliding windows."""
+    check_window(seq_len, stride, model.cfg.n_positions)
+    total, count = 0.0, 0
+    for batch in tqdm(window_batches(ids, seq_len, stride, batch_size), desc="perplexity", disable=not progress,
+                      leave=False):
+        s, n = batch_nll_sum(model, batch, **forward_kwargs)
+        total += s.item()
+        count += n
+    nll = total / count
+    return Perplexity(count, nll, math.exp(nll))
