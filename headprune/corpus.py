@@ -68,13 +68,10 @@ def _docstrings(tree: ast.Module) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _default_documents() -> tuple[tuple[str, str], ...]:
-    from pydoc_data.topics import topics
-
-    docs = {f"topic:{key}": text.strip() for key, text in topics.items()}
-    root = _stdlib_dir()
-    for dirpath, dirnames, filenames in os.walk(root):
+def _module_documents(root: Path, top: Path | None = None) -> dict[str, str]:
+    """``module:NAME`` documents of the ``.py`` files under ``top`` (default ``root``), named relative to ``root``."""
+    docs = {}
+    for dirpath, dirnames, filenames in os.walk(top or root):
         dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith(".")]
         for filename in filenames:
             if not filename.endswith(".py"):
@@ -87,6 +84,15 @@ def _default_documents() -> tuple[tuple[str, str], ...]:
             parts = _docstrings(tree)
             if parts:
                 docs[f"module:{_module_name(path, root)}"] = "\n\n".join(parts)
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def _default_documents() -> tuple[tuple[str, str], ...]:
+    from pydoc_data.topics import topics
+
+    docs = {f"topic:{key}": text.strip() for key, text in topics.items()}
+    docs.update(_module_documents(_stdlib_dir()))
     return tuple(sorted((name, text) for name, text in docs.items() if text))
 
 
@@ -157,9 +163,10 @@ def _load_hf(spec: str) -> list[str]:
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except Exception as e:
+        what = f"{name!r}" + (f" config {config!r}" if config else "") + f" split {split!r}"
         raise HeadpruneError(
-            f"could not load Hugging Face dataset {name!r} (config {config}, split {split}): "
-            f"{type(e).__name__}; likely no network and no local cache, or a wrong name/config/split"
+            f"could not load Hugging Face dataset {what} ({type(e).__name__}); likely no network and "
+            "no local cache, or a wrong name/config/split: download it once online or use a local file"
         ) from None
     if "text" not in ds.column_names:
         raise HeadpruneError(

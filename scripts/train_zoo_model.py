@@ -40,17 +40,17 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "headprune/zoo/stdlib-gpt2-mini")
     p.add_argument("--work", type=Path, default=ROOT / "out/zoo-train", help="checkpoints and tokenizer (gitignored)")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--ckpt-every", type=int, default=250)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--benchmark", type=int, default=0, metavar="N", help="time N steps and exit")
@@ -310,7 +310,9 @@ def main(argv=None) -> None:
         save(state["model"], tokenizer, args.out)
         info = {"best_step": state["best_step"], "minutes": state["elapsed"] / 60,
                 "tok_s": args.steps * args.batch * args.seq_len / state["elapsed"], "log": state["log"],
-                "command": "python scripts/train_zoo_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "command": " ".join(["python scripts/train_zoo_model.py",
+                                     *[a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"]])}
         info_file.write_text(json.dumps(info, indent=2))
     info = json.loads(info_file.read_text())
     info["train_tokens"] = len(train_ids)
