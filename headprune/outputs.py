@@ -1,0 +1,168 @@
+"""Atomic outputs and append-only progress files for resumable sweeps.
+
+Every file is written to a temporary name in its own folder, flushed, fsynced and renamed over the
+target, so a reader (or a killed run) never sees a half-written file.
+
+A sweep records each finished unit as one JSON line in a progress file whose first line is the run's
+fingerprint (command, model, data, settings). Rerunning the same command skips the recorded units; a
+different fingerprint refuses to resume unless told to overwrite. A torn last line (SIGKILL in mid-write)
+is ignored and its unit recomputed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from .errors import HeadpruneError
+
+TABLE_SUFFIXES = (".csv", ".parquet")
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike):
+    """Yield a temporary path beside ``target``; on success rename it over ``target``, on error remove it."""
+    target = Path(target)
+    ensure_dir(target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(target: str | os.PathLike, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text)
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json(target: str | os.PathLike, obj: Any) -> None:
+    write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_table(df: pd.DataFrame, target: str | os.PathLike) -> None:
+    """A DataFrame as .csv or .parquet (by suffix), atomically."""
+    suffix = Path(target).suffix
+    check_table_suffix(target)
+    with atomic_path(target) as tmp:
+        df.to_csv(tmp, index=False) if suffix == ".csv" else df.to_parquet(tmp, index=False)
+
+
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
+    path = Path(path)
+    check_table_suffix(path)
+    if not path.is_file():
+        raise HeadpruneError(f"table {path} does not exist")
+    try:
+        return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    except Exception as err:  # pandas/pyarrow raise many kinds
+        raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); is it a headprune csv/parquet?") from None
+
+
+def check_table_suffix(path: str | os.PathLike) -> None:
+    if Path(path).suffix not in TABLE_SUFFIXES:
+        raise HeadpruneError(f"output {path} must end in .csv or .parquet")
+
+
+def ensure_dir(folder: str | os.PathLike) -> Path:
+    """Create ``folder`` if needed and check that files can be written in it."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise HeadpruneError(f"cannot write to {folder} ({err.strerror or err}); choose a writable location") from None
+    return folder
+
+
+def fingerprint(**settings) -> str:
+    """A short stable hash of a run's settings."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Progress:
+    """Append-only record of a sweep's finished units, keyed by strings, values JSON-serialisable."""
+
+    def __init__(self, path: str | os.PathLike, settings: dict, overwrite: bool = False):
+        self.path = Path(path)
+        self.key = fingerprint(**settings)
+        self.units: dict[str, Any] = {}
+        ensure_dir(self.path.parent)
+        if self.path.exists() and overwrite:
+            self.path.unlink()
+        if self.path.exists():
+            self._load(settings)
+        else:
+            self._append({"fingerprint": self.key, "settings": settings})
+
+    def _load(self, settings: dict) -> None:
+        lines = self.path.read_text().splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else {}
+        except json.JSONDecodeError:
+            header = {}
+        if header.get("fingerprint") != self.key:
+            raise HeadpruneError(
+                f"{self.path} holds progress of a different run (other model, data or settings); pass --overwrite "
+                "to discard it or choose another output"
+            )
+        for i, line in enumerate(lines[1:], start=1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:  # torn last line of a killed run: drop it
+                    write_text(self.path, "\n".join(lines[:-1]) + "\n")
+                    break
+                raise HeadpruneError(f"{self.path} line {i + 1} is damaged; pass --overwrite to start afresh") from None
+            self.units[rec["unit"]] = rec["value"]
+
+    def _append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __contains__(self, unit: str) -> bool:
+        return unit in self.units
+
+    def get_or_compute(self, unit: str, compute: Callable[[], Any]) -> Any:
+        """The recorded value of ``unit``, else ``compute()`` recorded now. JSON round-trips floats exactly."""
+        if unit not in self.units:
+            value = compute()
+            self._append({"unit": unit, "value": value})
+            self.units[unit] = json.loads(json.dumps(value))
+        return self.units[unit]
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class NoProgress:
+    """The Progress interface without a file (Python API calls that need no resume)."""
+
+    def __contains__(self, unit: str) -> bool:
+        return False
+
+    def get_or_compute(self, unit: str, compute: Callable[[], Any]) -> Any:
+        return json.loads(json.dumps(compute()))
+
+    def remove(self) -> None:
+        pass
