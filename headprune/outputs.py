@@ -114,7 +114,7 @@ class Progress:
             self._append({"fingerprint": self.key, "settings": settings})
 
     def _load(self, settings: dict) -> None:
-        lines = self.path.read_text().splitlines()
+        *lines, torn = self.path.read_text().split("\n")  # a complete file ends in "\n": torn == ""
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
@@ -124,15 +124,14 @@ class Progress:
                 f"{self.path} holds progress of a different run (other model, data or settings); pass --overwrite "
                 "to discard it or choose another output"
             )
-        for i, line in enumerate(lines[1:], start=1):
+        for i, line in enumerate(lines[1:], start=2):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                if i == len(lines) - 1:  # torn last line of a killed run: drop it
-                    write_text(self.path, "\n".join(lines[:-1]) + "\n")
-                    break
-                raise HeadpruneError(f"{self.path} line {i + 1} is damaged; pass --overwrite to start afresh") from None
+                raise HeadpruneError(f"{self.path} line {i} is damaged; pass --overwrite to start afresh") from None
             self.units[rec["unit"]] = rec["value"]
+        if torn:  # the last record of a killed run, cut mid-write: drop it, its unit is recomputed
+            write_text(self.path, "\n".join(lines) + "\n")
 
     def _append(self, record: dict) -> None:
         with open(self.path, "a") as f:
