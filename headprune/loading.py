@@ -156,6 +156,17 @@ def load_model(
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
+def model_fingerprint(model: GPT2) -> str:
+    """A short hash of the config and the attention weights: tells whether a scores file fits a model."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(model.cfg.as_dict(), sort_keys=True).encode())
+    for blk in model.h:
+        for p in (blk.attn.c_attn.weight, blk.attn.c_proj.weight):
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

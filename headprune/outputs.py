@@ -115,6 +115,10 @@ class Progress:
 
     def _load(self, settings: dict) -> None:
         *lines, torn = self.path.read_text().split("\n")  # a complete file ends in "\n": torn == ""
+        if not lines:  # killed before the header was complete: start afresh
+            self.path.unlink()
+            self._append({"fingerprint": self.key, "settings": settings})
+            return
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
