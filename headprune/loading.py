@@ -157,13 +157,14 @@ def load_model(
 
 
 def model_fingerprint(model: GPT2) -> str:
-    """A short hash of the config and the attention weights: tells whether a scores file fits a model."""
+    """A short hash of the config and the attention weights (rounded to bf16, so fp32, bf16 and fp16 loads
+    agree): tells whether a scores file belongs to a model."""
     import hashlib
 
     h = hashlib.sha256(json.dumps(model.cfg.as_dict(), sort_keys=True).encode())
     for blk in model.h:
         for p in (blk.attn.c_attn.weight, blk.attn.c_proj.weight):
-            h.update(p.detach().float().cpu().numpy().tobytes())
+            h.update(p.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
     return h.hexdigest()[:16]
 
 
