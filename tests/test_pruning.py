@@ -1,0 +1,323 @@
+"""Pruning against independent computations: Hugging Face's GPT2LMHeadModel with the pruned heads' weights
+zeroed by hand, gate masking, mean ablation, hand-derived parameter/FLOP formulas; exports; head selection."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import GPT2LMHeadModel
+
+from headprune.errors import HeadpruneError
+from headprune.heads import head_id
+from headprune.loading import load_model, model_fingerprint
+from headprune.model import count_params
+from headprune.pruning import (EXPORT_MARKER, export_hf, export_native, fill_tensors, mask_gates, prune_model,
+                               pruning_stats, removed_heads)
+from headprune.selection import check_scores_match, rank_heads, select_heads
+
+D, H, DK = 32, 4, 8  # tiny model
+HEADS = [(0, 1), (0, 3), (1, 0), (2, 0), (2, 1), (2, 2)]
+
+
+def _tokens(B=2, T=24, seed=0):
+    return torch.randint(0, 50257, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(tiny_dir)
+
+
+def _hf_zeroed(folder, heads, fills=None):
+    """Stock GPT2LMHeadModel with each head's Q/K/V columns, biases and W_O rows zeroed by hand (and the
+    fill's contribution z̄ W_O^(i) added to b_O)."""
+    hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        for layer, head in heads:
+            attn = hf.transformer.h[layer].attn
+            sl = slice(head * DK, (head + 1) * DK)
+            if fills is not None:
+                attn.c_proj.bias += fills[(layer, head)] @ attn.c_proj.weight[sl]
+            attn.c_proj.weight[sl] = 0
+            for part in range(3):
+                cols = slice(part * D + head * DK, part * D + (head + 1) * DK)
+                attn.c_attn.weight[:, cols] = 0
+                attn.c_attn.bias[cols] = 0
+    return hf
+
+
+def _mean_fills(model, tokens):
+    """z̄ of every head: its output averaged over batch and positions, {(layer, head): [d_head]}."""
+    capture = {}
+    with torch.no_grad():
+        model(tokens, capture=capture)
+    return {(l, h): capture[f"z.{l}"][:, p].mean((0, 1)) for l, kept in enumerate(model.cfg.kept_heads)
+            for p, h in enumerate(kept)}
+
+
+def _maxdiff(a, b):
+    return (a - b).abs().max().item()
+
+
+# ---------------------------------------------------------------- physical pruning
+
+def test_pruned_equals_masked_equals_hf_zeroed(tiny, tiny_dir):
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+    pruned = prune_model(tiny, HEADS)
+    x = _tokens()
+    with torch.no_grad():
+        p, m, r = pruned(x), tiny(x, gates=mask_gates(tiny, HEADS)), _hf_zeroed(tiny_dir, HEADS)(x).logits
+        full = tiny(x)
+    assert _maxdiff(p, m) <= 1e-4 and _maxdiff(p, r) <= 1e-4
+    assert _maxdiff(p, full) > 1e-2  # the heads mattered
+    assert pruned.cfg.kept_heads == [[0, 2], [1, 2, 3], [3]]
+    assert [tuple(b.attn.c_attn.weight.shape) for b in pruned.h] == [(D, 3 * 2 * DK), (D, 9 * DK), (D, 3 * DK)]
+    assert [tuple(b.attn.c_proj.weight.shape) for b in pruned.h] == [(2 * DK, D), (3 * DK, D), (DK, D)]
+    assert all(torch.equal(v, tiny.state_dict()[k]) for k, v in before.items())  # input untouched
+    assert count_params(tiny) - count_params(pruned) == len(HEADS) * (3 * D * DK + 3 * DK + DK * D)
+
+
+def test_pruned_heads_keep_their_weights(tiny):
+    pruned = prune_model(tiny, HEADS)
+    for layer, kept in enumerate(pruned.cfg.kept_heads):
+        a, b = tiny.h[layer].attn, pruned.h[layer].attn
+        for p, h in enumerate(kept):
+            for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+                assert torch.equal(getattr(b, name)[p], getattr(a, name)[h]), (layer, h, name)
+        assert torch.equal(b.b_O, a.b_O)
+
+
+def test_layer_pruned_to_zero_heads(tiny, tiny_dir):
+    heads = [(1, h) for h in range(H)] + [(0, 2)]
+    pruned = prune_model(tiny, heads)
+    assert pruned.cfg.kept_heads[1] == [] and pruned.h[1].attn.n_heads == 0
+    assert pruned.h[1].attn.c_attn.weight.shape == (D, 0)
+    x = _tokens(seed=1)
+    with torch.no_grad():
+        p = pruned(x)
+        assert _maxdiff(p, _hf_zeroed(tiny_dir, heads)(x).logits) <= 1e-4
+        assert _maxdiff(p, tiny(x, gates=mask_gates(tiny, heads))) <= 1e-4
+
+
+def test_compensated_equals_mean_ablated(tiny, tiny_dir):
+    fills = _mean_fills(tiny, _tokens(B=4, T=32, seed=5))
+    pruned = prune_model(tiny, HEADS, fills)
+    x = _tokens(seed=2)
+    with torch.no_grad():
+        p = pruned(x)
+        ablated = tiny(x, gates=mask_gates(tiny, HEADS), fills=fill_tensors(tiny, {h: fills[h] for h in HEADS}))
+        assert _maxdiff(p, ablated) <= 1e-5
+        assert _maxdiff(p, _hf_zeroed(tiny_dir, HEADS, fills)(x).logits) <= 1e-4
+        assert _maxdiff(p, prune_model(tiny, HEADS)(x)) > 1e-3  # compensation changed something
+
+
+def test_prune_a_pruned_model_by_original_ids(tiny):
+    first, second = HEADS[:3], HEADS[3:] + [(1, 2)]
+    once = prune_model(tiny, first)
+    twice = prune_model(once, second)
+    direct = prune_model(tiny, first + second)
+    assert twice.cfg.kept_heads == direct.cfg.kept_heads == [[0, 2], [1, 3], [3]]
+    x = _tokens(seed=3)
+    with torch.no_grad():
+        assert _maxdiff(twice(x), direct(x)) <= 1e-5
+        assert _maxdiff(once(x, gates=mask_gates(once, second)), direct(x)) <= 1e-4
+    assert removed_heads(twice) == sorted(first + second)
+    with pytest.raises(HeadpruneError, match="L0H1 was already pruned"):
+        prune_model(once, [(0, 1)])
+
+
+def test_bad_heads_and_fills(tiny):
+    for heads in ([(3, 0)], [(0, 4)], [(0, -1)]):
+        with pytest.raises(HeadpruneError):
+            prune_model(tiny, heads)
+        with pytest.raises(HeadpruneError):
+            mask_gates(tiny, heads)
+    with pytest.raises(HeadpruneError, match="no mean output"):
+        prune_model(tiny, [(0, 1), (0, 2)], {(0, 1): torch.zeros(DK)})
+    with pytest.raises(HeadpruneError, match="shape"):
+        prune_model(tiny, [(0, 1)], {(0, 1): torch.zeros(DK + 1)})
+
+
+def test_counts_match_hand_formulas_gpt2_small(small_dir):
+    model = load_model(small_dir)
+    d, dk, T = 768, 64, 128
+    k = {0: 3, 5: 12, 11: 1}  # heads removed per layer; layer 5 loses all
+    heads = [(layer, h) for layer, n in k.items() for h in range(n)]
+    pruned = prune_model(model, heads)
+    s = pruning_stats(model, pruned, seq_len=T)
+    n = sum(k.values())
+    assert s["heads_removed"] == n and s["heads_after"] == 144 - n
+    assert s["params_removed"] == n * (3 * d * dk + 3 * dk + dk * d) == count_params(model) - count_params(pruned)
+    assert s["params_before"] == 124_439_808  # GPT-2 small, tied LM head
+    assert s["wo_params_removed"] == n * dk * d
+    assert s["attention_flops_per_token_removed"] == n * (2 * d * 3 * dk + 2 * dk * d + 2 * 2 * dk * T)
+    assert s["attention_flops_per_token_before"] == 12 * (2 * d * 3 * d + 2 * d * d + 4 * d * T)
+
+
+# ---------------------------------------------------------------- export
+
+def test_native_export_round_trip(tiny, tiny_dir, tmp_path):
+    pruned = prune_model(tiny, HEADS, _mean_fills(tiny, _tokens(seed=7)))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "vocab.json").write_text("{}")
+    (src / "merges.txt").write_text("#version: 0.2\n")
+    pruned.folder = src
+    out = export_native(pruned, tmp_path / "native", metadata={"method": "test"})
+    back = load_model(out)
+    assert back.cfg.kept_heads == pruned.cfg.kept_heads
+    assert json.loads((out / "config.json").read_text())["headprune_kept_heads"] == [[0, 2], [1, 2, 3], [3]]
+    assert (out / "vocab.json").read_text() == "{}" and (out / "merges.txt").is_file()
+    marker = json.loads((out / EXPORT_MARKER).read_text())
+    assert marker["removed_heads"] == [head_id(*h) for h in HEADS] and marker["method"] == "test"
+    x = _tokens(seed=4)
+    with torch.no_grad():
+        assert _maxdiff(back(x), pruned(x)) == 0.0
+    assert (out / "model.safetensors").stat().st_size < (tiny_dir / "model.safetensors").stat().st_size
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folders left
+
+
+def test_native_export_of_empty_layer_round_trips(tiny, tmp_path):
+    pruned = prune_model(tiny, [(2, h) for h in range(H)])
+    back = load_model(export_native(pruned, tmp_path / "e"))
+    x = _tokens(seed=6)
+    with torch.no_grad():
+        assert back.h[2].attn.n_heads == 0 and _maxdiff(back(x), pruned(x)) == 0.0
+
+
+def test_export_target_rules(tiny, tmp_path):
+    pruned = prune_model(tiny, HEADS[:1])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HeadpruneError, match="is a file"):
+        export_native(pruned, tmp_path / "file")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(HeadpruneError, match="not a headprune export"):
+        export_native(pruned, foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    export_native(pruned, foreign, overwrite=True)
+    assert not (foreign / "notes.txt").exists() and (foreign / EXPORT_MARKER).is_file()
+    again = prune_model(tiny, HEADS)
+    export_native(again, foreign)  # a previous export is replaced without overwrite
+    assert load_model(foreign).cfg.kept_heads == again.cfg.kept_heads
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export_native(pruned, empty)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "foreign"]
+
+
+def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
+    fills = _mean_fills(tiny, _tokens(seed=8))
+    out = export_hf(tiny, HEADS, fills, tmp_path / "hf")
+    cfg = json.loads((out / "config.json").read_text())
+    assert "headprune_kept_heads" not in cfg and cfg["n_head"] == H
+    hf = GPT2LMHeadModel.from_pretrained(out).eval()
+    ref = GPT2LMHeadModel.from_pretrained(tiny_dir)
+    assert {k: v.shape for k, v in hf.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    assert torch.count_nonzero(hf.transformer.h[0].attn.c_proj.weight[DK : 2 * DK]) == 0
+    x = _tokens(seed=9)
+    with torch.no_grad():
+        assert _maxdiff(hf(x).logits, prune_model(tiny, HEADS, fills)(x)) <= 1e-4
+        # from an already pruned model: the heads it lacks are zero-filled too
+        once = prune_model(tiny, HEADS[:2])
+        hf2 = GPT2LMHeadModel.from_pretrained(export_hf(once, HEADS[2:], None, tmp_path / "hf2")).eval()
+        assert _maxdiff(hf2(x).logits, prune_model(tiny, HEADS)(x)) <= 1e-4
+
+
+# ---------------------------------------------------------------- selection
+
+def _scores(values_by_layer, **extra):
+    """A scores table: one row per (layer, head), column ``imp`` from ``values_by_layer`` (a list per layer)."""
+    rows = [{"layer": l, "head": h, "head_id": head_id(l, h), "imp": v}
+            for l, vs in enumerate(values_by_layer) for h, v in enumerate(vs)]
+    return pd.DataFrame(rows).assign(**extra)
+
+
+def test_global_and_per_layer_selection():
+    s = _scores([[5, 1, 7, 3], [0.5, 9, 8, 2], [4, 6, 10, 11]])
+    assert rank_heads(s, "imp")[:4] == [(1, 0), (0, 1), (1, 3), (0, 3)]
+    assert select_heads(s, "imp", count=3) == [(1, 0), (0, 1), (1, 3)]
+    assert select_heads(s, "imp", fraction=0.25) == [(1, 0), (0, 1), (1, 3)]  # round(0.25 * 12) = 3
+    assert select_heads(s, "imp", fraction=0.5, per_layer=True) == [(1, 0), (0, 1), (1, 3), (0, 3), (2, 0), (2, 1)]
+    assert sorted(select_heads(s, "imp", count=1, per_layer=True)) == [(0, 1), (1, 0), (2, 0)]
+    assert select_heads(s, "imp", fraction=0.0) == [] and len(select_heads(s, "imp", fraction=1.0)) == 12
+
+
+def test_per_layer_rounding_with_unequal_layers():
+    # a pruned model's table: layers hold 4, 2 and 3 heads; fraction 0.5 -> round(2), round(1), round(1.5) = 2, 1, 2
+    s = _scores([[4, 3, 2, 1], [1, 2], [3, 2, 1]])
+    chosen = select_heads(s, "imp", fraction=0.5, per_layer=True)
+    assert sorted(chosen) == [(0, 2), (0, 3), (1, 0), (2, 1), (2, 2)]
+
+
+def test_normalize_by_layer_l2_norm():
+    s = _scores([[10, 40, 40, 40], [1, 2, 3, 4]])
+    assert select_heads(s, "imp", count=2) == [(1, 0), (1, 1)]
+    # by hand: 10/√4900 = 0.143, 1/√30 = 0.183, 2/√30 = 0.365, 40/√4900 = 0.571
+    assert select_heads(s, "imp", count=2, normalize="layer") == [(0, 0), (1, 0)]
+    assert rank_heads(s, "imp", normalize="layer")[2] == (1, 1)
+
+
+def test_standardize_per_layer_z_scores():
+    s = _scores([[0, 10, 10, 10], [1, 2, 3, 100]])
+    # by hand: layer 0 z = (x - 7.5)/4.33 -> -1.73, 0.58 x3; layer 1 mean 26.5, std 42.4 -> -0.60, -0.58, -0.55, 1.73
+    assert rank_heads(s, "imp", standardize=True)[:4] == [(0, 0), (1, 0), (1, 1), (1, 2)]
+    expect = s.groupby("layer").imp.transform(lambda v: (v - v.mean()) / v.std(ddof=0))
+    order = sorted(zip(expect, s.layer, s["head"]))
+    assert rank_heads(s, "imp", standardize=True) == [(l, h) for _, l, h in order]
+
+
+def test_random_is_reproducible_and_needs_no_column():
+    s = _scores([[1] * 12] * 12).drop(columns="imp")
+    a, b = select_heads(s, "random", count=20, seed=1), select_heads(s, "random", count=20, seed=1)
+    assert a == b and len(set(a)) == 20
+    assert select_heads(s, "random", count=20, seed=2) != a
+    assert select_heads(s.sample(frac=1, random_state=0), "random", count=20, seed=1) == a  # row order irrelevant
+
+
+def test_ties_are_broken_by_layer_then_head():
+    s = _scores([[1, 1, 1], [1, 1, 1]])
+    shuffled = s.iloc[[4, 0, 5, 2, 1, 3]]
+    assert rank_heads(shuffled, "imp") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert select_heads(shuffled, "imp", fraction=0.5, per_layer=True) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(method="entropy", count=1), "does not rank importance"),
+        (dict(method="nope", count=1), "no column 'nope'"),
+        (dict(method="imp", fraction=-0.1), r"in \[0, 1\]"),
+        (dict(method="imp", fraction=1.5), r"in \[0, 1\]"),
+        (dict(method="imp", fraction=float("nan")), r"in \[0, 1\]"),
+        (dict(method="imp", count=13), "only 12"),
+        (dict(method="imp", count=-1), ">= 0"),
+        (dict(method="imp", count=5, per_layer=True), "layer 0 has only 4"),
+        (dict(method="imp"), "exactly one"),
+        (dict(method="imp", count=1, fraction=0.5), "exactly one"),
+        (dict(method="imp", count=1, normalize="global"), "unknown normalize"),
+        (dict(method="imp", count=1, normalize="layer", standardize=True), "choose one"),
+        (dict(method="bad", count=1), "NaN"),
+    ],
+)
+def test_selection_errors(kwargs, words):
+    s = _scores([[1, 2, 3, 4]] * 3, entropy=1.0, bad=[1.0] * 11 + [np.nan])
+    with pytest.raises(HeadpruneError, match=words):
+        select_heads(s, **kwargs)
+
+
+def test_scores_must_match_the_model(tiny):
+    s = _scores([[1, 2, 3, 4]] * 3)
+    check_scores_match(s, tiny)
+    check_scores_match(s.assign(model_fingerprint=model_fingerprint(tiny)), tiny)
+    with pytest.raises(HeadpruneError, match="scores file x.csv is from another model.*fingerprint"):
+        check_scores_match(s.assign(model_fingerprint="0123456789abcdef"), tiny, "x.csv")
+    with pytest.raises(HeadpruneError, match="from another model.*lacks 1"):
+        check_scores_match(s.iloc[1:], tiny)
+    with pytest.raises(HeadpruneError, match="from another model.*L0H1"):
+        check_scores_match(s, prune_model(tiny, [(0, 1)]))
+    with pytest.raises(HeadpruneError, match="more than once"):
+        check_scores_match(pd.concat([s, s.iloc[:1]]), tiny)
