@@ -300,20 +300,18 @@ class GPT2(nn.Module):
         """tokens (B,T) -> logits (B,T,vocab)."""
         return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
 
-    def ones_gates(self, batch: int | None = None, requires_grad: bool = False) -> list[Tensor]:
-        """One gate tensor per layer, all ones: [n_heads_l] (or [batch, n_heads_l])."""
-        shape = lambda n: (n,) if batch is None else (batch, n)  # noqa: E731
-        return [
-            torch.ones(shape(blk.attn.n_heads), device=self.device, dtype=torch.float32, requires_grad=requires_grad)
-            for blk in self.h
-        ]
+    def ones_gates(self, requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """One gate tensor per layer, all ones: [n_heads_l]."""
+        return [torch.ones(blk.attn.n_heads, device=self.device, dtype=dtype, requires_grad=requires_grad)
+                for blk in self.h]
 
 
 def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1) in fp32."""
-    return F.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
-    ).view(tokens.shape[0], -1)
+    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1), in fp32 or wider."""
+    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none").view(
+        tokens.shape[0], -1
+    )
 
 
 def count_params(model: GPT2) -> int:

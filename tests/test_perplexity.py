@@ -10,29 +10,7 @@ from headprune.cli import main
 from headprune.loading import load_model
 from headprune.perplexity import evaluate, sliding_windows, window_batches
 
-from conftest import TINY
-
-
-def guide_loop(hf, ids, max_length, stride):
-    """"Perplexity of fixed-length models", with the tokens really scored after the label shift counted."""
-    encodings = ids.view(1, -1)
-    seq_len = encodings.size(1)
-    nll_sum, n_tokens, prev_end_loc = 0.0, 0, 0
-    for begin_loc in range(0, seq_len, stride):
-        end_loc = min(begin_loc + max_length, seq_len)
-        trg_len = end_loc - prev_end_loc
-        input_ids = encodings[:, begin_loc:end_loc]
-        target_ids = input_ids.clone()
-        target_ids[:, :-trg_len] = -100
-        num_loss_tokens = (target_ids[:, 1:] != -100).sum().item()
-        if num_loss_tokens:  # a one-token last window scores nothing (its loss would be 0/0)
-            with torch.no_grad():
-                nll_sum += hf(input_ids, labels=target_ids).loss.item() * num_loss_tokens
-        n_tokens += num_loss_tokens
-        prev_end_loc = end_loc
-        if end_loc == seq_len:
-            break
-    return nll_sum / n_tokens, n_tokens
+from conftest import TINY, guide_loop
 
 
 @pytest.mark.parametrize("seq_len, stride, n", [(64, 64, 1000), (64, 24, 1000), (48, 48, 97), (64, 17, 300)])

@@ -1,0 +1,147 @@
+"""Head-importance scoring: one tidy DataFrame, one row per head, one column per method.
+
+Methods (higher = more important for all but ``entropy``, which describes a head):
+  weights     wo_fro, wo_spec, ov_fro, ov_spec                      (see :mod:`.weights`)
+  data        out_norm, fluct, entropy                              (see :mod:`.activations`)
+  gradients   grad, taylor                                          (see :mod:`.gradients`)
+  ablation    abl_zero, abl_mean                                    (see :mod:`.ablation`)
+
+Data methods run over sliding windows exactly as ``eval`` does. Every per-batch (and, for ablation,
+per-layer) result is a unit of a :class:`~headprune.outputs.Progress`, so a killed sweep resumes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import HeadpruneError
+from ..heads import head_id
+from ..loading import model_fingerprint
+from ..model import GPT2
+from ..outputs import NoProgress, Progress
+from ..perplexity import check_window, window_batches
+from . import activations, gradients
+from .ablation import ABLATION_METHODS, ablate_layer, cache_batch
+from .activations import ACTIVATION_METHODS
+from .gradients import GRADIENT_METHODS
+from .weights import WEIGHT_METHODS, weight_scores
+
+METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
+DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
+
+
+def parse_methods(spec: str | list[str]) -> list[str]:
+    """``all`` or a comma-separated list of method names, in canonical order."""
+    names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
+    if names == ["all"]:
+        return list(METHODS)
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise HeadpruneError(f"unknown scoring method(s) {', '.join(unknown) or '(none)'}; choose from all, {', '.join(METHODS)}")
+    return [m for m in METHODS if m in names]
+
+
+def split_heads(model: GPT2, flat: torch.Tensor) -> list[torch.Tensor | None]:
+    """A layer-major [H, ...] tensor -> one [n_heads_l, ...] tensor per layer (None for empty layers)."""
+    out, start = [], 0
+    for blk in model.h:
+        n = blk.attn.n_heads
+        out.append(flat[start : start + n] if n else None)
+        start += n
+    return out
+
+
+def score_heads(
+    model: GPT2,
+    ids: torch.Tensor,
+    methods: str | list[str] = "all",
+    seq_len: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    ablation_rows: int = 32,
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+) -> pd.DataFrame:
+    """Score every head of ``model`` on token ids ``ids`` (1-D).
+
+    Returns columns ``layer, head, head_id, model_fingerprint`` and one per method; ``df.attrs`` holds
+    ``baseline`` ({tokens, nll}, when a data method ran) and ``seconds`` per method group.
+    """
+    methods = parse_methods(methods)
+    seq_len = seq_len or model.cfg.n_positions
+    stride = stride or seq_len
+    check_window(seq_len, stride, model.cfg.n_positions)
+    progress = progress or NoProgress()
+    heads = model.head_ids
+    columns: dict[str, list[float]] = {}
+    seconds: dict[str, float] = {}
+    attrs: dict = {}
+    batches = window_batches(ids, seq_len, stride, batch_size) if set(methods) - set(WEIGHT_METHODS) else []
+    bar = lambda it, desc: tqdm(it, desc=desc, disable=not show_progress, leave=False)  # noqa: E731
+
+    if set(methods) & set(WEIGHT_METHODS):
+        t0 = time.perf_counter()
+        columns |= {m: v for m, v in weight_scores(model).items() if m in methods}
+        seconds["weights"] = time.perf_counter() - t0
+
+    mean_z = None
+    if set(methods) & {"out_norm", "fluct", "entropy", "abl_mean"}:
+        t0 = time.perf_counter()
+        want_entropy = "entropy" in methods
+        units = [progress.get_or_compute(f"act/{want_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, want_entropy))
+                 for k, b in enumerate(bar(batches, "activations"))]
+        stats = activations.combine(model, units)
+        mean_z = stats["mean_z"]
+        columns |= {m: stats[m].tolist() for m in ACTIVATION_METHODS if m in methods}
+        seconds["activations"] = time.perf_counter() - t0
+
+    if set(methods) & set(GRADIENT_METHODS):
+        t0 = time.perf_counter()
+        units = [progress.get_or_compute(f"grad/b{k}", lambda b=b: gradients.batch_gate_grad(model, b))
+                 for k, b in enumerate(bar(batches, "gradients"))]
+        columns |= {m: v.tolist() for m, v in gradients.combine(units).items() if m in methods}
+        seconds["gradients"] = time.perf_counter() - t0
+
+    abl = [m for m in ABLATION_METHODS if m in methods]
+    if abl:
+        t0 = time.perf_counter()
+        fills = {"abl_zero": [None] * model.cfg.n_layers,
+                 "abl_mean": split_heads(model, mean_z.to(model.device)) if mean_z is not None else None}
+        base, sums = _ablation_sweep(model, batches, abl, fills, ablation_rows, progress, bar)
+        n = sum(int(b.mask.sum()) for b in batches)
+        for m in abl:
+            columns[m] = ((torch.tensor(sums[m], dtype=torch.float64).sum(0) - base) / n).tolist()
+        attrs["baseline"] = {"tokens": n, "nll": base / n}
+        seconds["ablation"] = time.perf_counter() - t0
+
+    df = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
+                       "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
+    for m in methods:
+        df[m] = columns[m]
+    df.attrs = attrs | {"seconds": seconds}
+    return df
+
+
+def _ablation_sweep(model, batches, methods, fills, rows, progress, bar) -> tuple[float, dict[str, list[list[float]]]]:
+    """Baseline NLL sum over all batches and, per method, per batch, the ablated NLL sum of every head."""
+    layers = [l for l, blk in enumerate(model.h) if blk.attn.n_heads]
+    base = 0.0
+    sums: dict[str, list[list[float]]] = {m: [] for m in methods}
+    for k, batch in enumerate(bar(batches, "ablation")):
+        keys = [f"{m}/b{k}/L{l}" for m in methods for l in layers]
+        cache = None
+        if any(key not in progress for key in keys + [f"base/b{k}"]):
+            cache, batch_base = cache_batch(model, batch)
+        base += progress.get_or_compute(f"base/b{k}", lambda: batch_base)
+        for m in methods:
+            row: list[float] = []
+            for l in layers:
+                row += progress.get_or_compute(
+                    f"{m}/b{k}/L{l}",
+                    lambda: ablate_layer(model, batch, cache[f"resid_pre.{l}"], l, fills[m][l], rows))
+            sums[m].append(row)
+    return base, sums

@@ -1,0 +1,65 @@
+"""Data-driven head scores from one pass over the scoring windows.
+
+Over the scored tokens (positions whose next-token prediction the perplexity scores, so every corpus
+position counts once), with z_i ∈ R^{d_k} the output of head i before W_O:
+
+    out_norm = mean_t ‖z_i(t) W_O^(i)‖₂ = mean_t √(z_i(t) G_i z_i(t)ᵀ),   G_i = W_O^(i) W_O^(i)ᵀ  (d_k×d_k)
+    fluct    = Σ_j Var_t[z_ij(t)] · ‖W_O^(i)[j,:]‖²       (FLAP's fluctuation over the d_k input channels of W_O,
+                                                          sample variance, denominator n−1)
+    entropy  = mean_t −Σ_s A_i(t,s) log A_i(t,s)          (attention entropy in nats: a description)
+    mean_z   = mean_t z_i(t)                               (the fill of mean ablation and compensation)
+
+Each batch yields sums (float64) that are recorded as one unit, so a killed pass resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model import GPT2
+from ..perplexity import Batch
+
+ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
+
+
+def _scored(t: Tensor, mask: Tensor) -> Tensor:
+    """(b,h,L,...) -> (n,h,...) at the scored input positions; mask (b,L-1)."""
+    return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
+
+
+@torch.no_grad()
+def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
+    """Per-head sums over one batch's scored tokens: n, Σz, Σz², Σ‖z W_O‖, Σ entropy (lists, layer-major)."""
+    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
+    capture: dict = {}
+    model(tokens, capture=capture, need_weights=entropy)
+    out = {"n": int(mask.sum()), "sum_z": [], "sum_z2": [], "sum_norm": [], "sum_entropy": []}
+    for layer, blk in enumerate(model.h):
+        if blk.attn.n_heads == 0:
+            continue
+        z = _scored(capture[f"z.{layer}"], mask).double()  # (n, h, d_k)
+        W_O = blk.attn.W_O.double()  # [h, d_k, d]
+        G = W_O @ W_O.transpose(1, 2)  # [h, d_k, d_k]
+        sq_norm = torch.einsum("nhk,hkl,nhl->nh", z, G, z).clamp_min(0)
+        out["sum_z"] += z.sum(0).tolist()
+        out["sum_z2"] += (z * z).sum(0).tolist()
+        out["sum_norm"] += sq_norm.sqrt().sum(0).tolist()
+        if entropy:
+            probs = capture[f"attn.{layer}"].double()  # (b, h, L, L)
+            ent = -torch.special.xlogy(probs, probs).sum(-1)  # (b, h, L), 0·log 0 = 0
+            out["sum_entropy"] += _scored(ent.unsqueeze(-1), mask).squeeze(-1).sum(0).tolist()
+    return out
+
+
+def combine(model: GPT2, units: list[dict]) -> dict[str, Tensor]:
+    """Scores from the per-batch sums: out_norm, fluct, entropy [H] and mean_z [H, d_k], H = all heads."""
+    n = sum(u["n"] for u in units)
+    total = lambda key: torch.tensor([u[key] for u in units], dtype=torch.float64).sum(0)  # noqa: E731
+    sum_z, sum_z2 = total("sum_z"), total("sum_z2")  # [H, d_k]
+    row_sq = torch.cat([(blk.attn.W_O.double() ** 2).sum(-1) for blk in model.h if blk.attn.n_heads])  # [H, d_k]
+    var = (sum_z2 - sum_z**2 / n) / max(n - 1, 1)
+    scores = {"out_norm": total("sum_norm") / n, "fluct": (var.clamp_min(0) * row_sq.cpu()).sum(-1), "mean_z": sum_z / n}
+    if units[0]["sum_entropy"]:
+        scores["entropy"] = total("sum_entropy") / n
+    return scores

@@ -1,0 +1,44 @@
+"""Weight-only head scores from the W_O row blocks and the OV circuit.
+
+For head i of a layer: W_O^(i) ∈ R^{d_k×d} (rows i·d_k..(i+1)·d_k of c_proj), W_V^(i) ∈ R^{d×d_k}.
+
+    wo_fro  = ‖W_O^(i)‖_F                 wo_spec = σ_max(W_O^(i))
+    ov_fro  = ‖W_V^(i) W_O^(i)‖_F         ov_spec = σ_max(W_V^(i) W_O^(i))
+
+The d×d OV matrix is never formed: with thin QR factorizations W_V = Q_V R_V and W_Oᵀ = Q_O R_O
+(Q orthonormal columns), W_V W_O = Q_V (R_V R_Oᵀ) Q_Oᵀ has the singular values of the d_k×d_k core
+R_V R_Oᵀ, so both norms come from the core.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model import GPT2
+
+WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
+
+
+def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:
+    """[h, d_k, d_k] cores whose singular values are those of W_V^(i) W_O^(i) (W_V [h,d,d_k], W_O [h,d_k,d])."""
+    R_V = torch.linalg.qr(W_V.double(), mode="r").R  # [h, d_k, d_k]
+    R_O = torch.linalg.qr(W_O.double().transpose(1, 2), mode="r").R  # [h, d_k, d_k]
+    return R_V @ R_O.transpose(1, 2)
+
+
+@torch.no_grad()
+def weight_scores(model: GPT2) -> dict[str, list[float]]:
+    """Each weight method's score for every head, in ``model.head_ids`` order."""
+    out: dict[str, list[float]] = {m: [] for m in WEIGHT_METHODS}
+    for blk in model.h:
+        attn = blk.attn
+        if attn.n_heads == 0:
+            continue
+        W_O = attn.W_O.double()  # [h, d_k, d]
+        core = ov_core(attn.W_V, attn.W_O)
+        out["wo_fro"] += torch.linalg.matrix_norm(W_O, "fro").tolist()
+        out["wo_spec"] += torch.linalg.matrix_norm(W_O, 2).tolist()
+        out["ov_fro"] += torch.linalg.matrix_norm(core, "fro").tolist()
+        out["ov_spec"] += torch.linalg.matrix_norm(core, 2).tolist()
+    return out

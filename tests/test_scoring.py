@@ -1,0 +1,138 @@
+"""Every scoring method against an independent computation (HF model, explicit matrices, finite differences)."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import GPT2LMHeadModel
+
+from headprune.errors import HeadpruneError
+from headprune.loading import load_model
+from headprune.perplexity import batch_nll_sum, evaluate, window_batches
+from headprune.scoring import METHODS, parse_methods, score_heads
+
+from conftest import TINY, guide_loop
+
+SEQ, STRIDE, BATCH = 64, 40, 3
+DK = TINY["n_embd"] // TINY["n_head"]
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, TINY["vocab_size"], (300,), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def scores(tiny_dir, ids):
+    return score_heads(load_model(tiny_dir), ids, "all", SEQ, STRIDE, BATCH, ablation_rows=6, show_progress=False)
+
+
+def hf_scored_z(hf, ids):
+    """Per layer, the concatenated head outputs z (n, h·d_k) at the scored positions, via a c_proj pre-hook."""
+    found = {l: [] for l in range(len(hf.transformer.h))}
+    for batch in window_batches(ids, SEQ, STRIDE, BATCH):
+        hooks = [blk.attn.c_proj.register_forward_pre_hook(
+            lambda mod, args, l=l: found[l].append(args[0][:, : batch.mask.shape[1]][batch.mask]))
+            for l, blk in enumerate(hf.transformer.h)]
+        with torch.no_grad():
+            hf(batch.tokens)
+        for h in hooks:
+            h.remove()
+    return {l: torch.cat(zs).double() for l, zs in found.items()}
+
+
+def test_columns_and_order(scores):
+    assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + list(METHODS)
+    assert scores.head_id.tolist() == [f"L{l}H{h}" for l in range(3) for h in range(4)]
+
+
+@pytest.mark.parametrize("layer, head", [(0, 1), (1, 3), (2, 0)])
+def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scores, layer, head):
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
+    base, n = guide_loop(hf, ids, SEQ, STRIDE)
+    z_mean = hf_scored_z(hf, ids)[layer][:, head * DK : (head + 1) * DK].mean(0)  # the head's mean output
+    proj = hf.transformer.h[layer].attn.c_proj
+    rows = slice(head * DK, (head + 1) * DK)
+    with torch.no_grad():
+        contribution = (z_mean @ proj.weight[rows].double()).float()
+        proj.weight[rows] = 0
+        zeroed, _ = guide_loop(hf, ids, SEQ, STRIDE)
+        proj.bias += contribution
+        mean_ablated, _ = guide_loop(hf, ids, SEQ, STRIDE)
+    row = scores[(scores.layer == layer) & (scores["head"] == head)].iloc[0]
+    assert row.abl_zero == pytest.approx(zeroed - base, abs=1e-4)
+    assert row.abl_mean == pytest.approx(mean_ablated - base, abs=1e-4)
+    assert scores.attrs["baseline"]["nll"] == pytest.approx(base, abs=1e-5) and scores.attrs["baseline"]["tokens"] == n
+
+
+def test_gradients_equal_finite_differences(tiny_dir, ids):
+    model = load_model(tiny_dir, dtype=torch.float64)
+    got = score_heads(model, ids, "grad,taylor", SEQ, STRIDE, BATCH, show_progress=False)
+    batches = window_batches(ids, SEQ, STRIDE, BATCH)
+    eps = 1e-4
+    for layer, head in [(0, 0), (1, 2), (2, 3)]:
+        def losses(delta):
+            gates = model.ones_gates(dtype=torch.float64)
+            gates[layer][head] += delta
+            per_batch = [batch_nll_sum(model, b, gates=gates) for b in batches]
+            corpus = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False, gates=gates).nll
+            return corpus, [(s.item() / n, n) for s, n in per_batch]
+
+        with torch.no_grad():
+            (up, up_b), (down, down_b) = losses(eps), losses(-eps)
+        N = sum(n for _, n in up_b)
+        taylor = -(up - down) / (2 * eps)
+        grad = sum(n / N * abs((u - d) / (2 * eps)) for (u, n), (d, _) in zip(up_b, down_b))
+        row = got[(got.layer == layer) & (got["head"] == head)].iloc[0]
+        assert row.taylor == pytest.approx(taylor, rel=1e-3)
+        assert row.grad == pytest.approx(grad, rel=1e-3)
+
+
+def test_weight_norms_equal_explicit_matrices(tiny_dir, scores):
+    model = load_model(tiny_dir)
+    for r in scores.itertuples():
+        attn = model.h[r.layer].attn
+        c_attn, c_proj = attn.c_attn.weight.double().numpy(), attn.c_proj.weight.double().numpy()
+        W_O = c_proj[r.head * DK : (r.head + 1) * DK]  # rows of c_proj
+        W_V = c_attn[:, 2 * TINY["n_embd"] + r.head * DK : 2 * TINY["n_embd"] + (r.head + 1) * DK]
+        OV = W_V @ W_O  # the explicit d x d OV matrix
+        assert r.wo_fro == pytest.approx(np.linalg.norm(W_O, "fro"), rel=1e-9)
+        assert r.wo_spec == pytest.approx(np.linalg.norm(W_O, 2), rel=1e-9)
+        assert r.ov_fro == pytest.approx(np.linalg.norm(OV, "fro"), rel=1e-9)
+        assert r.ov_spec == pytest.approx(np.linalg.norm(OV, 2), rel=1e-9)
+
+
+def test_out_norm_fluct_entropy_equal_direct_computation(tiny_dir, ids, scores):
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir, attn_implementation="eager").eval()
+    z = hf_scored_z(hf, ids)
+    entropies = {l: [] for l in range(3)}
+    for batch in window_batches(ids, SEQ, STRIDE, BATCH):
+        with torch.no_grad():
+            attn = hf(batch.tokens, output_attentions=True).attentions
+        for l, A in enumerate(attn):  # (b, h, T, T)
+            A = A.double()
+            ent = -(A * torch.where(A > 0, A.log(), torch.zeros_like(A))).sum(-1)  # (b, h, T)
+            entropies[l].append(ent[:, :, : batch.mask.shape[1]].transpose(1, 2)[batch.mask])
+    for r in scores.itertuples():
+        W = hf.transformer.h[r.layer].attn.c_proj.weight.double()[r.head * DK : (r.head + 1) * DK]
+        z_i = z[r.layer][:, r.head * DK : (r.head + 1) * DK]  # (n, d_k)
+        assert r.out_norm == pytest.approx((z_i @ W).norm(dim=1).mean().item(), rel=1e-5)
+        fluct = (z_i.var(dim=0, unbiased=True) * (W**2).sum(1)).sum().item()
+        assert r.fluct == pytest.approx(fluct, rel=1e-5)
+        assert r.entropy == pytest.approx(torch.cat(entropies[r.layer])[:, r.head].mean().item(), rel=1e-5)
+
+
+def test_fast_ablation_equals_naive_forward_per_head(tiny_dir, ids, scores):
+    model = load_model(tiny_dir)
+    base = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False).nll
+    for layer, head in model.head_ids:
+        gates = model.ones_gates()
+        gates[layer][head] = 0
+        naive = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False, gates=gates).nll - base
+        assert scores.abl_zero[layer * 4 + head] == pytest.approx(naive, abs=1e-5)
+
+
+def test_parse_methods():
+    assert parse_methods("all") == list(METHODS)
+    assert parse_methods("taylor, wo_fro") == ["wo_fro", "taylor"]
+    with pytest.raises(HeadpruneError, match="unknown scoring method"):
+        parse_methods("wo_fro,magic")
