@@ -1,0 +1,327 @@
+"""The report: files, tables, self-contained HTML, predictiveness against independent formulas, CLI helpers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import shutil
+from html.parser import HTMLParser
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import headprune.report as report_module
+from headprune.errors import HeadpruneError
+from headprune.outputs import read_table
+from headprune.report import (CURVE_COLUMNS, PREDICTIVENESS_COLUMNS, SCORE_COLUMNS, best_method, build_report,
+                              check_curves, check_scores, head_grid, make_content, predictiveness, read_scores,
+                              rebuild_report, run_report_command, summary_table, top_heads_mask)
+
+PNG = b"\x89PNG\r\n\x1a\n"
+METHODS = ["wo_fro", "entropy", "taylor", "abl_zero", "abl_mean"]
+FRACTIONS = [0.0, 1 / 12, 3 / 12, 6 / 12]  # 0, 1, 3, 6 of 12 heads; 10% and 30% are read at the nearest
+SLOPES = {"taylor": 1.0, "abl_mean": 1.5, "wo_fro": 2.0, "random": 3.0}  # delta_nll per fraction: taylor best
+SETTINGS = {"model": "tiny", "score_data": "corpus-A:train", "eval_data": "corpus-B:test", "seq_len": 64,
+            "timings": {"score_s": 1.5}}
+BASELINE = {"tokens": 1000, "nll": 3.0, "ppl": math.exp(3.0)}
+
+
+def make_scores(layers=3, heads=4, methods=METHODS, seed=0, fingerprint="0123456789"):
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame([{"layer": l, "head": h, "head_id": f"L{l}H{h}", "model_fingerprint": fingerprint}
+                       for l in range(layers) for h in range(heads)])
+    truth = rng.gamma(2.0, 0.5, len(df))
+    for m in methods:
+        df[m] = truth if m == "abl_zero" else truth * rng.uniform(0.2, 1.0) + rng.normal(0, 0.5, len(df))
+    if "taylor" in methods and len(df) > 5:
+        df.loc[5, "taylor"] = np.nan  # a head a method could not score
+    return df
+
+
+def curve_row(method, comp, fraction, delta, n_heads=12):
+    nll = 3.0 + delta
+    is_random = method == "random"
+    return {"method": method, "compensation": comp, "fraction": fraction, "heads_pruned": round(fraction * n_heads),
+            "params": 10_000 - round(fraction * n_heads) * 100, "nll": nll, "ppl": math.exp(nll), "delta_nll": delta,
+            "delta_ppl": math.exp(nll) - math.exp(3.0), "nll_std": 0.05 if is_random else np.nan,
+            "ppl_std": 0.1 * math.exp(nll) if is_random else np.nan, "n_seeds": 5 if is_random else 1}
+
+
+def make_curves():
+    rows = [curve_row(m, "none", f, s * f) for m, s in SLOPES.items() for f in FRACTIONS]
+    rows += [curve_row("taylor", "mean", f, 0.5 * f) for f in FRACTIONS]
+    return pd.DataFrame(rows)
+
+
+def pictures_for(methods):
+    return ({"curves.png", "rank_correlation.png"} | {f"heatmap_{m}.png" for m in methods}
+            | {f"scatter_{m}.png" for m in methods if m != "abl_zero" and "abl_zero" in methods})
+
+
+TABLES = {"scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "predictiveness.csv", "summary.md",
+          "report.html", "settings.json", "baseline.json"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    html_path = build_report(make_scores(), make_curves(), out, SETTINGS, BASELINE)
+    return out, html_path
+
+
+def no_temporaries(folder):
+    return not [p.name for p in folder.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".")]
+
+
+def test_every_file_written_and_nothing_half_written(report):
+    out, html_path = report
+    assert html_path == out / "report.html"
+    assert {p.name for p in out.iterdir()} == TABLES | pictures_for(METHODS)
+    assert no_temporaries(out)
+    for name in pictures_for(METHODS):
+        assert (out / name).read_bytes().startswith(PNG)
+
+
+def test_tables_have_documented_columns(report):
+    out, _ = report
+    for name in ("scores.parquet", "scores.csv"):
+        assert list(read_table(out / name).columns) == [*SCORE_COLUMNS, *METHODS]
+    for name in ("curves.parquet", "curves.csv"):
+        curves = read_table(out / name)
+        assert list(curves.columns) == list(CURVE_COLUMNS)
+        assert len(curves) == len(make_curves())
+    pred = read_table(out / "predictiveness.csv")
+    assert list(pred.columns) == list(PREDICTIVENESS_COLUMNS)
+    assert list(pred["method"]) == [m for m in METHODS if m != "abl_zero"]
+    assert dict(zip(pred["method"], pred["kind"]))["entropy"] == "description"
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS
+    assert read_scores(out / "scores.csv")["model_fingerprint"].eq("0123456789").all()  # not the int 123456789
+
+
+class Page(HTMLParser):
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.images, self.tags, self.errors = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack.pop() != tag:
+            self.errors.append(tag)
+
+
+def test_html_is_self_contained_and_well_formed(report):
+    out, html_path = report
+    text = html_path.read_text()
+    page = Page()
+    page.feed(text)
+    page.close()
+    assert text.startswith("<!DOCTYPE html>") and not page.errors and not page.stack
+    assert "script" not in page.tags and "link" not in page.tags and "http" not in text
+    prefix = "data:image/png;base64,"
+    assert {img["alt"] for img in page.images} == pictures_for(METHODS)
+    for img in page.images:
+        assert img["src"].startswith(prefix)
+        data = base64.b64decode(img["src"][len(prefix):], validate=True)
+        assert data.startswith(PNG) and data == (out / img["alt"]).read_bytes()
+    for needle in ("corpus-A:train", "corpus-B:test", "L0H0", "ppl@30%", "roc_auc_top10", "Best method"):
+        assert needle in text
+
+
+def test_summary_markdown_says_data_baseline_best_and_top_heads(report):
+    out, _ = report
+    text = (out / "summary.md").read_text()
+    assert "**Heads scored on**: corpus-A:train" in text
+    assert "**Curves (perplexity) measured on**: corpus-B:test" in text
+    assert f"perplexity {math.exp(3.0):.4g}" in text
+    assert "**Best method**: taylor " in text
+    assert "10% read at 8.3%" in text and "30% read at 25.0%" in text
+    scores = make_scores()
+    top = scores.sort_values("abl_zero", ascending=False)["head_id"].head(10)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "| L" in line]
+    assert [line.split(" | ")[1] for line in rows] == list(top)
+
+
+def auc_by_ranks(score, positive):
+    """Mann-Whitney: (sum of positives' average ranks - P(P+1)/2) / (P N)."""
+    ranks = stats.rankdata(score)
+    p, n = positive.sum(), (~positive).sum()
+    return (ranks[positive].sum() - p * (p + 1) / 2) / (p * n)
+
+
+def tau_b_by_pairs(x, y):
+    conc = disc = tie_x = tie_y = 0
+    for i in range(len(x)):
+        for j in range(i + 1, len(x)):
+            dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+            conc += dx * dy > 0
+            disc += dx * dy < 0
+            tie_x += dx == 0 and dy != 0
+            tie_y += dy == 0 and dx != 0
+    return (conc - disc) / math.sqrt((conc + disc + tie_x) * (conc + disc + tie_y))
+
+
+def test_predictiveness_equals_independent_computations():
+    scores = make_scores(layers=4, heads=5, seed=3)  # 20 heads: 2 positives
+    scores.loc[7, "wo_fro"] = scores.loc[8, "wo_fro"]  # a tie in a score
+    pred = predictiveness(scores).set_index("method")
+    truth = scores["abl_zero"].to_numpy()
+    positive = np.zeros(len(truth), bool)
+    positive[np.argsort(-truth)[:2]] = True
+    for method in ("wo_fro", "entropy", "taylor", "abl_mean"):
+        x = scores[method].to_numpy()
+        ok = np.isfinite(x)
+        row = pred.loc[method]
+        assert row["n"] == ok.sum()
+        assert row["r2"] == pytest.approx(np.corrcoef(x[ok], truth[ok])[0, 1] ** 2, abs=1e-12)
+        rho = np.corrcoef(stats.rankdata(x[ok]), stats.rankdata(truth[ok]))[0, 1]
+        assert row["spearman_rho"] == pytest.approx(rho, abs=1e-12)
+        assert row["kendall_tau"] == pytest.approx(tau_b_by_pairs(x[ok], truth[ok]), abs=1e-12)
+        assert row["roc_auc_top10"] == pytest.approx(auc_by_ranks(x[ok], positive[ok]), abs=1e-12)
+    assert pred.loc["entropy", "kind"] == "description" and pred.loc["taylor", "kind"] == "importance"
+
+
+def test_top_heads_ceil_and_deterministic_ties():
+    scores = make_scores(methods=["abl_zero"])  # 12 heads: ceil(1.2) = 2 positives
+    scores["abl_zero"] = 1.0
+    scores.loc[scores.head_id == "L2H3", "abl_zero"] = 5.0
+    scores.loc[scores.head_id.isin(["L1H0", "L0H1"]), "abl_zero"] = 4.0  # tie at the cut: smaller layer wins
+    assert list(scores.loc[top_heads_mask(scores), "head_id"]) == ["L0H1", "L2H3"]
+    thirty = make_scores(layers=5, heads=6, methods=["abl_zero"])  # 0.1 * 30 is 3.0000000000000004 in floats
+    assert top_heads_mask(thirty).sum() == 3
+
+
+def test_auc_nan_with_one_class_and_no_truth_skips():
+    one = make_scores(layers=1, heads=1)
+    assert predictiveness(one)[["r2", "spearman_rho", "kendall_tau", "roc_auc_top10"]].isna().all().all()
+    scores = make_scores(methods=["wo_fro", "abl_zero"])
+    scores.loc[~top_heads_mask(scores), "wo_fro"] = np.nan  # only positives keep a score
+    assert math.isnan(predictiveness(scores)["roc_auc_top10"].iloc[0])
+    empty = predictiveness(make_scores(methods=["wo_fro", "entropy"]))
+    assert empty.empty and list(empty.columns) == list(PREDICTIVENESS_COLUMNS)
+
+
+def test_report_without_abl_zero(tmp_path):
+    methods = ["wo_fro", "taylor"]
+    build_report(make_scores(methods=methods), make_curves(), tmp_path, {}, BASELINE)
+    assert {p.name for p in tmp_path.iterdir()} == TABLES | pictures_for(methods)
+    assert not any(p.name.startswith("scatter_") for p in tmp_path.iterdir())
+    assert list(pd.read_csv(tmp_path / "predictiveness.csv").columns) == list(PREDICTIVENESS_COLUMNS)
+    text = (tmp_path / "summary.md").read_text()
+    assert "no abl_zero column" in text and "**Heads scored on**: not recorded in settings" in text
+
+
+def test_best_method_ignores_random_compensation_and_large_fractions():
+    assert best_method(make_curves()) == "taylor"
+    curves = make_curves()
+    curves.loc[curves.method == "random", "delta_nll"] = -1.0  # random never counts
+    curves = pd.concat([curves, pd.DataFrame([curve_row("wo_fro", "mean", f, 0.0) for f in FRACTIONS])])
+    curves.loc[(curves.method == "abl_mean") & (curves.fraction > 0.5), "delta_nll"] = -100.0
+    curves = pd.concat([curves, pd.DataFrame([curve_row("abl_mean", "none", 0.75, -100.0)])])
+    assert best_method(curves) == "taylor"
+    curves.loc[(curves.method == "abl_mean") & (curves.fraction == 0.25), "delta_nll"] = -1.0
+    assert best_method(curves) == "abl_mean"
+    with pytest.raises(HeadpruneError, match="no non-random method"):
+        best_method(make_curves().query("method == 'random'"))
+
+
+def test_summary_table_values_are_curve_rows():
+    curves = make_curves()
+    table = summary_table(curves)
+    assert list(table.columns) == ["method", "compensation", "ppl@10%", "ppl@30%", "ppl@50%"]
+    assert list(zip(table.method, table.compensation)) == [
+        ("wo_fro", "none"), ("taylor", "none"), ("taylor", "mean"), ("abl_mean", "none"), ("random", "none")]
+    for row in table.itertuples(index=False):
+        at = curves[(curves.method == row.method) & (curves.compensation == row.compensation)].set_index("fraction")
+        assert list(row[2:]) == [at.loc[1 / 12, "ppl"], at.loc[3 / 12, "ppl"], at.loc[6 / 12, "ppl"]]
+    even = pd.DataFrame([curve_row("taylor", "none", f, f) for f in (0.2, 0.4, 0.6)])
+    assert summary_table(even)["ppl@30%"].iloc[0] == even.loc[0, "ppl"]  # equally near: the smaller fraction
+
+
+def test_head_grid_has_nan_for_missing_heads():
+    scores = make_scores()
+    scores = scores[scores.head_id != "L1H2"]
+    grid = head_grid(scores, "abl_zero")
+    assert grid.shape == (3, 4) and math.isnan(grid.loc[1, 2])
+    assert grid.loc[2, 3] == scores.loc[scores.head_id == "L2H3", "abl_zero"].item()
+
+
+@pytest.mark.parametrize("table, drop", [("scores", "head_id"), ("scores", "layer"), ("curves", "ppl_std"),
+                                         ("curves", "delta_nll")])
+def test_missing_columns_raise_and_write_nothing(tmp_path, table, drop):
+    scores, curves = make_scores(), make_curves()
+    if table == "scores":
+        scores = scores.drop(columns=[drop, "model_fingerprint"])
+    else:
+        curves = curves.drop(columns=[drop, "n_seeds"])
+    with pytest.raises(HeadpruneError, match=f"{table} table lacks column.*{drop}") as err:
+        build_report(scores, curves, tmp_path / "out", SETTINGS, BASELINE)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s, c: (s.drop(columns=METHODS), c), "no method column"),
+    (lambda s, c: (pd.concat([s, s.iloc[:1]]), c), "L0H0 more than once"),
+    (lambda s, c: (s.assign(model_fingerprint=["a", "b"] * 6), c), "mixes 2 models"),
+    (lambda s, c: (s.assign(head_id="L9H9"), c), "does not match"),
+    (lambda s, c: (s.assign(taylor="x"), c), "taylor must hold numbers"),
+    (lambda s, c: (s, c.assign(compensation="median")), "'median'"),
+    (lambda s, c: (s, pd.concat([c, c.iloc[:1]])), "two rows for taylor/none at fraction 0.0"),
+    (lambda s, c: (s, c.iloc[:0]), "curves table has no rows"),
+])
+def test_bad_inputs_raise_one_line_errors(tmp_path, edit, message):
+    scores, curves = edit(make_scores(), make_curves())
+    with pytest.raises(HeadpruneError, match=message) as err:
+        build_report(scores, curves, tmp_path, SETTINGS, BASELINE)
+    assert "\n" not in str(err.value) and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("baseline", [{}, {"nll": "x", "ppl": 3.0}, {"ppl": 0.0}, None])
+def test_bad_baseline_raises(tmp_path, baseline):
+    with pytest.raises(HeadpruneError, match="baseline"):
+        build_report(make_scores(), make_curves(), tmp_path, SETTINGS, baseline)
+
+
+def test_same_scoring_and_evaluation_data_is_flagged():
+    settings = {"score_data": "corpus-A:test", "eval_data": "corpus-A:test"}
+    content = make_content(check_scores(make_scores()), check_curves(make_curves()), settings, BASELINE)
+    assert any("in-sample" in note for note in content.notes)
+    assert ("Heads scored on", "corpus-A:test") in content.facts
+
+
+def test_rebuild_reads_tables_settings_and_baseline_beside_scores(report, tmp_path, monkeypatch):
+    out, _ = report
+    seen = {}
+    monkeypatch.setattr(report_module, "build_report", lambda *args: seen.setdefault("args", args))
+    rebuild_report(out / "scores.parquet", out / "curves.parquet", tmp_path)
+    scores, curves, out_dir, settings, baseline = seen["args"]
+    pd.testing.assert_frame_equal(scores, read_table(out / "scores.parquet"))
+    pd.testing.assert_frame_equal(curves, read_table(out / "curves.parquet"))
+    assert out_dir == tmp_path and settings == SETTINGS and baseline == BASELINE
+
+
+def test_run_report_command_from_bare_csv_derives_baseline(report, tmp_path):
+    out, _ = report
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("scores.csv", "curves.csv"):
+        shutil.copy(out / name, bare / name)
+    html_path = run_report_command(bare / "scores.csv", bare / "curves.csv", tmp_path / "rebuilt")
+    assert html_path.is_file() and no_temporaries(tmp_path / "rebuilt")
+    baseline = json.loads((tmp_path / "rebuilt" / "baseline.json").read_text())
+    assert baseline == {"tokens": None, "nll": 3.0, "ppl": pytest.approx(math.exp(3.0))}
+    assert json.loads((tmp_path / "rebuilt" / "settings.json").read_text()) == {}
+    assert "fingerprint 0123456789" in (tmp_path / "rebuilt" / "summary.md").read_text()
+    with pytest.raises(HeadpruneError, match="does not exist"):
+        run_report_command(bare / "missing.csv", bare / "curves.csv", tmp_path / "x")
