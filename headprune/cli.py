@@ -8,15 +8,15 @@ import sys
 from .errors import HeadpruneError
 from .loading import DEFAULT_MODEL
 
-COMMANDS = {}
+COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 
 
-def command(name: str, help: str):
-    """Register ``fn(args)`` as a subcommand; ``fn.configure(parser)`` adds its options."""
+def command(name: str, help: str, configure):
+    """Register ``run(args)`` as subcommand ``name``; ``configure(parser)`` adds its options."""
 
-    def wrap(fn):
-        COMMANDS[name] = (fn, help)
-        return fn
+    def wrap(run):
+        COMMANDS[name] = (run, configure, help)
+        return run
 
     return wrap
 
@@ -33,20 +33,20 @@ def load_from_args(args):
     return load_model(args.model, device=args.device, dtype=args.dtype)
 
 
-@command("info", "print the config, parameter ledger, W_O ledger and an attention shape trace")
-def cmd_info(args) -> None:
-    from .ledger import format_info
-
-    model = load_from_args(args)
-    if args.seq > model.cfg.n_positions:
-        raise HeadpruneError(f"--seq {args.seq} exceeds the model's n_positions {model.cfg.n_positions}")
-    print(format_info(model, args.batch, args.seq))
-
-
 def _configure_info(p):
     add_model_args(p)
     p.add_argument("--batch", type=int, default=1, help="batch size B for the shape trace")
     p.add_argument("--seq", type=int, default=8, help="sequence length T for the shape trace")
+
+
+@command("info", "print the config, parameter ledger, W_O ledger and an attention shape trace", _configure_info)
+def cmd_info(args) -> None:
+    from .ledger import format_info
+
+    model = load_from_args(args)
+    if args.seq > model.cfg.n_positions or min(args.seq, args.batch) < 1:
+        raise HeadpruneError(f"--batch and --seq must be positive and --seq <= n_positions {model.cfg.n_positions}")
+    print(format_info(model, args.batch, args.seq))
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str = "test") -> None:
@@ -77,7 +77,13 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
     return ids[: args.max_tokens] if args.max_tokens else ids
 
 
-@command("eval", "sliding-window perplexity of a model on a corpus")
+def _configure_eval(p):
+    add_model_args(p)
+    add_data_args(p, "test")
+    p.add_argument("--json", action="store_true", help="print one JSON object with tokens, nll, ppl")
+
+
+@command("eval", "sliding-window perplexity of a model on a corpus", _configure_eval)
 def cmd_eval(args) -> None:
     import json
 
@@ -92,20 +98,272 @@ def cmd_eval(args) -> None:
         print(f"tokens scored: {result.tokens:,}\nmean NLL: {result.nll:.6f} nats/token\nperplexity: {result.ppl:.4f}")
 
 
-def _configure_eval(p):
+def _configure_score(p):
+    add_model_args(p)
+    add_data_args(p, "validation")
+    p.add_argument("--methods", default="all", help="all, or a comma-separated list of scoring methods")
+    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
+    p.add_argument("--ablation-rows", type=int, default=32, help="ablated copies x windows per forward (default 32)")
+    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+@command("score", "score every head by weight norms, activations, gradients and ablation", _configure_score)
+def cmd_score(args) -> None:
+    import json
+    from pathlib import Path
+
+    from .outputs import Progress, check_table_suffix, ensure_dir, write_table
+    from .scoring import parse_methods, score_heads
+
+    out = Path(args.out)
+    check_table_suffix(out)
+    ensure_dir(out.parent)
+    methods = parse_methods(args.methods)
+    model = load_from_args(args)
+    ids = data_from_args(args, model)
+    progress = Progress(out.with_name(out.name + ".progress.jsonl"), sweep_settings(args, model, ids, "score", methods=methods),
+                        overwrite=args.overwrite)
+    scores = score_heads(model, ids, methods, args.seq_len, args.stride, args.batch_size, args.ablation_rows,
+                         progress, show_progress=not args.quiet)
+    write_table(scores, out)
+    progress.remove()
+    summary = {"out": str(out), "heads": len(scores), **scores.attrs}
+    print(json.dumps(summary) if args.json else f"scored {len(scores)} heads with {', '.join(methods)} -> {out}")
+
+
+def sweep_settings(args, model, ids, command: str, **extra) -> dict:
+    """What makes a sweep's results what they are: resuming requires all of it to be equal."""
+    import hashlib
+
+    from .loading import model_fingerprint
+
+    return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
+            "data": args.data, "split": args.split, "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16],
+            "seq_len": args.seq_len, "stride": args.stride, "batch_size": args.batch_size,
+            "ablation_rows": getattr(args, "ablation_rows", None), **extra}
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--per-layer", action="store_true", help="prune the same fraction/count in every layer")
+    p.add_argument("--normalize", choices=["layer"], default=None,
+                   help="divide each layer's scores by their L2 norm before global ranking (Michel et al.)")
+    p.add_argument("--standardize", action="store_true", help="rank by per-layer z-scores (FLAP)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--score-data", default="default",
+                   help="corpus for mean compensation and re-scoring (default: the default corpus' validation split)")
+
+
+def _configure_prune(p):
     add_model_args(p)
     add_data_args(p, "test")
-    p.add_argument("--json", action="store_true", help="print one JSON object with tokens, nll, ppl")
+    p.set_defaults(data=None)
+    p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
+    p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
+    p.add_argument("--method", help="scores column to rank by, or random")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
+    amount.add_argument("--count", type=int, help="number of heads to remove")
+    p.add_argument("--iterative", type=int, default=1, metavar="STEPS", help="re-score the remaining heads between STEPS steps")
+    add_selection_args(p)
+    p.add_argument("--compensate", choices=["none", "mean"], default="none",
+                   help="mean: fold the pruned heads' mean output into b_O")
+    p.add_argument("--out", required=True, help="output directory for the pruned checkpoint")
+    p.add_argument("--format", choices=["native", "hf"], default="native",
+                   help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-CONFIGURE = {"info": _configure_info, "eval": _configure_eval}
+@command("prune", "remove heads (explicit or by score), optionally mean-compensated, and export the model", _configure_prune)
+def cmd_prune(args) -> None:
+    from pathlib import Path
+
+    from .heads import format_heads, parse_head_spec
+    from .iterative import prune_iteratively
+    from .outputs import ensure_dir
+    from .perplexity import evaluate
+    from .pruning import export_hf, export_native, prune_model, pruning_stats
+    from .scoring import head_means, score_heads
+    from .selection import check_scores_match
+
+    if (args.heads is None) == (args.scores is None):
+        raise HeadpruneError("give either --heads L0H1,... or --scores FILE --method M (--fraction F | --count K)")
+    if args.scores is not None and (args.method is None or (args.fraction is None) == (args.count is None)):
+        raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
+    if args.fraction is not None and not 0 <= args.fraction <= 1:
+        raise HeadpruneError(f"--fraction {args.fraction} must lie in [0, 1]")
+    ensure_dir(Path(args.out).parent)
+    model = load_from_args(args)
+    needs_data = args.compensate == "mean" or (args.iterative > 1 and args.method not in WEIGHT_ONLY + ("random",))
+    window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
+    score_ids = data_from_args(window, model) if needs_data else None
+    means = (lambda m: head_means(m, score_ids, window.seq_len, window.stride, args.batch_size,
+                                  show_progress=not args.quiet)) if args.compensate == "mean" else None
+
+    if args.heads is not None:
+        heads = parse_head_spec(args.heads, model)
+        pruned = prune_model(model, heads, means(model) if means else None)
+    else:
+        from .report import read_scores
+
+        scores = read_scores(args.scores)
+        check_scores_match(scores, model, args.scores)
+        if args.method != "random" and args.method not in scores.columns:
+            raise HeadpruneError(f"scores file {args.scores} has no column {args.method!r}; it has "
+                                 f"{', '.join(c for c in scores.columns if c not in ('layer', 'head', 'head_id', 'model_fingerprint'))}")
+        rescore = lambda m: scores if m is model else score_heads(  # noqa: E731
+            m, score_ids, [args.method], window.seq_len, window.stride, args.batch_size,
+            show_progress=not args.quiet) if args.method != "random" else _random_table(m)
+        pruned, heads = prune_iteratively(model, rescore, args.method, args.fraction, args.count, args.iterative,
+                                          args.per_layer, args.normalize, args.standardize, args.seed, means)
+    seq_len = args.seq_len or model.cfg.n_positions
+    stats = pruning_stats(model, pruned, seq_len)
+    meta = {"heads": format_heads(heads), "compensate": args.compensate, "stats": stats}
+    if args.format == "native":
+        export_native(pruned, args.out, overwrite=args.overwrite, metadata=meta)
+    else:
+        export_hf(pruned, [], None, args.out, overwrite=args.overwrite, metadata=meta)
+    print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
+    print(f"parameters: {stats['params_before']:,} -> {stats['params_after']:,} (removed {stats['params_removed']:,})")
+    print(f"attention FLOPs/token at T={seq_len}: {stats['attention_flops_per_token_before']:,} -> "
+          f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
+    if args.data is not None:
+        ids = data_from_args(args, model)
+        before = evaluate(model, ids, args.seq_len, args.stride, args.batch_size, progress=not args.quiet)
+        after = evaluate(pruned, ids, args.seq_len, args.stride, args.batch_size, progress=not args.quiet)
+        print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
+              f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
+    print(f"saved {args.format} checkpoint -> {args.out}")
+
+
+WEIGHT_ONLY = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
+
+
+def _random_table(model):
+    import pandas as pd
+
+    return pd.DataFrame({"layer": [l for l, _ in model.head_ids], "head": [h for _, h in model.head_ids]})
+
+
+def _configure_curve(p):
+    add_model_args(p)
+    add_data_args(p, "test")
+    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
+    p.add_argument("--methods", default="all", help="scores columns to rank by (all: every importance column)")
+    p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="fractions of heads to prune")
+    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
+    p.add_argument("--compensate", choices=["none", "mean"], default="none", help="also measure mean-compensated curves")
+    add_selection_args(p)
+    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
+    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+@command("curve", "perplexity against the fraction of heads pruned, per method, with a random baseline", _configure_curve)
+def cmd_curve(args) -> None:
+    from pathlib import Path
+
+    from .curves import parse_fractions, pruning_curves
+    from .outputs import Progress, check_table_suffix, ensure_dir, write_table
+    from .report import read_scores
+    from .scoring import DESCRIPTIVE, METHODS, head_means
+    from .selection import check_scores_match
+
+    out = Path(args.out)
+    check_table_suffix(out)
+    ensure_dir(out.parent)
+    fractions = parse_fractions(args.fractions)
+    if args.seeds < 1:
+        raise HeadpruneError(f"--seeds {args.seeds} must be at least 1")
+    model = load_from_args(args)
+    scores = read_scores(args.scores)
+    check_scores_match(scores, model, args.scores)
+    available = [m for m in METHODS if m in scores.columns and m not in DESCRIPTIVE]
+    methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m != "random" and m not in available:
+            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use {', '.join(available)}")
+    methods = [m for m in methods if m != "random"]
+    ids = data_from_args(args, model)
+    means = None
+    if args.compensate == "mean":
+        window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
+        score_ids = data_from_args(window, model)
+        means = head_means(model, score_ids, args.seq_len, args.stride, args.batch_size, show_progress=not args.quiet)
+    variants = [(m, "none") for m in methods] + [("random", "none")]
+    variants += [(m, "mean") for m in methods] if means is not None else []
+    progress = Progress(out.with_name(out.name + ".progress.jsonl"),
+                        sweep_settings(args, model, ids, "curve", scores=scores.to_json(), variants=variants,
+                                       fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
+                                       normalize=args.normalize, standardize=args.standardize,
+                                       score_data=args.score_data if means is not None else None),
+                        overwrite=args.overwrite)
+    curves = pruning_curves(model, ids, scores, variants, fractions, args.seq_len, args.stride, args.batch_size,
+                            args.seeds, means, args.per_layer, args.normalize, args.standardize, args.seed, progress,
+                            show_progress=not args.quiet)
+    write_table(curves, out)
+    progress.remove()
+    print(curves.to_string(index=False, float_format="%.4f"))
+    print(f"-> {out}")
+
+
+def _configure_report(p):
+    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet)")
+    p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
+    p.add_argument("--out", required=True, help="report directory")
+
+
+@command("report", "rebuild the report (tables, plots, summary.md, report.html) from saved tables", _configure_report)
+def cmd_report(args) -> None:
+    from .report import run_report_command
+
+    print(f"report -> {run_report_command(args.scores, args.curves, args.out)}")
+
+
+def _configure_run(p):
+    add_model_args(p)
+    p.add_argument("--data", default="default", help="corpus for the curves (default: the default corpus' test split)")
+    p.add_argument("--score-data", default="default",
+                   help="corpus for scoring (default: the default corpus' validation split)")
+    p.add_argument("--out", default="headprune-report", help="report directory (default headprune-report)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward (default 8)")
+    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_positions)")
+    p.add_argument("--stride", type=int, default=None, help="window stride (default: seq-len)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="tokens of each corpus used (default 16384; 0: all)")
+    p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="fractions of heads to prune")
+    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+@command("run", "the whole analysis: ledger, baseline, all scores, pruning curves, report", _configure_run)
+def cmd_run(args) -> None:
+    from .curves import parse_fractions
+    from .pipeline import RunSettings, run_analysis
+
+    if args.batch_size < 1 or args.seeds < 1 or (args.max_tokens is not None and 0 < args.max_tokens < 2):
+        raise HeadpruneError("--batch-size and --seeds must be at least 1, --max-tokens 0 (all) or at least 2")
+    settings = RunSettings(model=args.model, data=args.data, score_data=args.score_data, out=args.out,
+                           device=args.device, dtype=args.dtype, batch_size=args.batch_size, seq_len=args.seq_len,
+                           stride=args.stride, max_tokens=args.max_tokens or None,
+                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
+    b = result["baseline"]
+    print(f"baseline: perplexity {b['ppl']:.3f} (NLL {b['nll']:.4f} nats/token, {b['tokens']:,} tokens)")
+    print(f"best method: {result['best']}")
+    print(result["table"].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    print(f"report: {result['report']}  ({result['seconds']:.0f} s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headprune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help) in COMMANDS.items():
-        CONFIGURE[name](sub.add_parser(name, help=help, description=help))
+    for name, (_, configure, help) in COMMANDS.items():
+        configure(sub.add_parser(name, help=help, description=help))
     return parser
 
 

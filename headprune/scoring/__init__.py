@@ -126,6 +126,28 @@ def score_heads(
     return df
 
 
+def head_means(
+    model: GPT2,
+    ids: torch.Tensor,
+    seq_len: int,
+    stride: int,
+    batch_size: int = 8,
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+) -> dict[tuple[int, int], torch.Tensor]:
+    """{(layer, head): z̄ [d_head]}: each head's mean output over the scored tokens (mean ablation's fill).
+
+    Reuses the activation units a ``score_heads`` run recorded in ``progress`` (same windows and batches).
+    """
+    progress = progress or NoProgress()
+    with_entropy = "act/True/b0" in progress
+    batches = window_batches(ids, seq_len, stride, batch_size)
+    units = [progress.get_or_compute(f"act/{with_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, with_entropy))
+             for k, b in enumerate(tqdm(batches, desc="head means", disable=not show_progress, leave=False))]
+    mean_z = activations.combine(model, units)["mean_z"].to(model.dtype)
+    return {head: mean_z[i] for i, head in enumerate(model.head_ids)}
+
+
 def _ablation_sweep(model, batches, methods, fills, rows, progress, bar) -> tuple[float, dict[str, list[list[float]]]]:
     """Baseline NLL sum over all batches and, per method, per batch, the ablated NLL sum of every head."""
     layers = [l for l, blk in enumerate(model.h) if blk.attn.n_heads]

@@ -1,0 +1,97 @@
+"""Pruning curves: perplexity of the physically pruned model against the fraction of heads removed.
+
+For each method and fraction f, the round(f·N) lowest-scored heads are removed (:func:`select_heads`),
+the pruned model is evaluated with the sliding-window perplexity, and
+
+    delta_nll = NLL(pruned) − NLL(unpruned),     delta_ppl = ppl(pruned) − ppl(unpruned).
+
+``random`` is evaluated for K seeds and reported as mean and standard deviation (ddof=1; 0 for K=1).
+With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
+into b_O. Every (method, compensation, fraction, seed) point is one progress unit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .errors import HeadpruneError
+from .ledger import param_table
+from .model import GPT2
+from .outputs import NoProgress, Progress
+from .perplexity import evaluate
+from .pruning import prune_model
+from .selection import select_heads
+
+CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
+                 "delta_ppl", "nll_std", "ppl_std", "n_seeds"]
+
+
+def parse_fractions(spec: str) -> list[float]:
+    """``"0,0.1,0.5"`` -> sorted unique fractions, each in [0, 1]."""
+    try:
+        fractions = sorted({float(f) for f in spec.split(",") if f.strip()})
+    except ValueError:
+        raise HeadpruneError(f"--fractions {spec!r} must be comma-separated numbers in [0, 1], e.g. 0,0.1,0.5") from None
+    if not fractions or not all(0.0 <= f <= 1.0 for f in fractions):
+        raise HeadpruneError(f"--fractions {spec!r}: every fraction must lie in [0, 1]")
+    return fractions
+
+
+def pruning_curves(
+    model: GPT2,
+    ids: torch.Tensor,
+    scores: pd.DataFrame,
+    variants: list[tuple[str, str]],  # (method or "random", "none" | "mean")
+    fractions: list[float],
+    seq_len: int,
+    stride: int,
+    batch_size: int = 8,
+    seeds: int = 3,
+    means: dict | None = None,  # {(layer, head): z̄} for compensation "mean"
+    per_layer: bool = False,
+    normalize: str | None = None,
+    standardize: bool = False,
+    seed: int = 0,
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+) -> pd.DataFrame:
+    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    progress = progress or NoProgress()
+    if any(comp == "mean" for _, comp in variants) and means is None:
+        raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
+
+    def point(method: str, comp: str, fraction: float, s: int) -> dict:
+        heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
+                             standardize=standardize, seed=s)
+        fills = {h: means[h] for h in heads} if comp == "mean" else None
+        pruned = prune_model(model, heads, fills)
+        result = evaluate(pruned, ids, seq_len, stride, batch_size, progress=False)
+        return {"nll": result.nll, "tokens": result.tokens, "heads_pruned": len(heads),
+                "params": int(param_table(pruned).params.sum())}
+
+    baseline = progress.get_or_compute(
+        "curve/baseline", lambda: evaluate(model, ids, seq_len, stride, batch_size, progress=False).as_dict())
+    base = baseline["nll"]
+    jobs = [(m, c, f, s) for m, c in variants for f in fractions
+            for s in (range(seed, seed + seeds) if m == "random" else [seed])]
+    points = {job: progress.get_or_compute(f"curve/{job[0]}/{job[1]}/{job[2]!r}/s{job[3]}", lambda job=job: point(*job))
+              for job in tqdm(jobs, desc="pruning curves", disable=not show_progress, leave=False)}
+    rows = []
+    for m, c in variants:
+        for f in fractions:
+            runs = [v for (jm, jc, jf, _), v in points.items() if (jm, jc, jf) == (m, c, f)]
+            nll = np.array([r["nll"] for r in runs])
+            ppl = np.exp(nll)
+            std = (lambda x: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == "random" else math.nan))
+            rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
+                         "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
+                         "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),
+                         "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs)})
+    df = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    df.attrs["baseline"] = baseline
+    return df

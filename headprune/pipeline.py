@@ -1,0 +1,105 @@
+"""The main job (``headprune run``): ledger, baseline, all scores, pruning curves, report.
+
+Heads are scored on one corpus split (``score_data``, default: the default corpus' validation split) and
+the curves are measured on another (``data``, default: its test split), so no head is chosen on the text
+that judges it. Every unit of work is recorded in ``OUT/.progress.jsonl``: a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import __version__
+from .corpus import load_texts, tokenize_corpus
+from .curves import pruning_curves
+from .ledger import format_info
+from .loading import load_model, load_tokenizer, model_fingerprint
+from .outputs import Progress, ensure_dir, write_text
+from .perplexity import check_window
+from .report import best_method, build_report, summary_table
+from .scoring import DESCRIPTIVE, METHODS, head_means, score_heads
+
+DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
+
+
+@dataclass
+class RunSettings:
+    model: str
+    data: str = "default"  # curves are measured here (default: test split)
+    score_data: str = "default"  # heads are scored here (default: validation split)
+    out: str = "headprune-report"
+    device: str = "auto"
+    dtype: str = "fp32"
+    batch_size: int = 8
+    seq_len: int | None = None
+    stride: int | None = None
+    max_tokens: int | None = 16384
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    seeds: int = 3
+    seed: int = 0
+    ablation_rows: int = 32
+
+
+def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None):
+    ids = tokenize_corpus(load_texts(spec, split), tokenizer)
+    return ids[:max_tokens] if max_tokens else ids
+
+
+def _digest(ids) -> str:
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+
+
+def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict:
+    """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table)."""
+    out = ensure_dir(s.out)
+    t_start = time.perf_counter()
+    model = load_model(s.model, device=s.device, dtype=s.dtype)
+    seq_len = s.seq_len or model.cfg.n_positions
+    stride = s.stride or seq_len
+    check_window(seq_len, stride, model.cfg.n_positions)
+    tokenizer = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
+    eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
+    score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
+    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": _digest(eval_ids),
+                               "score_tokens": _digest(score_ids), "seq_len": seq_len, "stride": stride,
+                               "device_type": model.device.type, "version": __version__}
+    progress = Progress(out / ".progress.jsonl", fingerprint, overwrite=overwrite)
+
+    info = format_info(model, 1, seq_len)
+    write_text(out / "ledger.txt", info + "\n")
+    log(f"[1/4] ledger -> {out / 'ledger.txt'}")
+
+    log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
+    t0 = time.perf_counter()
+    scores = score_heads(model, score_ids, "all", seq_len, stride, s.batch_size, s.ablation_rows, progress,
+                         show_progress=not quiet)
+    t_score = time.perf_counter() - t0
+    means = head_means(model, score_ids, seq_len, stride, s.batch_size, progress, show_progress=not quiet)
+
+    importances = [m for m in METHODS if m not in DESCRIPTIVE]
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {', '.join(importances)} + random")
+    t0 = time.perf_counter()
+    curve_args = dict(model=model, ids=eval_ids, scores=scores, fractions=list(s.fractions), seq_len=seq_len,
+                      stride=stride, batch_size=s.batch_size, seeds=s.seeds, means=means, seed=s.seed,
+                      progress=progress, show_progress=not quiet)
+    curves = pruning_curves(variants=[(m, "none") for m in importances] + [("random", "none")], **curve_args)
+    best = best_method(curves)
+    compensated = pruning_curves(variants=[(best, "mean")], **curve_args)
+    baseline = curves.attrs["baseline"]
+    curves = pd.concat([curves, compensated], ignore_index=True)
+    t_curves = time.perf_counter() - t0
+
+    settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+                "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
+                "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
+                "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
+                "seconds_per_method": {k: round(v, 2) for k, v in scores.attrs["seconds"].items()}}
+    log("[4/4] report")
+    report = build_report(scores, curves, out, settings, baseline)
+    return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves),
+            "seconds": time.perf_counter() - t_start}
