@@ -69,7 +69,9 @@ def _check_fills(model: GPT2, heads: list[Head], fills: Mapping[Head, Tensor] | 
     for h in heads:
         f = torch.as_tensor(fills[h])
         if f.shape != (model.cfg.d_head,):
-            raise HeadpruneError(f"fill of head {head_id(*h)} has shape {tuple(f.shape)}, expected ({model.cfg.d_head},)")
+            raise HeadpruneError(
+                f"fill of head {head_id(*h)} has shape {tuple(f.shape)}, expected ({model.cfg.d_head},)"
+            )
         out[h] = f
     return out
 
@@ -175,7 +177,8 @@ def _dense_state(model: GPT2) -> dict[str, Tensor]:
         w = attn.c_attn.weight.detach()
         state[pre + "c_attn.weight"] = w.new_zeros(cfg.d_model, 3 * H * dk).index_copy_(1, cols, w)
         state[pre + "c_attn.bias"] = w.new_zeros(3 * H * dk).index_copy_(0, cols, attn.c_attn.bias.detach())
-        state[pre + "c_proj.weight"] = w.new_zeros(H * dk, cfg.d_model).index_copy_(0, rows, attn.c_proj.weight.detach())
+        wo = attn.c_proj.weight.detach()
+        state[pre + "c_proj.weight"] = wo.new_zeros(H * dk, cfg.d_model).index_copy_(0, rows, wo)
     return state
 
 

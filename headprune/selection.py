@@ -130,7 +130,8 @@ def rank_heads(
 def _check_amount(fraction: float | None, count: int | None) -> None:
     if (fraction is None) == (count is None):
         raise HeadpruneError("give exactly one of fraction and count (how many heads to prune)")
-    if fraction is not None and not (isinstance(fraction, Real) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+    is_number = isinstance(fraction, Real) and not isinstance(fraction, bool)
+    if fraction is not None and not (is_number and 0.0 <= fraction <= 1.0):
         raise HeadpruneError(f"fraction {fraction!r} must be a number in [0, 1]")
     if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0):
         raise HeadpruneError(f"count {count!r} must be a whole number >= 0")

@@ -80,3 +80,13 @@ def test_garbage_only_raises_headprune_error(spec):
         assert "\n" not in str(err)
     else:
         assert heads and all(h in PRUNED.kept_heads[layer] for layer, h in heads)
+
+
+def test_spec_against_a_loaded_model(tiny_dir):
+    from headprune.loading import load_model
+    from headprune.pruning import prune_model
+
+    model = prune_model(load_model(tiny_dir), [(0, 1)])
+    assert parse_head_spec("L0H0,L2H3", model) == [(0, 0), (2, 3)]
+    with pytest.raises(HeadpruneError, match="already pruned"):
+        parse_head_spec("L0H1", model)

@@ -209,6 +209,22 @@ def test_export_target_rules(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file", "foreign"]
 
 
+def test_failed_export_leaves_the_previous_one(tiny, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    out = export_native(prune_model(tiny, HEADS[:1]), tmp_path / "e")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    with pytest.raises(HeadpruneError, match="No space left"):
+        export_native(prune_model(tiny, HEADS), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["e"]
+
+
 def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
     fills = _mean_fills(tiny, _tokens(seed=8))
     out = export_hf(tiny, HEADS, fills, tmp_path / "hf")
