@@ -114,12 +114,12 @@ def cmd_score(args) -> None:
     import json
     from pathlib import Path
 
-    from .outputs import Progress, check_table_suffix, ensure_dir, write_table
+    from .outputs import Progress, check_table_suffix, check_writable, write_table
     from .scoring import parse_methods, score_heads
 
     out = Path(args.out)
     check_table_suffix(out)
-    ensure_dir(out.parent)
+    check_writable(out)
     methods = parse_methods(args.methods)
     model = load_from_args(args)
     ids = data_from_args(args, model)
@@ -182,7 +182,7 @@ def cmd_prune(args) -> None:
 
     from .heads import format_heads, parse_head_spec
     from .iterative import prune_iteratively
-    from .outputs import ensure_dir
+    from .outputs import check_writable
     from .perplexity import evaluate
     from .pruning import export_hf, export_native, prune_model, pruning_stats
     from .scoring import head_means, score_heads
@@ -194,7 +194,7 @@ def cmd_prune(args) -> None:
         raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
     if args.fraction is not None and not 0 <= args.fraction <= 1:
         raise HeadpruneError(f"--fraction {args.fraction} must lie in [0, 1]")
-    ensure_dir(Path(args.out).parent)
+    check_writable(args.out)
     model = load_from_args(args)
     needs_data = args.compensate == "mean" or (args.iterative > 1 and args.method not in WEIGHT_ONLY + ("random",))
     window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
@@ -266,14 +266,14 @@ def cmd_curve(args) -> None:
     from pathlib import Path
 
     from .curves import parse_fractions, pruning_curves
-    from .outputs import Progress, check_table_suffix, ensure_dir, write_table
+    from .outputs import Progress, check_table_suffix, check_writable, write_table
     from .report import read_scores
     from .scoring import DESCRIPTIVE, METHODS, head_means
     from .selection import check_scores_match
 
     out = Path(args.out)
     check_table_suffix(out)
-    ensure_dir(out.parent)
+    check_writable(out)
     fractions = parse_fractions(args.fractions)
     if args.seeds < 1:
         raise HeadpruneError(f"--seeds {args.seeds} must be at least 1")

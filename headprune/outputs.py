@@ -100,6 +100,19 @@ def ensure_dir(folder: str | os.PathLike) -> Path:
     return folder
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail early, creating nothing, unless ``path`` (a file or folder to be) can be created or written."""
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if existing != path and not existing.is_dir():
+        raise HeadpruneError(f"cannot write {path}: {existing} is a file, not a folder; choose another location")
+    if not os.access(existing if existing.is_dir() else existing.parent, os.W_OK):
+        raise HeadpruneError(f"cannot write to {existing} (permission denied); choose a writable location")
+    return path
+
+
 def fingerprint(**settings) -> str:
     """A short stable hash of a run's settings."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -19,7 +19,7 @@ from .corpus import load_texts, tokenize_corpus
 from .curves import pruning_curves
 from .ledger import format_info
 from .loading import load_model, load_tokenizer, model_fingerprint
-from .outputs import Progress, ensure_dir, write_text
+from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import check_window
 from .report import best_method, build_report, summary_table
 from .scoring import DESCRIPTIVE, METHODS, head_means, score_heads
@@ -56,7 +56,7 @@ def _digest(ids) -> str:
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict:
     """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table)."""
-    out = ensure_dir(s.out)
+    check_writable(s.out)
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype)
     seq_len = s.seq_len or model.cfg.n_positions
@@ -68,6 +68,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": _digest(eval_ids),
                                "score_tokens": _digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
+    out = ensure_dir(s.out)
     progress = Progress(out / ".progress.jsonl", fingerprint, overwrite=overwrite)
 
     info = format_info(model, 1, seq_len)

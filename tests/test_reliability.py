@@ -1,0 +1,147 @@
+"""Reliability: killed sweeps resume to identical results, SIGINT stops cleanly, bad input is one line + exit 2."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from headprune.cli import main
+
+from conftest import TINY, save_hf_gpt2
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    import pydoc_data.topics
+
+    path = tmp_path_factory.mktemp("corpus") / "c.txt"
+    path.write_text(" ".join(list(pydoc_data.topics.topics.values())[:60])[:30000])
+    return path
+
+
+def _env(tmp_path):
+    return {**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+
+def _score_cmd(model, corpus, out):
+    return [sys.executable, "-m", "headprune", "score", "--model", str(model), "--data", str(corpus), "--out", str(out),
+            "--max-tokens", "1000", "--seq-len", "64", "--stride", "48", "--batch-size", "2", "--ablation-rows", "4",
+            "--quiet"]
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_sigkill_at_random_moments_then_resume_gives_identical_scores(tiny_dir, corpus, tmp_path):
+    env = _env(tmp_path)
+    whole = tmp_path / "whole.csv"
+    subprocess.run(_score_cmd(tiny_dir, corpus, whole), env=env, check=True, capture_output=True)
+    out = tmp_path / "killed.csv"
+    progress = tmp_path / "killed.csv.progress.jsonl"
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen(_score_cmd(tiny_dir, corpus, out), env=env, stderr=subprocess.DEVNULL)
+        seen = _lines(progress)
+        deadline = time.time() + 120
+        while proc.poll() is None and _lines(progress) <= seen + rng.randint(0, 6) and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.2))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 2 and not out.exists()  # really interrupted before the end
+    finished = subprocess.run(_score_cmd(tiny_dir, corpus, out), env=env, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
+    assert not progress.exists()
+
+
+def test_sigint_stops_cleanly_and_says_how_to_resume(tiny_dir, corpus, tmp_path):
+    out = tmp_path / "s.csv"
+    progress = tmp_path / "s.csv.progress.jsonl"
+    proc = subprocess.Popen(_score_cmd(tiny_dir, corpus, out), env=_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while _lines(progress) < 3 and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "run the same command again to resume" in err
+    assert not out.exists() and _lines(progress) >= 3
+
+
+def test_other_settings_refuse_to_resume_unless_overwrite(tiny_dir, corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "s.csv"
+    progress = out.with_name("s.csv.progress.jsonl")
+    progress.write_text('{"fingerprint": "0000", "settings": {}}\n{"unit": "x", "value": 1}\n')
+    args = ["score", "--model", str(tiny_dir), "--data", str(corpus), "--out", str(out), "--methods", "wo_fro",
+            "--max-tokens", "200", "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "different run" in err and "--overwrite" in err and err.count("\n") == 1 and not out.exists()
+    assert main(args + ["--overwrite"]) == 0 and out.exists()
+
+
+@pytest.fixture(scope="module")
+def small_vocab_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("small-vocab")
+    save_hf_gpt2(folder, **{**TINY, "vocab_size": 1000})
+    return folder
+
+
+def _bad_cases(tiny, small_vocab, corpus, tmp):
+    scores = tmp / "scores.csv"
+    model = ["--model", str(tiny)]
+    prune = ["prune", *model, "--out", str(tmp / "out")]
+    data = ["--data", str(corpus), "--max-tokens", "200"]
+    return {
+        "missing model": (["eval", "--model", str(tmp / "nope"), *data], "does not exist"),
+        "tokenizer larger than vocab": (["eval", "--model", str(small_vocab), *data], "embeds only 1000"),
+        "unknown head L99H0": ([*prune, "--heads", "L99H0"], "L99H0"),
+        "negative head L0H-1": ([*prune, "--heads", "L0H-1"], "L0H-1"),
+        "garbage head": ([*prune, "--heads", "layer0,head1"], "bad head id"),
+        "more heads than exist": ([*prune, "--scores", str(scores), "--method", "wo_fro", "--count", "13"], "13"),
+        "fraction above 1": ([*prune, "--scores", str(scores), "--method", "wo_fro", "--fraction", "1.5"], "[0, 1]"),
+        "fraction below 0": (["curve", *model, "--scores", str(scores), "--fractions", "0,-0.1", "--out",
+                              str(tmp / "c.csv"), *data], "[0, 1]"),
+        "scores lack method": ([*prune, "--scores", str(scores), "--method", "taylor", "--fraction", "0.5"], "taylor"),
+        "scores of another model": (["prune", "--model", str(small_vocab), "--out", str(tmp / "out"), "--scores",
+                                     str(scores), "--method", "wo_fro", "--fraction", "0.5"], "another model"),
+        "entropy is no importance": ([*prune, "--scores", str(scores), "--method", "entropy", "--fraction", "0.5"],
+                                     "entropy"),
+        "empty corpus": (["score", *model, "--data", str(tmp / "empty.txt"), "--out", str(tmp / "s.csv")], "empty"),
+        "seq-len > n_positions": (["score", *model, *data, "--seq-len", "65", "--out", str(tmp / "s.csv")], "n_positions"),
+        "stride <= 0": (["curve", *model, "--scores", str(scores), *data, "--stride", "0", "--out", str(tmp / "c.csv")],
+                        "--stride 0"),
+        "unwritable output folder": (["score", *model, *data, "--out", str(tmp / "afile" / "s.csv")], "is a file"),
+        "bad output suffix": (["score", *model, *data, "--out", str(tmp / "s.xlsx")], ".csv or .parquet"),
+        "fp16 on the CPU": (["run", *model, "--device", "cpu", "--dtype", "fp16", "--out", str(tmp / "r")], "fp16"),
+        "unknown method": (["score", *model, *data, "--methods", "magic", "--out", str(tmp / "s.csv")], "magic"),
+    }
+
+
+CASES = list(_bad_cases("m", "v", "c", Path("t")))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_one_line_exit_2_nothing_written(case, tiny_dir, small_vocab_dir, corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "afile").write_text("not a folder")
+    assert main(["score", "--model", str(tiny_dir), "--methods", "wo_fro", "--out", str(tmp_path / "scores.csv")]) == 0
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "cache" not in p.parts)
+    capsys.readouterr()
+    argv, words = _bad_cases(tiny_dir, small_vocab_dir, corpus, tmp_path)[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("headprune: error:") and err.count("\n") == 1 and words in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "cache" not in p.parts) == before
