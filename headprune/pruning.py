@@ -264,7 +264,7 @@ def export_hf(model: GPT2, heads: Iterable[Head], fills: Mapping[Head, Tensor] |
     Heads a pruned ``model`` already lacks are zero-filled too."""
     pruned = prune_model(model, heads, fills)
     full = dataclasses.replace(model.cfg, kept_heads=[list(range(model.cfg.n_heads))] * model.cfg.n_layers)
-    marker = {"format": "hf", "source": model.source, "compensated": bool(fills),
+    marker = {"format": "hf", "source": model.source,
               "removed_heads": [head_id(*h) for h in removed_heads(pruned)], **(metadata or {})}
     return _write_export(folder, _writer(model, full, _dense_state(pruned), marker), overwrite)
 
