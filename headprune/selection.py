@@ -42,7 +42,7 @@ def _check_frame(scores: pd.DataFrame) -> pd.DataFrame:
     frame = scores.copy()
     for c in ("layer", "head"):
         col = pd.to_numeric(frame[c], errors="coerce")
-        if col.isna().any() or (col != col.round()).any():
+        if not np.isfinite(col).all() or (col != col.round()).any():
             raise HeadpruneError(f"scores column {c!r} must hold whole numbers (head indices); the table is damaged")
         frame[c] = col.astype(np.int64)
     frame = frame.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
