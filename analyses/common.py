@@ -1,0 +1,50 @@
+"""Shared set-up of the analysis scripts: model, scoring (validation) and evaluation (test) tokens, output folder."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+from headprune.loading import DEFAULT_MODEL, load_model, load_tokenizer  # noqa: E402
+from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text  # noqa: E402
+from headprune.pipeline import corpus_ids  # noqa: E402
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+def setup(name: str, doc: str):
+    """Parse the common options; return (args, model, score_ids, eval_ids, out_dir)."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--data", default="default", help="corpus (validation split to score, test split to evaluate)")
+    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--out", default=str(REPORTS / name))
+    args = ap.parse_args()
+    model = load_model(args.model)
+    tok = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
+    args.seq_len = args.seq_len or model.cfg.n_positions
+    score_ids = corpus_ids(args.data, "validation", tok, args.max_tokens)
+    eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
+    return args, model, score_ids, eval_ids, ensure_dir(args.out)
+
+
+def save(out: Path, name: str, fig: Figure | None = None, table=None, text: str | None = None, meta: dict | None = None):
+    """Write a figure (PNG), a table (csv), a markdown note or a JSON record into ``out``, atomically."""
+    if fig is not None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        write_bytes(out / f"{name}.png", buf.getvalue())
+    if table is not None:
+        write_table(table, out / f"{name}.csv")
+    if text is not None:
+        write_text(out / f"{name}.md", text)
+    if meta is not None:
+        write_json(out / f"{name}.json", json.loads(json.dumps(meta, default=str)))

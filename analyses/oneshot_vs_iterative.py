@@ -1,0 +1,36 @@
+"""One-shot vs iterative pruning (Michel et al., 2019): re-scoring the remaining heads between steps.
+
+    python analyses/oneshot_vs_iterative.py [--model M] [--max-tokens K] [--steps 4]   -> reports/oneshot_vs_iterative/
+"""
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from common import save, setup
+from headprune.iterative import prune_iteratively
+from headprune.perplexity import evaluate
+from headprune.report import markdown_table
+from headprune.scoring import score_heads
+
+METHOD, STEPS = "taylor", 4
+args, model, score_ids, eval_ids, out = setup("oneshot_vs_iterative", __doc__)
+rescore = lambda m: score_heads(m, score_ids, [METHOD], args.seq_len, show_progress=False)  # noqa: E731
+base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
+rows = []
+for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
+    for steps in (1, STEPS):
+        pruned, heads = prune_iteratively(model, rescore, METHOD, fraction=fraction, steps=steps)
+        nll = evaluate(pruned, eval_ids, args.seq_len, args.seq_len, progress=False).nll
+        rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",
+                     "heads_pruned": len(heads), "delta_nll": nll - base})
+table = pd.DataFrame(rows)
+fig = Figure(figsize=(6, 3.6))
+ax = fig.subplots()
+for schedule, g in table.groupby("schedule"):
+    ax.plot(g.fraction, g.delta_nll, marker="o", label=schedule)
+ax.set(xlabel="fraction of heads pruned", ylabel="test ΔNLL (nats/token)", title=f"ranking by {METHOD}")
+ax.legend()
+save(out, "schedules", fig=fig, table=table,
+     text=f"# One-shot vs iterative pruning ({args.model}, `{METHOD}`)\n\nScores on the validation split, "
+          f"NLL change on the test split (unpruned {base:.4f}).\n\n" + markdown_table(table) + "\n")
+print(table.to_string(index=False))
