@@ -114,6 +114,7 @@ def cmd_score(args) -> None:
     import json
     from pathlib import Path
 
+    from .distributed import is_main, shard_name
     from .outputs import Progress, check_table_suffix, check_writable, write_table
     from .scoring import parse_methods, score_heads
 
@@ -123,12 +124,14 @@ def cmd_score(args) -> None:
     methods = parse_methods(args.methods)
     model = load_from_args(args)
     ids = data_from_args(args, model)
-    progress = Progress(out.with_name(out.name + ".progress.jsonl"), sweep_settings(args, model, ids, "score", methods=methods),
-                        overwrite=args.overwrite)
+    progress = Progress(out.with_name(shard_name(out.name + ".progress.jsonl")),
+                        sweep_settings(args, model, ids, "score", methods=methods), overwrite=args.overwrite)
     scores = score_heads(model, ids, methods, args.seq_len, args.stride, args.batch_size, args.ablation_rows,
                          progress, show_progress=not args.quiet)
-    write_table(scores, out)
     progress.remove()
+    if not is_main():
+        return
+    write_table(scores, out)
     summary = {"out": str(out), "heads": len(scores), **scores.attrs}
     print(json.dumps(summary) if args.json else f"scored {len(scores)} heads with {', '.join(methods)} -> {out}")
 
@@ -266,6 +269,7 @@ def cmd_curve(args) -> None:
     from pathlib import Path
 
     from .curves import parse_fractions, pruning_curves
+    from .distributed import is_main, shard_name
     from .outputs import Progress, check_table_suffix, check_writable, write_table
     from .report import read_scores
     from .scoring import DESCRIPTIVE, METHODS, head_means
@@ -294,7 +298,7 @@ def cmd_curve(args) -> None:
         means = head_means(model, score_ids, args.seq_len, args.stride, args.batch_size, show_progress=not args.quiet)
     variants = [(m, "none") for m in methods] + [("random", "none")]
     variants += [(m, "mean") for m in methods] if means is not None else []
-    progress = Progress(out.with_name(out.name + ".progress.jsonl"),
+    progress = Progress(out.with_name(shard_name(out.name + ".progress.jsonl")),
                         sweep_settings(args, model, ids, "curve", scores=scores.to_json(), variants=variants,
                                        fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                                        normalize=args.normalize, standardize=args.standardize,
@@ -303,8 +307,10 @@ def cmd_curve(args) -> None:
     curves = pruning_curves(model, ids, scores, variants, fractions, args.seq_len, args.stride, args.batch_size,
                             args.seeds, means, args.per_layer, args.normalize, args.standardize, args.seed, progress,
                             show_progress=not args.quiet)
-    write_table(curves, out)
     progress.remove()
+    if not is_main():
+        return
+    write_table(curves, out)
     print(curves.to_string(index=False, float_format="%.4f"))
     print(f"-> {out}")
 
@@ -352,6 +358,8 @@ def cmd_run(args) -> None:
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
+    if result is None:  # a torchrun worker other than rank 0
+        return
     b = result["baseline"]
     print(f"baseline: perplexity {b['ppl']:.3f} (NLL {b['nll']:.4f} nats/token, {b['tokens']:,} tokens)")
     print(f"best method: {result['best']}")
@@ -371,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "device"):
+            from .distributed import init_from_env
+
+            init_from_env(args.device)
         COMMANDS[args.command][0](args)
     except HeadpruneError as err:
         print(f"headprune: error: {err}", file=sys.stderr)
@@ -378,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("headprune: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .distributed import run_units
 from .errors import HeadpruneError
 from .ledger import param_table
 from .model import GPT2
@@ -29,6 +30,11 @@ from .selection import select_heads
 
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds"]
+
+
+def _key(job: tuple) -> str:
+    method, comp, fraction, seed = job
+    return f"curve/{method}/{comp}/{fraction!r}/s{seed}"
 
 
 def parse_fractions(spec: str) -> list[float]:
@@ -74,13 +80,14 @@ def pruning_curves(
         return {"nll": result.nll, "tokens": result.tokens, "heads_pruned": len(heads),
                 "params": int(param_table(pruned).params.sum())}
 
-    baseline = progress.get_or_compute(
-        "curve/baseline", lambda: evaluate(model, ids, seq_len, stride, batch_size, progress=False).as_dict())
+    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, seq_len, stride, batch_size,
+                                                              progress=False).as_dict())], progress)["curve/baseline"]
     base = baseline["nll"]
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == "random" else [seed])]
-    points = {job: progress.get_or_compute(f"curve/{job[0]}/{job[1]}/{job[2]!r}/s{job[3]}", lambda job=job: point(*job))
-              for job in tqdm(jobs, desc="pruning curves", disable=not show_progress, leave=False)}
+    bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)  # noqa: E731
+    results = run_units([(_key(job), lambda job=job: point(*job)) for job in jobs], progress, bar)
+    points = {job: results[_key(job)] for job in jobs}
     rows = []
     for m, c in variants:
         for f in fractions:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__
+from .distributed import is_main, shard_name
 from .corpus import load_texts, tokenize_corpus
 from .curves import pruning_curves
 from .ledger import format_info
@@ -54,8 +55,11 @@ def _digest(ids) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
 
 
-def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict:
-    """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table)."""
+def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
+    """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table).
+
+    Under torchrun every process shares the work; only rank 0 writes the report (others return None).
+    """
     check_writable(s.out)
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype)
@@ -69,7 +73,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                                "score_tokens": _digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
-    progress = Progress(out / ".progress.jsonl", fingerprint, overwrite=overwrite)
+    log = log if is_main() else (lambda *a: None)
+    progress = Progress(out / shard_name(".progress.jsonl"), fingerprint, overwrite=overwrite)
 
     info = format_info(model, 1, seq_len)
     write_text(out / "ledger.txt", info + "\n")
@@ -80,7 +85,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     scores = score_heads(model, score_ids, "all", seq_len, stride, s.batch_size, s.ablation_rows, progress,
                          show_progress=not quiet)
     t_score = time.perf_counter() - t0
-    means = head_means(model, score_ids, seq_len, stride, s.batch_size, progress, show_progress=not quiet)
+    means = head_means(model, score_ids, seq_len, stride, s.batch_size, progress, not quiet, with_entropy=True)
 
     importances = [m for m in METHODS if m not in DESCRIPTIVE]
     log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {', '.join(importances)} + random")
@@ -100,6 +105,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
                 "seconds_per_method": {k: round(v, 2) for k, v in scores.attrs["seconds"].items()}}
+    if not is_main():
+        return None
     log("[4/4] report")
     report = build_report(scores, curves, out, settings, baseline)
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves),

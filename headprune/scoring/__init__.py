@@ -13,12 +13,14 @@ per-layer) result is a unit of a :class:`~headprune.outputs.Progress`, so a kill
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from ..errors import HeadpruneError
+from ..distributed import run_units
 from ..heads import head_id
 from ..loading import model_fingerprint
 from ..model import GPT2
@@ -81,7 +83,7 @@ def score_heads(
     seconds: dict[str, float] = {}
     attrs: dict = {}
     batches = window_batches(ids, seq_len, stride, batch_size) if set(methods) - set(WEIGHT_METHODS) else []
-    bar = lambda it, desc: tqdm(it, desc=desc, disable=not show_progress, leave=False)  # noqa: E731
+    bar = lambda desc: lambda it: tqdm(it, desc=desc, disable=not show_progress, leave=False)  # noqa: E731
 
     if set(methods) & set(WEIGHT_METHODS):
         t0 = time.perf_counter()
@@ -92,17 +94,17 @@ def score_heads(
     if set(methods) & {"out_norm", "fluct", "entropy", "abl_mean"}:
         t0 = time.perf_counter()
         want_entropy = "entropy" in methods
-        units = [progress.get_or_compute(f"act/{want_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, want_entropy))
-                 for k, b in enumerate(bar(batches, "activations"))]
-        stats = activations.combine(model, units)
+        jobs = [(f"act/{want_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, want_entropy))
+                for k, b in enumerate(batches)]
+        stats = activations.combine(model, list(run_units(jobs, progress, bar("activations")).values()))
         mean_z = stats["mean_z"]
         columns |= {m: stats[m].tolist() for m in ACTIVATION_METHODS if m in methods}
         seconds["activations"] = time.perf_counter() - t0
 
     if set(methods) & set(GRADIENT_METHODS):
         t0 = time.perf_counter()
-        units = [progress.get_or_compute(f"grad/b{k}", lambda b=b: gradients.batch_gate_grad(model, b))
-                 for k, b in enumerate(bar(batches, "gradients"))]
+        jobs = [(f"grad/b{k}", lambda b=b: gradients.batch_gate_grad(model, b)) for k, b in enumerate(batches)]
+        units = list(run_units(jobs, progress, bar("gradients")).values())
         columns |= {m: v.tolist() for m, v in gradients.combine(units).items() if m in methods}
         seconds["gradients"] = time.perf_counter() - t0
 
@@ -111,10 +113,13 @@ def score_heads(
         t0 = time.perf_counter()
         fills = {"abl_zero": [None] * model.cfg.n_layers,
                  "abl_mean": split_heads(model, mean_z.to(model.device)) if mean_z is not None else None}
-        base, sums = _ablation_sweep(model, batches, abl, fills, ablation_rows, progress, bar)
+        results = run_units(_ablation_jobs(model, batches, abl, fills, ablation_rows), progress, bar("ablation"))
+        layers = [l for l, blk in enumerate(model.h) if blk.attn.n_heads]
+        base = sum(results[f"base/b{k}"] for k in range(len(batches)))
         n = sum(int(b.mask.sum()) for b in batches)
         for m in abl:
-            columns[m] = ((torch.tensor(sums[m], dtype=torch.float64).sum(0) - base) / n).tolist()
+            per_batch = [[s for l in layers for s in results[f"{m}/b{k}/L{l}"]] for k in range(len(batches))]
+            columns[m] = ((torch.tensor(per_batch, dtype=torch.float64).sum(0) - base) / n).tolist()
         attrs["baseline"] = {"tokens": n, "nll": base / n}
         seconds["ablation"] = time.perf_counter() - t0
 
@@ -134,36 +139,40 @@ def head_means(
     batch_size: int = 8,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    with_entropy: bool = False,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """{(layer, head): z̄ [d_head]}: each head's mean output over the scored tokens (mean ablation's fill).
 
-    Reuses the activation units a ``score_heads`` run recorded in ``progress`` (same windows and batches).
+    Reuses the activation units of a ``score_heads`` run recorded in ``progress`` (same windows and batches;
+    ``with_entropy`` as that run had it).
     """
     progress = progress or NoProgress()
-    with_entropy = "act/True/b0" in progress
     batches = window_batches(ids, seq_len, stride, batch_size)
-    units = [progress.get_or_compute(f"act/{with_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, with_entropy))
-             for k, b in enumerate(tqdm(batches, desc="head means", disable=not show_progress, leave=False))]
-    mean_z = activations.combine(model, units)["mean_z"].to(model.dtype)
+    jobs = [(f"act/{with_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, with_entropy))
+            for k, b in enumerate(batches)]
+    bar = lambda it: tqdm(it, desc="head means", disable=not show_progress, leave=False)  # noqa: E731
+    mean_z = activations.combine(model, list(run_units(jobs, progress, bar).values()))["mean_z"].to(model.dtype)
     return {head: mean_z[i] for i, head in enumerate(model.head_ids)}
 
 
-def _ablation_sweep(model, batches, methods, fills, rows, progress, bar) -> tuple[float, dict[str, list[list[float]]]]:
-    """Baseline NLL sum over all batches and, per method, per batch, the ablated NLL sum of every head."""
+def _ablation_jobs(model, batches, methods, fills, rows) -> list[tuple[str, Callable]]:
+    """Units: per batch its baseline NLL sum, and per (method, batch, layer) the ablated NLL sum of each head.
+
+    A batch's residual-stream cache is computed once, when its first unit runs, and kept until the next batch.
+    """
+    memo: dict[int, tuple] = {}
+
+    def cache(k: int) -> tuple:
+        if k not in memo:
+            memo.clear()
+            memo[k] = cache_batch(model, batches[k])
+        return memo[k]
+
     layers = [l for l, blk in enumerate(model.h) if blk.attn.n_heads]
-    base = 0.0
-    sums: dict[str, list[list[float]]] = {m: [] for m in methods}
-    for k, batch in enumerate(bar(batches, "ablation")):
-        keys = [f"{m}/b{k}/L{l}" for m in methods for l in layers]
-        cache = None
-        if any(key not in progress for key in keys + [f"base/b{k}"]):
-            cache, batch_base = cache_batch(model, batch)
-        base += progress.get_or_compute(f"base/b{k}", lambda: batch_base)
-        for m in methods:
-            row: list[float] = []
-            for l in layers:
-                row += progress.get_or_compute(
-                    f"{m}/b{k}/L{l}",
-                    lambda: ablate_layer(model, batch, cache[f"resid_pre.{l}"], l, fills[m][l], rows))
-            sums[m].append(row)
-    return base, sums
+    jobs: list[tuple[str, Callable]] = []
+    for k in range(len(batches)):
+        jobs.append((f"base/b{k}", lambda k=k: cache(k)[1]))
+        jobs += [(f"{m}/b{k}/L{l}", lambda k=k, m=m, l=l: ablate_layer(model, batches[k], cache(k)[0][f"resid_pre.{l}"], l,
+                                                                       fills[m][l], rows))
+                 for m in methods for l in layers]
+    return jobs
