@@ -71,6 +71,12 @@ def transformer_lens_loop(folder, ids, seq_len, batch_size):
     return torch.tensor(out, dtype=torch.float64)
 
 
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def bound(model, seq_len) -> float:
     """Fraction of the naive loop's work an exact per-head sweep cannot avoid (FLOP model)."""
     d, L, V, T = model.cfg.d_model, model.cfg.n_layers, model.cfg.vocab_size, seq_len
@@ -103,6 +109,10 @@ def main() -> None:
           f"({t_ours / 144:.2f} s/head)   max |diff| {(ours - naive).abs().max():.1e}")
     print(f"speed-up over naive: {t_naive / t_ours:.2f}x (target >= 1.35x); FLOP bound {1 / b:.2f}x; "
           f"reached {(t_naive / t_ours) / (1 / b):.0%} of the bound")
+    t_fwd = min(_timed(lambda: evaluate(model, ids, args.seq, args.seq, args.batch, progress=False)) for _ in range(3))
+    t_grad = min(_timed(lambda: score_heads(model, ids, "grad,taylor", args.seq, args.seq, args.batch,
+                                            show_progress=False)) for _ in range(3))
+    print(f"grad + taylor: {t_grad:.2f} s = {t_grad / t_fwd:.2f} forwards ({t_fwd:.2f} s each; target <= 3.5)")
     if args.tl:
         t0 = time.perf_counter()
         tl = transformer_lens_loop(folder, ids, args.seq, args.batch)
