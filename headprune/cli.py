@@ -181,14 +181,16 @@ def _configure_prune(p):
 
 @command("prune", "remove heads (explicit or by score), optionally mean-compensated, and export the model", _configure_prune)
 def cmd_prune(args) -> None:
-    from pathlib import Path
+    import pandas as pd
 
     from .heads import format_heads, parse_head_spec
     from .iterative import prune_iteratively
     from .outputs import check_writable
     from .perplexity import evaluate
     from .pruning import export_hf, export_native, prune_model, pruning_stats
+    from .report import read_scores
     from .scoring import head_means, score_heads
+    from .scoring.weights import WEIGHT_METHODS
     from .selection import check_scores_match
 
     if (args.heads is None) == (args.scores is None):
@@ -199,28 +201,29 @@ def cmd_prune(args) -> None:
         raise HeadpruneError(f"--fraction {args.fraction} must lie in [0, 1]")
     check_writable(args.out)
     model = load_from_args(args)
-    needs_data = args.compensate == "mean" or (args.iterative > 1 and args.method not in WEIGHT_ONLY + ("random",))
+    rescoring = args.iterative > 1 and args.method not in WEIGHT_METHODS + ("random",)
     window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
-    score_ids = data_from_args(window, model) if needs_data else None
-    means = (lambda m: head_means(m, score_ids, window.seq_len, window.stride, args.batch_size,
-                                  show_progress=not args.quiet)) if args.compensate == "mean" else None
+    score_ids = data_from_args(window, model) if args.compensate == "mean" or rescoring else None
+
+    def means(m):
+        return head_means(m, score_ids, window.seq_len, window.stride, args.batch_size, show_progress=not args.quiet)
 
     if args.heads is not None:
         heads = parse_head_spec(args.heads, model)
-        pruned = prune_model(model, heads, means(model) if means else None)
+        pruned = prune_model(model, heads, means(model) if args.compensate == "mean" else None)
     else:
-        from .report import read_scores
-
         scores = read_scores(args.scores)
         check_scores_match(scores, model, args.scores)
-        if args.method != "random" and args.method not in scores.columns:
-            raise HeadpruneError(f"scores file {args.scores} has no column {args.method!r}; it has "
-                                 f"{', '.join(c for c in scores.columns if c not in ('layer', 'head', 'head_id', 'model_fingerprint'))}")
-        rescore = lambda m: scores if m is model else score_heads(  # noqa: E731
-            m, score_ids, [args.method], window.seq_len, window.stride, args.batch_size,
-            show_progress=not args.quiet) if args.method != "random" else _random_table(m)
+
+        def rescore(m):  # the file's scores first, then the pruned model's own
+            if m is model or args.method == "random":
+                return scores if m is model else pd.DataFrame(m.head_ids, columns=["layer", "head"])
+            return score_heads(m, score_ids, [args.method], window.seq_len, window.stride, args.batch_size,
+                               show_progress=not args.quiet)
+
         pruned, heads = prune_iteratively(model, rescore, args.method, args.fraction, args.count, args.iterative,
-                                          args.per_layer, args.normalize, args.standardize, args.seed, means)
+                                          args.per_layer, args.normalize, args.standardize, args.seed,
+                                          means if args.compensate == "mean" else None)
     seq_len = args.seq_len or model.cfg.n_positions
     stats = pruning_stats(model, pruned, seq_len)
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "stats": stats}
@@ -239,15 +242,6 @@ def cmd_prune(args) -> None:
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
     print(f"saved {args.format} checkpoint -> {args.out}")
-
-
-WEIGHT_ONLY = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
-
-
-def _random_table(model):
-    import pandas as pd
-
-    return pd.DataFrame({"layer": [l for l, _ in model.head_ids], "head": [h for _, h in model.head_ids]})
 
 
 def _configure_curve(p):
