@@ -1,6 +1,6 @@
 """Speed of a physically pruned GPT-2 small (random weights) against the unpruned one.
 
-    python benchmarks/bench_pruned.py [--batch 4 --seq 512 --repeats 5 --prune-per-layer 6]
+    python benchmarks/bench_pruned.py [--batch 4 --seq 512 --repeats 5 --prune-per-layer 6 --threads N]
 
 Prunes the same number of heads in every layer (random choice, seeded), exports the pruned model natively
 and reloads it, then times on the same tokens, interleaved:
@@ -47,7 +47,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prune-per-layer", type=int, default=6)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     full = load_model(gpt2_small_checkpoint(), device=args.device)
     table = pd.DataFrame([{"layer": l, "head": h} for l, h in full.head_ids])
