@@ -89,12 +89,20 @@ def _per_layer(values: np.ndarray, layers: np.ndarray, fn) -> np.ndarray:
     return out
 
 
+def _unit_max(s: np.ndarray) -> np.ndarray:
+    """s / max|s|: both rescalings are scale-invariant, and this keeps s² from underflowing (1e-200² = 0)."""
+    peak = np.abs(s).max(initial=0.0)
+    return s / peak if peak > 0 else s
+
+
 def _l2_normalize(s: np.ndarray) -> np.ndarray:
+    s = _unit_max(s)
     norm = np.sqrt(np.sum(s * s))
     return s / norm if norm > 0 else np.zeros_like(s)
 
 
 def _zscore(s: np.ndarray) -> np.ndarray:
+    s = _unit_max(s)
     std = s.std()
     return (s - s.mean()) / std if std > 0 else np.zeros_like(s)
 
@@ -120,10 +128,14 @@ def _adjusted_scores(
 def rank_heads(
     scores: pd.DataFrame, method: str, normalize: str | None = None, standardize: bool = False, seed: int = 0
 ) -> list[tuple[int, int]]:
-    """All heads of the table, least important first: ascending (adjusted score, layer, head)."""
+    """All heads of the table, least important first: ascending (adjusted score, raw score, layer, head).
+
+    The raw score breaks ties that rescaling's rounding creates, so the order within a layer never changes.
+    """
     frame = _check_frame(scores)
     values = _adjusted_scores(frame, method, normalize, standardize, seed)
-    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(), values))  # last key is primary
+    raw = _raw_scores(frame, method, seed)
+    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(), raw, values))  # last key is primary
     return [(int(frame["layer"].iat[i]), int(frame["head"].iat[i])) for i in order]
 
 
