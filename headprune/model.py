@@ -45,6 +45,11 @@ class ModelConfig:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if not self.kept_heads:
             self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
+        if len(self.kept_heads) != self.n_layers or any(
+            list(k) != sorted(set(k)) or any(not 0 <= h < self.n_heads for h in k) for k in self.kept_heads
+        ):
+            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
+                             f"{self.n_layers} layers; got {self.kept_heads}")
 
     @property
     def d_head(self) -> int:
