@@ -38,31 +38,29 @@ from scipy import stats
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import roc_auc_score
 
+from .curves import CURVE_COLUMNS
 from .errors import HeadpruneError
+from .scoring import DESCRIPTIVE, METHODS
 from .outputs import ensure_dir, read_table, write_bytes, write_json, write_table, write_text
 
-METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec", "out_norm", "fluct", "entropy", "grad", "taylor",
-           "abl_zero", "abl_mean")
 METHOD_LABELS = {
     "wo_fro": "Frobenius norm of the head's W_O block",
     "wo_spec": "spectral norm of the head's W_O block",
     "ov_fro": "Frobenius norm of the head's OV circuit",
     "ov_spec": "spectral norm of the head's OV circuit",
-    "out_norm": "norm of the head's output",
-    "fluct": "fluctuation of the head's output",
+    "out_norm": "mean norm of the head's output z_i W_O^(i)",
+    "fluct": "FLAP fluctuation: sum of Var(z_ij) times squared W_O row norms",
     "entropy": "mean attention entropy (nats; a description)",
-    "grad": "gradient score",
-    "taylor": "Taylor score",
+    "grad": "mean |dL/dg| of the head gate (Michel et al.)",
+    "taylor": "-dL/dg: first-order estimate of the NLL increase",
     "abl_zero": "NLL increase when zero-ablated (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
 }
-DESCRIPTIONS = frozenset({"entropy"})  # describe a head; not "higher = more important"
+DESCRIPTIONS = frozenset(DESCRIPTIVE)  # describe a head; not "higher = more important"
 TRUTH = "abl_zero"
 RANDOM = "random"
 COMPENSATIONS = ("none", "mean")
 SCORE_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")
-CURVE_COLUMNS = ("method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
-                 "delta_ppl", "nll_std", "ppl_std", "n_seeds")
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "kendall_tau", "roc_auc_top10")
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)

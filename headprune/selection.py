@@ -23,8 +23,9 @@ import pandas as pd
 from .errors import HeadpruneError
 from .heads import head_id
 from .model import GPT2
+from .scoring import DESCRIPTIVE
 
-DESCRIPTIVE_METHODS = ("entropy",)
+DESCRIPTIVE_METHODS = DESCRIPTIVE
 NON_METHOD_COLUMNS = ("layer", "head", "head_id", "model_fingerprint", "model", "n_tokens")
 NORMALIZERS = (None, "layer")
 
