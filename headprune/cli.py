@@ -112,28 +112,51 @@ def _configure_score(p):
 @command("score", "score every head by weight norms, activations, gradients and ablation", _configure_score)
 def cmd_score(args) -> None:
     import json
+
+    from .scoring import parse_methods, score_heads
+
+    out = table_output(args)
+    methods = parse_methods(args.methods)
+    model = load_from_args(args)
+    ids = data_from_args(args, model)
+    progress = sweep_progress(args, out, sweep_settings(args, model, ids, "score", methods=methods))
+    scores = score_heads(model, ids, methods, args.seq_len, args.stride, args.batch_size, args.ablation_rows,
+                         progress, show_progress=not args.quiet)
+    if not finish_sweep(progress, scores, out):
+        return
+    summary = {"out": str(out), "heads": len(scores), **scores.attrs}
+    print(json.dumps(summary) if args.json else f"scored {len(scores)} heads with {', '.join(methods)} -> {out}")
+
+
+def table_output(args):
+    """``--out`` of a sweep: a .csv/.parquet path that can be written (checked before any work)."""
     from pathlib import Path
 
-    from .distributed import is_main, shard_name
-    from .outputs import Progress, check_table_suffix, check_writable, write_table
-    from .scoring import parse_methods, score_heads
+    from .outputs import check_table_suffix, check_writable
 
     out = Path(args.out)
     check_table_suffix(out)
     check_writable(out)
-    methods = parse_methods(args.methods)
-    model = load_from_args(args)
-    ids = data_from_args(args, model)
-    progress = Progress(out.with_name(shard_name(out.name + ".progress.jsonl")),
-                        sweep_settings(args, model, ids, "score", methods=methods), overwrite=args.overwrite)
-    scores = score_heads(model, ids, methods, args.seq_len, args.stride, args.batch_size, args.ablation_rows,
-                         progress, show_progress=not args.quiet)
+    return out
+
+
+def sweep_progress(args, out, settings: dict):
+    """The sweep's progress file beside ``out`` (one per process under torchrun)."""
+    from .distributed import shard_name
+    from .outputs import Progress
+
+    return Progress(out.with_name(shard_name(out.name + ".progress.jsonl")), settings, overwrite=args.overwrite)
+
+
+def finish_sweep(progress, table, out) -> bool:
+    """Drop the progress file; rank 0 writes ``table`` to ``out`` atomically. True where this process wrote."""
+    from .distributed import is_main
+    from .outputs import write_table
+
     progress.remove()
-    if not is_main():
-        return
-    write_table(scores, out)
-    summary = {"out": str(out), "heads": len(scores), **scores.attrs}
-    print(json.dumps(summary) if args.json else f"scored {len(scores)} heads with {', '.join(methods)} -> {out}")
+    if is_main():
+        write_table(table, out)
+    return is_main()
 
 
 def sweep_settings(args, model, ids, command: str, **extra) -> dict:
@@ -260,18 +283,12 @@ def _configure_curve(p):
 
 @command("curve", "perplexity against the fraction of heads pruned, per method, with a random baseline", _configure_curve)
 def cmd_curve(args) -> None:
-    from pathlib import Path
-
     from .curves import parse_fractions, pruning_curves
-    from .distributed import is_main, shard_name
-    from .outputs import Progress, check_table_suffix, check_writable, write_table
     from .report import read_scores
     from .scoring import DESCRIPTIVE, METHODS, head_means
     from .selection import check_scores_match
 
-    out = Path(args.out)
-    check_table_suffix(out)
-    check_writable(out)
+    out = table_output(args)
     fractions = parse_fractions(args.fractions)
     if args.seeds < 1:
         raise HeadpruneError(f"--seeds {args.seeds} must be at least 1")
@@ -292,19 +309,16 @@ def cmd_curve(args) -> None:
         means = head_means(model, score_ids, args.seq_len, args.stride, args.batch_size, show_progress=not args.quiet)
     variants = [(m, "none") for m in methods] + [("random", "none")]
     variants += [(m, "mean") for m in methods] if means is not None else []
-    progress = Progress(out.with_name(shard_name(out.name + ".progress.jsonl")),
-                        sweep_settings(args, model, ids, "curve", scores=scores.to_json(), variants=variants,
-                                       fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
-                                       normalize=args.normalize, standardize=args.standardize,
-                                       score_data=args.score_data if means is not None else None),
-                        overwrite=args.overwrite)
+    settings = sweep_settings(args, model, ids, "curve", scores=scores.to_json(), variants=variants,
+                              fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
+                              normalize=args.normalize, standardize=args.standardize,
+                              score_data=args.score_data if means is not None else None)
+    progress = sweep_progress(args, out, settings)
     curves = pruning_curves(model, ids, scores, variants, fractions, args.seq_len, args.stride, args.batch_size,
                             args.seeds, means, args.per_layer, args.normalize, args.standardize, args.seed, progress,
                             show_progress=not args.quiet)
-    progress.remove()
-    if not is_main():
+    if not finish_sweep(progress, curves, out):
         return
-    write_table(curves, out)
     print(curves.to_string(index=False, float_format="%.4f"))
     print(f"-> {out}")
 
