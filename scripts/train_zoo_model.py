@@ -253,7 +253,8 @@ Seed {seed}; {steps} steps of {batch} random {seq_len}-token windows of the trai
 (betas 0.9/0.95, weight decay {weight_decay} on matrices, grad clip 1.0), peak lr {lr}, linear warmup
 {warmup} steps then cosine decay to {min_lr}; fp32 on {threads} CPU threads.
 Validation loss every {eval_every} steps; the weights of the best step ({best_step}) are shipped.
-Training wall time: {minutes:.1f} minutes ({tok_s:,.0f} tokens/s), torch {torch}, transformers {transformers}.
+Training wall time: {minutes:.1f} minutes ({tok_s:,.0f} tokens/s; validation passes included, and it
+depends on other load on the machine), torch {torch}, transformers {transformers}.
 
     {command}
 
@@ -318,7 +319,8 @@ def main(argv=None) -> None:
     info["train_tokens"] = len(train_ids)
     metrics = evaluate(args.out, train_ids)
     print(json.dumps(metrics, indent=2))
-    write_card(args.out, args, metrics, info)
+    train_args = parse_args(info["command"].split()[2:])  # the card describes the training run
+    write_card(args.out, train_args, metrics, info)
 
 
 if __name__ == "__main__":
