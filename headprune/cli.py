@@ -345,7 +345,7 @@ def _configure_run(p):
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward (default 8)")
     p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_positions)")
     p.add_argument("--stride", type=int, default=None, help="window stride (default: seq-len)")
-    p.add_argument("--max-tokens", type=int, default=16384, help="tokens of each corpus used (default 16384; 0: all)")
+    p.add_argument("--max-tokens", type=int, default=8192, help="tokens of each corpus used (default 8192; 0: all)")
     p.add_argument("--fractions", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="fractions of heads to prune")
     p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")

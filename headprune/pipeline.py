@@ -39,7 +39,7 @@ class RunSettings:
     batch_size: int = 8
     seq_len: int | None = None
     stride: int | None = None
-    max_tokens: int | None = 16384
+    max_tokens: int | None = 8192
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     seeds: int = 3
     seed: int = 0
