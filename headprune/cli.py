@@ -103,7 +103,8 @@ def _configure_score(p):
     add_data_args(p, "validation")
     p.add_argument("--methods", default="all", help="all, or a comma-separated list of scoring methods")
     p.add_argument("--out", required=True, help="output table, .csv or .parquet")
-    p.add_argument("--ablation-rows", type=int, default=32, help="ablated copies x windows per forward (default 32)")
+    p.add_argument("--ablation-rows", type=int, default=None,
+                   help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
     p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

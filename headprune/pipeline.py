@@ -43,7 +43,7 @@ class RunSettings:
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     seeds: int = 3
     seed: int = 0
-    ablation_rows: int = 32
+    ablation_rows: int | None = None  # see score_heads
 
 
 def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None):

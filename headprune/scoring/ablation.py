@@ -35,7 +35,7 @@ def ablate_layer(
     resid_pre: Tensor,  # (b, T, d) entering `layer`
     layer: int,
     fill: Tensor | None = None,  # [n_heads_l, d_head] for mean ablation, None for zero
-    rows: int = 32,
+    rows: int = 8,
 ) -> list[float]:
     """Ablated NLL sum of the batch for each head of ``layer`` (one head at a time)."""
     tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
@@ -52,7 +52,7 @@ def ablate_layer(
         gate = torch.ones(c, n_heads, device=model.device)
         gate[torch.arange(c), heads] = 0
         gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j ablates head first+j
-        resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)
-        nll = token_nll(model.unembed(resid), tokens.repeat(c, 1)).double()  # (c·b, T−1)
-        sums += (nll * mask.repeat(c, 1)).view(c, -1).sum(1).tolist()
+        resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)  # (c·b, T, d)
+        for copy in resid.split(b):  # the LM head one copy at a time: logits stay (b, T, vocab)
+            sums.append((token_nll(model.unembed(copy), tokens).double() * mask).sum().item())
     return sums
