@@ -98,16 +98,20 @@ def cmd_eval(args) -> None:
         print(f"tokens scored: {result.tokens:,}\nmean NLL: {result.nll:.6f} nats/token\nperplexity: {result.ppl:.4f}")
 
 
+def add_sweep_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
+    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def _configure_score(p):
     add_model_args(p)
     add_data_args(p, "validation")
     p.add_argument("--methods", default="all", help="all, or a comma-separated list of scoring methods")
-    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
+    add_sweep_output_args(p)
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
-    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 @command("score", "score every head by weight norms, activations, gradients and ablation", _configure_score)
@@ -277,9 +281,7 @@ def _configure_curve(p):
     p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
     p.add_argument("--compensate", choices=["none", "mean"], default="none", help="also measure mean-compensated curves")
     add_selection_args(p)
-    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
-    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_sweep_output_args(p)
 
 
 @command("curve", "perplexity against the fraction of heads pruned, per method, with a random baseline", _configure_curve)
