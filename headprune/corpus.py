@@ -21,14 +21,13 @@ import hashlib
 import inspect
 import json
 import os
-import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import torch
 
-from headprune.errors import HeadpruneError
+from headprune.errors import HeadpruneError, warn
+from headprune.outputs import atomic_path
 
 SPLITS = ("train", "validation", "test")
 
@@ -257,15 +256,8 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
             ids.extend(doc)
     tensor = torch.tensor(ids, dtype=torch.long)
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(file) as tmp:
             save_file({"ids": tensor}, tmp)
-            os.replace(tmp, file)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as e:
-        print(f"headprune: warning: could not write token cache {file}: {e}", file=sys.stderr)
+    except (OSError, HeadpruneError) as e:  # a read-only cache only costs re-tokenizing next time
+        warn(f"could not write token cache {file}: {e}")
     return tensor
