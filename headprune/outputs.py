@@ -45,6 +45,7 @@ def atomic_path(target: str | os.PathLike):
 
 
 def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
