@@ -37,14 +37,14 @@ def atomic_path(target: str | os.PathLike):
         yield Path(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def _umask() -> int:
+def current_umask() -> int:
     """The process umask (read by setting and restoring it)."""
     mask = os.umask(0)
     os.umask(mask)

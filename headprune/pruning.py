@@ -34,7 +34,7 @@ from .errors import HeadpruneError
 from .heads import check_heads, head_id
 from .ledger import attention_flops_per_token, param_table, wo_table
 from .model import GPT2, ModelConfig
-from .outputs import _umask, ensure_dir
+from .outputs import current_umask, ensure_dir
 
 Head = tuple[int, int]
 EXPORT_MARKER = "headprune_export.json"
@@ -219,7 +219,7 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
     _check_target(folder, overwrite)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=ensure_dir(folder.parent)))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the export gets the usual permissions
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
         write(tmp)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
