@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from headprune.loading import DEFAULT_MODEL, load_model, load_tokenizer  # noqa: E402
 from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text  # noqa: E402
-from headprune.pipeline import corpus_ids  # noqa: E402
+from headprune.corpus import corpus_ids  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

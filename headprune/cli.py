@@ -60,8 +60,8 @@ def add_data_args(p: argparse.ArgumentParser, split: str = "test") -> None:
 
 
 def data_from_args(args, model, data: str | None = None, split: str | None = None):
-    """Token ids (1-D) of ``--data`` for ``model``, plus the resolved seq_len and stride."""
-    from .corpus import load_texts, tokenize_corpus
+    """Token ids (1-D) of ``data`` (default ``--data``) for ``model``; resolves ``args.seq_len``/``args.stride``."""
+    from .corpus import corpus_ids
     from .loading import load_tokenizer
     from .perplexity import check_window
 
@@ -73,8 +73,7 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
     if args.max_tokens is not None and args.max_tokens < 2:
         raise HeadpruneError(f"--max-tokens {args.max_tokens} must be at least 2")
     tokenizer = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
-    ids = tokenize_corpus(load_texts(data or args.data, split or args.split), tokenizer)
-    return ids[: args.max_tokens] if args.max_tokens else ids
+    return corpus_ids(data or args.data, split or args.split, tokenizer, args.max_tokens)
 
 
 def _configure_eval(p):
@@ -230,11 +229,11 @@ def cmd_prune(args) -> None:
     check_writable(args.out)
     model = load_from_args(args)
     rescoring = args.iterative > 1 and args.method not in WEIGHT_METHODS + ("random",)
-    window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
-    score_ids = data_from_args(window, model) if args.compensate == "mean" or rescoring else None
+    needs_score_data = args.compensate == "mean" or rescoring
+    score_ids = data_from_args(args, model, args.score_data, "validation") if needs_score_data else None
 
     def means(m):
-        return head_means(m, score_ids, window.seq_len, window.stride, args.batch_size, show_progress=not args.quiet)
+        return head_means(m, score_ids, args.seq_len, args.stride, args.batch_size, show_progress=not args.quiet)
 
     if args.heads is not None:
         heads = parse_head_spec(args.heads, model)
@@ -246,7 +245,7 @@ def cmd_prune(args) -> None:
         def rescore(m):  # the file's scores first, then the pruned model's own
             if m is model or args.method == "random":
                 return scores if m is model else pd.DataFrame(m.head_ids, columns=["layer", "head"])
-            return score_heads(m, score_ids, [args.method], window.seq_len, window.stride, args.batch_size,
+            return score_heads(m, score_ids, [args.method], args.seq_len, args.stride, args.batch_size,
                                show_progress=not args.quiet)
 
         pruned, heads = prune_iteratively(model, rescore, args.method, args.fraction, args.count, args.iterative,
@@ -307,8 +306,7 @@ def cmd_curve(args) -> None:
     ids = data_from_args(args, model)
     means = None
     if args.compensate == "mean":
-        window = argparse.Namespace(**{**vars(args), "data": args.score_data, "split": "validation"})
-        score_ids = data_from_args(window, model)
+        score_ids = data_from_args(args, model, args.score_data, "validation")
         means = head_means(model, score_ids, args.seq_len, args.stride, args.batch_size, show_progress=not args.quiet)
     variants = [(m, "none") for m in methods] + [("random", "none")]
     variants += [(m, "mean") for m in methods] if means is not None else []

@@ -261,3 +261,9 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
     except (OSError, HeadpruneError) as e:  # a read-only cache only costs re-tokenizing next time
         warn(f"could not write token cache {file}: {e}")
     return tensor
+
+
+def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None = None) -> torch.Tensor:
+    """Token ids of a corpus spec's documents (see :func:`load_texts`), cut to the first ``max_tokens``."""
+    ids = tokenize_corpus(load_texts(spec, split), tokenizer)
+    return ids[:max_tokens] if max_tokens else ids

@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import __version__
 from .distributed import is_main, shard_name
-from .corpus import load_texts, tokenize_corpus
+from .corpus import corpus_ids
 from .curves import pruning_curves
 from .ledger import format_info
 from .loading import load_model, load_tokenizer, model_fingerprint
@@ -44,11 +44,6 @@ class RunSettings:
     seeds: int = 3
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
-
-
-def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None):
-    ids = tokenize_corpus(load_texts(spec, split), tokenizer)
-    return ids[:max_tokens] if max_tokens else ids
 
 
 def _digest(ids) -> str:

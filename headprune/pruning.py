@@ -79,7 +79,7 @@ def _check_fills(model: GPT2, heads: list[Head], fills: Mapping[Head, Tensor] | 
 def fill_tensors(model: GPT2, fills: Mapping[Head, Tensor]) -> list[Tensor]:
     """The ``fills`` argument of ``model.forward``: per layer [n_heads_l, d_head], z̄_i at head i's position,
     0 elsewhere. Heads of ``fills`` the model lacks are an error."""
-    out = [torch.zeros(blk.attn.n_heads, model.cfg.d_head, device=model.device) for blk in model.h]
+    out = [torch.zeros(blk.attn.n_heads, model.cfg.d_head, device=model.device, dtype=model.dtype) for blk in model.h]
     for (layer, head), f in _check_fills(model, check_heads(model, fills.keys()), fills).items():
         out[layer][_position(model, layer, head)] = f.to(out[layer])
     return out

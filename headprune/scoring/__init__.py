@@ -26,6 +26,7 @@ from ..loading import model_fingerprint
 from ..model import GPT2
 from ..outputs import NoProgress, Progress
 from ..perplexity import check_window, window_batches
+from ..pruning import fill_tensors
 from . import activations, gradients
 from .ablation import ABLATION_METHODS, ablate_layer, cache_batch
 from .activations import ACTIVATION_METHODS
@@ -47,14 +48,12 @@ def parse_methods(spec: str | list[str]) -> list[str]:
     return [m for m in METHODS if m in names]
 
 
-def split_heads(model: GPT2, flat: torch.Tensor) -> list[torch.Tensor | None]:
-    """A layer-major [H, ...] tensor -> one [n_heads_l, ...] tensor per layer (None for empty layers)."""
-    out, start = [], 0
-    for blk in model.h:
-        n = blk.attn.n_heads
-        out.append(flat[start : start + n] if n else None)
-        start += n
-    return out
+def _activation_stats(model: GPT2, batches, with_entropy: bool, progress, bar) -> dict[str, torch.Tensor]:
+    """:func:`activations.combine` over one unit per batch (``act/{with_entropy}/b{k}``), shared by
+    ``score_heads`` and ``head_means`` so the means of a run are never computed twice."""
+    jobs = [(f"act/{with_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, with_entropy))
+            for k, b in enumerate(batches)]
+    return activations.combine(model, list(run_units(jobs, progress, bar).values()))
 
 
 def score_heads(
@@ -95,10 +94,7 @@ def score_heads(
     mean_z = None
     if set(methods) & {"out_norm", "fluct", "entropy", "abl_mean"}:
         t0 = time.perf_counter()
-        want_entropy = "entropy" in methods
-        jobs = [(f"act/{want_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, want_entropy))
-                for k, b in enumerate(batches)]
-        stats = activations.combine(model, list(run_units(jobs, progress, bar("activations")).values()))
+        stats = _activation_stats(model, batches, "entropy" in methods, progress, bar("activations"))
         mean_z = stats["mean_z"]
         columns |= {m: stats[m].tolist() for m in ACTIVATION_METHODS if m in methods}
         seconds["activations"] = time.perf_counter() - t0
@@ -114,7 +110,7 @@ def score_heads(
     if abl:
         t0 = time.perf_counter()
         fills = {"abl_zero": [None] * model.cfg.n_layers,
-                 "abl_mean": split_heads(model, mean_z.to(model.device)) if mean_z is not None else None}
+                 "abl_mean": fill_tensors(model, _by_head(model, mean_z)) if mean_z is not None else None}
         rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
         results = run_units(_ablation_jobs(model, batches, abl, fills, rows), progress, bar("ablation"))
         layers = [l for l, blk in enumerate(model.h) if blk.attn.n_heads]
@@ -149,13 +145,15 @@ def head_means(
     Reuses the activation units of a ``score_heads`` run recorded in ``progress`` (same windows and batches;
     ``with_entropy`` as that run had it).
     """
-    progress = progress or NoProgress()
-    batches = window_batches(ids, seq_len, stride, batch_size)
-    jobs = [(f"act/{with_entropy}/b{k}", lambda b=b: activations.batch_sums(model, b, with_entropy))
-            for k, b in enumerate(batches)]
     bar = lambda it: tqdm(it, desc="head means", disable=not show_progress, leave=False)  # noqa: E731
-    mean_z = activations.combine(model, list(run_units(jobs, progress, bar).values()))["mean_z"].to(model.dtype)
-    return {head: mean_z[i] for i, head in enumerate(model.head_ids)}
+    batches = window_batches(ids, seq_len, stride, batch_size)
+    stats = _activation_stats(model, batches, with_entropy, progress or NoProgress(), bar)
+    return _by_head(model, stats["mean_z"].to(model.dtype))
+
+
+def _by_head(model: GPT2, flat: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
+    """A layer-major [H, ...] tensor -> {(layer, head): row}."""
+    return {head: flat[i] for i, head in enumerate(model.head_ids)}
 
 
 def _ablation_jobs(model, batches, methods, fills, rows) -> list[tuple[str, Callable]]:
