@@ -12,7 +12,9 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-from headprune.loading import DEFAULT_MODEL, load_model, load_tokenizer  # noqa: E402
+from headprune.loading import load_model, model_tokenizer  # noqa: E402
+from headprune.perplexity import Windowing  # noqa: E402
+from headprune.schema import DEFAULT_MODEL  # noqa: E402
 from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text  # noqa: E402
 from headprune.corpus import corpus_ids  # noqa: E402
 
@@ -29,8 +31,9 @@ def setup(name: str, doc: str):
     ap.add_argument("--out", default=str(REPORTS / name))
     args = ap.parse_args()
     model = load_model(args.model)
-    tok = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
-    args.seq_len = args.seq_len or model.cfg.n_positions
+    tok = model_tokenizer(model)
+    args.windowing = Windowing.resolve(model.cfg.n_positions, args.seq_len)
+    args.seq_len = args.windowing.seq_len
     score_ids = corpus_ids(args.data, "validation", tok, args.max_tokens)
     eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
     return args, model, score_ids, eval_ids, ensure_dir(args.out)

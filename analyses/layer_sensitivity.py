@@ -1,19 +1,19 @@
 """Per-layer pruning sensitivity: the test NLL change from removing all heads, or half of them, of one layer.
 
-    python analyses/layer_sensitivity.py [--model M] [--max-tokens K]   -> reports/layer_sensitivity/
+    python -m analyses.layer_sensitivity [--model M] [--max-tokens K]   -> reports/layer_sensitivity/
 """
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from common import save, setup
+from analyses.common import save, setup
 from headprune.perplexity import evaluate
 from headprune.pruning import prune_model
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("layer_sensitivity", __doc__)
-scores = score_heads(model, score_ids, ["abl_zero"], args.seq_len)
+scores = score_heads(model, score_ids, ["abl_zero"], args.windowing).table
 base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
 rows = []
 for layer, kept in enumerate(model.cfg.kept_heads):

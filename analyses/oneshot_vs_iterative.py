@@ -1,12 +1,12 @@
 """One-shot vs iterative pruning (Michel et al., 2019): re-scoring the remaining heads between steps.
 
-    python analyses/oneshot_vs_iterative.py [--model M] [--max-tokens K] [--steps 4]   -> reports/oneshot_vs_iterative/
+    python -m analyses.oneshot_vs_iterative [--model M] [--max-tokens K] [--steps 4]   -> reports/oneshot_vs_iterative/
 """
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from common import save, setup
+from analyses.common import save, setup
 from headprune.iterative import prune_iteratively
 from headprune.perplexity import evaluate
 from headprune.report import markdown_table
@@ -14,12 +14,13 @@ from headprune.scoring import score_heads
 
 METHOD, STEPS = "taylor", 4
 args, model, score_ids, eval_ids, out = setup("oneshot_vs_iterative", __doc__)
-rescore = lambda m: score_heads(m, score_ids, [METHOD], args.seq_len, show_progress=False)  # noqa: E731
+scores = score_heads(model, score_ids, [METHOD], args.windowing, show_progress=False).table
 base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
 rows = []
 for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
     for steps in (1, STEPS):
-        pruned, heads = prune_iteratively(model, rescore, METHOD, fraction=fraction, steps=steps)
+        pruned, heads = prune_iteratively(model, scores, METHOD, fraction=fraction, steps=steps,
+                                          score_ids=score_ids, windowing=args.windowing, show_progress=False)
         nll = evaluate(pruned, eval_ids, args.seq_len, args.seq_len, progress=False).nll
         rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",
                      "heads_pruned": len(heads), "delta_nll": nll - base})

@@ -1,20 +1,20 @@
 """Do W_O norms predict which heads matter? Weight-only scores against zero-ablation, per head.
 
-    python analyses/wo_norms_vs_ablation.py [--model M] [--max-tokens K]   -> reports/wo_norms_vs_ablation/
+    python -m analyses.wo_norms_vs_ablation [--model M] [--max-tokens K]   -> reports/wo_norms_vs_ablation/
 """
 
 import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import kendalltau, spearmanr
 
-from common import save, setup
+from analyses.common import save, setup
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 
 WEIGHTS = ["wo_fro", "wo_spec", "ov_fro", "ov_spec"]
 
 args, model, score_ids, _, out = setup("wo_norms_vs_ablation", __doc__)
-scores = score_heads(model, score_ids, WEIGHTS + ["abl_zero"], args.seq_len)
+scores = score_heads(model, score_ids, WEIGHTS + ["abl_zero"], args.windowing).table
 rows = [{"score": m, "spearman": spearmanr(scores[m], scores.abl_zero)[0],
          "kendall": kendalltau(scores[m], scores.abl_zero)[0]} for m in WEIGHTS]
 table = pd.DataFrame(rows)

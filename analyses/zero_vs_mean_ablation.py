@@ -1,22 +1,22 @@
 """Zero vs mean ablation: per-head NLL changes, and pruning curves without and with mean compensation.
 
-    python analyses/zero_vs_mean_ablation.py [--model M] [--max-tokens K]   -> reports/zero_vs_mean_ablation/
+    python -m analyses.zero_vs_mean_ablation [--model M] [--max-tokens K]   -> reports/zero_vs_mean_ablation/
 """
 
 from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
-from common import save, setup
+from analyses.common import save, setup
 from headprune.curves import pruning_curves
 from headprune.report import markdown_table
-from headprune.scoring import head_means, score_heads
+from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("zero_vs_mean_ablation", __doc__)
-scores = score_heads(model, score_ids, ["abl_zero", "abl_mean"], args.seq_len)
-means = head_means(model, score_ids, args.seq_len, args.seq_len)
+scored = score_heads(model, score_ids, ["abl_zero", "abl_mean"], args.windowing)
+scores, means = scored.table, scored.means
 fractions = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 curves = pruning_curves(model, eval_ids, scores, [("abl_zero", "none"), ("abl_zero", "mean"), ("abl_mean", "mean")],
-                        fractions, args.seq_len, args.seq_len, means=means)
+                        fractions, args.windowing, means=means)
 rho = spearmanr(scores.abl_zero, scores.abl_mean)[0]
 fig = Figure(figsize=(10, 4))
 ax1, ax2 = fig.subplots(1, 2)

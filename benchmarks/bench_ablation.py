@@ -1,6 +1,6 @@
 """Zero-ablation of every head: headprune's cached, batched sweep against the naive loop and TransformerLens.
 
-    python benchmarks/bench_ablation.py [--batch 4 --seq 256] [--tl]
+    python -m benchmarks.bench_ablation [--batch 4 --seq 256] [--tl]
 
 GPT-2 small architecture, random weights, the same tokens for all. The naive loop runs one full gated
 forward per head; TransformerLens (``--tl``; needs ``pip install "transformer-lens<4" torch==2.13.0``)
@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from common import gpt2_small_checkpoint
+from benchmarks.common import gpt2_small_checkpoint
 from headprune.loading import load_model
-from headprune.perplexity import evaluate, window_batches
+from headprune.perplexity import Windowing, evaluate, window_batches
 from headprune.scoring import score_heads
 
 
@@ -99,7 +99,8 @@ def main() -> None:
     ids = torch.randint(0, 50257, (args.batch * args.seq,), generator=torch.Generator().manual_seed(0))
     print(f"GPT-2 small, random weights, {args.batch} x {args.seq} tokens, 144 heads, {torch.get_num_threads()} threads")
     t0 = time.perf_counter()
-    ours = torch.tensor(score_heads(model, ids, "abl_zero", args.seq, args.seq, args.batch, show_progress=False).abl_zero)
+    ours = torch.tensor(score_heads(model, ids, "abl_zero", Windowing(args.seq, args.seq, args.batch),
+                                    show_progress=False).table.abl_zero)
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
     naive = naive_loop(model, ids, args.seq, args.batch)
@@ -110,7 +111,7 @@ def main() -> None:
     print(f"speed-up over naive: {t_naive / t_ours:.2f}x (target >= 1.35x); FLOP bound {1 / b:.2f}x; "
           f"reached {(t_naive / t_ours) / (1 / b):.0%} of the bound")
     t_fwd = min(_timed(lambda: evaluate(model, ids, args.seq, args.seq, args.batch, progress=False)) for _ in range(3))
-    t_grad = min(_timed(lambda: score_heads(model, ids, "grad,taylor", args.seq, args.seq, args.batch,
+    t_grad = min(_timed(lambda: score_heads(model, ids, "grad,taylor", Windowing(args.seq, args.seq, args.batch),
                                             show_progress=False)) for _ in range(3))
     print(f"grad + taylor: {t_grad:.2f} s = {t_grad / t_fwd:.2f} forwards ({t_fwd:.2f} s each; target <= 3.5)")
     if args.tl:

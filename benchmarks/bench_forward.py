@@ -1,6 +1,6 @@
 """Our GPT-2 forward against Hugging Face's GPT2LMHeadModel, GPT-2-small architecture, random weights.
 
-    python benchmarks/bench_forward.py [--batch 4 --seq 512 --repeats 5]
+    python -m benchmarks.bench_forward [--batch 4 --seq 512 --repeats 5]
 
 Prints both median times and the ratio ours / HF (target <= 1.05 on the CPU).
 """
@@ -10,7 +10,7 @@ import argparse
 import torch
 from transformers import GPT2LMHeadModel
 
-from common import gpt2_small_checkpoint, time_interleaved
+from benchmarks.common import gpt2_small_checkpoint, time_interleaved
 from headprune.loading import load_model
 
 

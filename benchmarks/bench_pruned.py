@@ -1,6 +1,6 @@
 """Speed of a physically pruned GPT-2 small (random weights) against the unpruned one.
 
-    python benchmarks/bench_pruned.py [--batch 4 --seq 512 --repeats 5 --prune-per-layer 6 --threads N]
+    python -m benchmarks.bench_pruned [--batch 4 --seq 512 --repeats 5 --prune-per-layer 6 --threads N]
 
 Prunes the same number of heads in every layer (random choice, seeded), exports the pruned model natively
 and reloads it, then times on the same tokens, interleaved:
@@ -17,19 +17,21 @@ import tempfile
 import pandas as pd
 import torch
 
-from common import gpt2_small_checkpoint, time_interleaved
+from benchmarks.common import gpt2_small_checkpoint, time_interleaved
 from headprune.heads import format_heads
 from headprune.loading import load_model
-from headprune.model import GPT2
-from headprune.pruning import export_native, prune_model, pruning_stats
+from headprune.model import GPT2, Capture
+from headprune.checkpoint import export_native
+from headprune.ledger import pruning_stats
+from headprune.pruning import prune_model
 from headprune.selection import select_heads
 
 
 def attention_inputs(model: GPT2, tokens: torch.Tensor) -> list[torch.Tensor]:
     """ln_1 output entering each layer's attention: (B,T,d) per layer."""
-    capture: dict = {}
+    capture = Capture()
     model(tokens, capture=capture)
-    return [blk.ln_1(capture[f"resid_pre.{layer}"]) for layer, blk in enumerate(model.h)]
+    return [blk.ln_1(capture.resid_pre[layer]) for layer, blk in enumerate(model.h)]
 
 
 def attention_only(model: GPT2, xs: list[torch.Tensor]):

@@ -21,31 +21,18 @@ from tqdm.auto import tqdm
 
 from .distributed import run_units
 from .errors import HeadpruneError
+from .interventions import Head
 from .ledger import param_table
 from .model import GPT2
 from .outputs import NoProgress, Progress
-from .perplexity import evaluate
+from .perplexity import Windowing, evaluate
 from .pruning import prune_model
+from .schema import CURVE_COLUMNS, RANDOM
 from .selection import select_heads
-
-CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
-                 "delta_ppl", "nll_std", "ppl_std", "n_seeds"]
-
 
 def _key(job: tuple) -> str:
     method, comp, fraction, seed = job
     return f"curve/{method}/{comp}/{fraction!r}/s{seed}"
-
-
-def parse_fractions(spec: str) -> list[float]:
-    """``"0,0.1,0.5"`` -> sorted unique fractions, each in [0, 1]."""
-    try:
-        fractions = sorted({float(f) for f in spec.split(",") if f.strip()})
-    except ValueError:
-        raise HeadpruneError(f"--fractions {spec!r} must be comma-separated numbers in [0, 1], e.g. 0,0.1,0.5") from None
-    if not fractions or not all(0.0 <= f <= 1.0 for f in fractions):
-        raise HeadpruneError(f"--fractions {spec!r}: every fraction must lie in [0, 1]")
-    return fractions
 
 
 def pruning_curves(
@@ -54,11 +41,9 @@ def pruning_curves(
     scores: pd.DataFrame,
     variants: list[tuple[str, str]],  # (method or "random", "none" | "mean")
     fractions: list[float],
-    seq_len: int,
-    stride: int,
-    batch_size: int = 8,
+    windowing: Windowing | None = None,
     seeds: int = 3,
-    means: dict | None = None,  # {(layer, head): z̄} for compensation "mean"
+    means: dict[Head, torch.Tensor] | None = None,  # {(layer, head): z̄} for compensation "mean"
     per_layer: bool = False,
     normalize: str | None = None,
     standardize: bool = False,
@@ -68,23 +53,24 @@ def pruning_curves(
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
     progress = progress or NoProgress()
+    w = windowing or Windowing.resolve(model.cfg.n_positions)
     if any(comp == "mean" for _, comp in variants) and means is None:
         raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
         heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
                              standardize=standardize, seed=s)
-        fills = {h: means[h] for h in heads} if comp == "mean" else None
+        fills = {h: means[h] for h in heads} if means is not None and comp == "mean" else None
         pruned = prune_model(model, heads, fills)
-        result = evaluate(pruned, ids, seq_len, stride, batch_size, progress=False)
+        result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
         return {"nll": result.nll, "tokens": result.tokens, "heads_pruned": len(heads),
                 "params": int(param_table(pruned).params.sum())}
 
-    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, seq_len, stride, batch_size,
+    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size,
                                                               progress=False).as_dict())], progress)["curve/baseline"]
     base = baseline["nll"]
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
-            for s in (range(seed, seed + seeds) if m == "random" else [seed])]
+            for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)  # noqa: E731
     results = run_units([(_key(job), lambda job=job: point(*job)) for job in jobs], progress, bar)
     points = {job: results[_key(job)] for job in jobs}
@@ -94,7 +80,7 @@ def pruning_curves(
             runs = [v for (jm, jc, jf, _), v in points.items() if (jm, jc, jf) == (m, c, f)]
             nll = np.array([r["nll"] for r in runs])
             ppl = np.exp(nll)
-            std = (lambda x: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == "random" else math.nan))
+            std = (lambda x: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
             rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
                          "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
                          "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),

@@ -1,30 +1,36 @@
 """One-shot and iterative pruning to a physically smaller model (Michel et al., 2019, §6).
 
 Iterative with S steps: after step s the model has lost round(k·(s+1)/S) of the k heads to prune
-(per layer: round(k_l·(s+1)/S)); before each step the remaining heads are re-scored on the pruned model,
-so a head's importance is judged without the heads already gone. With mean compensation each step folds
-the means measured on the model of that step.
+(per layer: round(k_l·(s+1)/S)); before each step after the first the remaining heads are re-scored on
+the pruned model (with the same method, on the scoring data), so a head's importance is judged without
+the heads already gone. With mean compensation each step folds the means measured on the model of that step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
 
 import pandas as pd
 import torch
 
 from .errors import HeadpruneError
+from .interventions import Head
 from .model import GPT2
+from .perplexity import Windowing
 from .pruning import prune_model
+from .schema import RANDOM, WEIGHT_METHODS
+from .scoring import head_means, score_heads
 from .selection import rank_heads, select_heads
 
-Head = tuple[int, int]
+
+def needs_score_data(method: str, steps: int, compensate: bool) -> bool:
+    """Whether pruning needs scoring data: for the means (compensation) or to re-score by a data method."""
+    return compensate or (steps > 1 and method not in (*WEIGHT_METHODS, RANDOM))
 
 
 def prune_iteratively(
     model: GPT2,
-    rescore: Callable[[GPT2], pd.DataFrame],  # scores of the current model's heads
+    scores: pd.DataFrame,  # the unpruned model's scores (used for the first step)
     method: str,
     fraction: float | None = None,
     count: int | None = None,
@@ -33,20 +39,28 @@ def prune_iteratively(
     normalize: str | None = None,
     standardize: bool = False,
     seed: int = 0,
-    means: Callable[[GPT2], dict[Head, torch.Tensor]] | None = None,  # mean outputs, for compensation
+    score_ids: torch.Tensor | None = None,  # scoring data: see needs_score_data
+    windowing: Windowing | None = None,
+    compensate: bool = False,  # fold each step's pruned heads' mean outputs into b_O
+    show_progress: bool = True,
 ) -> tuple[GPT2, list[Head]]:
     """The pruned model and the removed heads in removal order; ``steps == 1`` is one-shot pruning."""
     if steps < 1:
-        raise HeadpruneError(f"--iterative {steps} must be at least 1 step")
+        raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
+    if needs_score_data(method, steps, compensate) and score_ids is None:
+        raise HeadpruneError(f"re-scoring by {method} or mean compensation needs scoring data (score_ids)")
     rank = dict(normalize=normalize, standardize=standardize, seed=seed)
-    scores = rescore(model)
+
+    def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
+        if method == RANDOM:
+            return pd.DataFrame(m.head_ids, columns=["layer", "head"])
+        return score_heads(m, score_ids, [method], windowing, show_progress=show_progress).table
+
     target = select_heads(scores, method, fraction, count, per_layer, **rank)  # fixes how many heads go
     per_layer_total = Counter(layer for layer, _ in target)
     removed: list[Head] = []
     for step in range(steps):
-        if step:
-            scores = rescore(model)  # the remaining heads, judged without the ones already gone
-        ranked = rank_heads(scores, method, **rank)
+        ranked = rank_heads(scores if step == 0 else rescore(model), method, **rank)
         if steps == 1:
             now = target
         elif per_layer:
@@ -57,9 +71,10 @@ def prune_iteratively(
         else:
             now = ranked[: round(len(target) * (step + 1) / steps) - len(removed)]
         fills = None
-        if means is not None and now:
-            all_means = means(model)
-            fills = {h: all_means[h] for h in now}
+        if compensate and now:
+            assert score_ids is not None
+            means = head_means(model, score_ids, windowing, show_progress=show_progress)
+            fills = {h: means[h] for h in now}
         model = prune_model(model, now, fills)
         removed += now
     return model, removed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from .model import GPT2
+from .model import GPT2, Capture
 
 
 def param_table(model: GPT2) -> pd.DataFrame:
@@ -61,13 +61,13 @@ def shape_trace(model: GPT2, batch: int, seq_len: int, layer: int = 0) -> list[t
     """Shapes met in one real attention call of ``layer`` on a (batch, seq_len) input."""
     attn = model.h[layer].attn
     x = torch.zeros(batch, seq_len, model.cfg.d_model, device=model.device, dtype=model.dtype)
-    capture: dict = {}
+    capture = Capture()
     with torch.no_grad():
         out = attn(x, capture=capture, need_weights=True)
         q = attn.c_attn(x)
     h, dk = attn.n_heads, attn.d_head
-    z = capture.get(f"z.{layer}", torch.empty(batch, h, seq_len, dk))
-    probs = capture.get(f"attn.{layer}", torch.empty(batch, h, seq_len, seq_len))
+    z = capture.z.get(layer, torch.empty(batch, h, seq_len, dk))
+    probs = capture.attn.get(layer, torch.empty(batch, h, seq_len, seq_len))
     return [
         ("x (B,T,d)", tuple(x.shape)),
         ("x W_QKV + b_QKV (B,T,3·h·d_k)", tuple(q.shape)),
@@ -84,7 +84,7 @@ def format_info(model: GPT2, batch: int, seq_len: int) -> str:
     params = param_table(model)
     wo = wo_table(model)
     lines = [
-        f"model: {model.source}",
+        f"model: {model.origin.source}",
         f"config: n_layers={cfg.n_layers} n_heads={cfg.n_heads} d_model={cfg.d_model} d_head={cfg.d_head} "
         f"d_mlp={cfg.d_mlp} n_positions={cfg.n_positions} vocab_size={cfg.vocab_size} "
         f"heads_kept={sum(len(k) for k in cfg.kept_heads)}/{cfg.n_layers * cfg.n_heads}",
@@ -103,3 +103,19 @@ def format_info(model: GPT2, batch: int, seq_len: int) -> str:
     for name, shape in shape_trace(model, batch, seq_len):
         lines.append(f"  {name:<32} {shape}")
     return "\n".join(lines)
+
+
+def pruning_stats(model_before: GPT2, model_after: GPT2, seq_len: int) -> dict[str, int]:
+    """What pruning saved: heads, parameters (ledger.param_table), W_O parameters (ledger.wo_table) and
+    attention FLOPs per token at context ``seq_len`` (ledger.attention_flops_per_token); before, after, removed."""
+    measures = {
+        "heads": lambda m: len(m.head_ids),
+        "params": lambda m: int(param_table(m).params.sum()),
+        "wo_params": lambda m: int(wo_table(m).W_O_total.sum()),
+        "attention_flops_per_token": lambda m: int(attention_flops_per_token(m, seq_len)),
+    }
+    stats: dict[str, int] = {"seq_len": int(seq_len)}
+    for name, fn in measures.items():
+        before, after = fn(model_before), fn(model_after)
+        stats.update({f"{name}_before": before, f"{name}_after": after, f"{name}_removed": before - after})
+    return stats

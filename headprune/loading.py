@@ -1,8 +1,7 @@
 """Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
 
-Hugging Face GPT-2 stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our parameter names are
-the same without the prefix, so loading is a key rename. The causal-mask buffers (``attn.bias``,
-``attn.masked_bias``) are dropped and ``lm_head.weight`` is tied to ``wte.weight``.
+Loading is a key rename (:func:`headprune.checkpoint.convert_state_dict`) after the config and every
+weight file are read and checked; the model records where it came from in ``model.origin``.
 """
 
 from __future__ import annotations
@@ -17,10 +16,11 @@ from pathlib import Path
 import torch
 
 from .errors import HeadpruneError
-from .model import GPT2, ModelConfig
+from .schema import DEFAULT_MODEL
+from .checkpoint import convert_state_dict
+from .model import GPT2, ModelConfig, Origin
 
 ZOO = Path(__file__).parent / "zoo"
-DEFAULT_MODEL = "stdlib-gpt2-mini"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 _WEIGHT_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
@@ -107,19 +107,6 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def convert_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face GPT-2 keys -> ours: strip ``transformer.``, drop mask buffers, tie the LM head."""
-    out = {}
-    for key, value in state.items():
-        key = key.removeprefix("transformer.")
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # causal-mask buffers of older checkpoints
-        if key == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        out[key] = value
-    return out
-
-
 def load_model(
     source: str | os.PathLike = DEFAULT_MODEL,
     device: str | torch.device = "cpu",
@@ -151,8 +138,7 @@ def load_model(
         if bad:
             raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {bad[0]}); the checkpoint is broken")
     model.load_state_dict({k: v.float() for k, v in state.items()})
-    model.source = str(source)
-    model.folder = folder
+    model.origin = Origin(str(source), folder)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
@@ -213,6 +199,11 @@ def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size:
             "tokenizer files"
         )
     return tok
+
+
+def model_tokenizer(model: GPT2):
+    """The tokenizer of a loaded model (its folder's own, else GPT-2's BPE), checked against its vocabulary."""
+    return load_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
 
 
 @lru_cache(maxsize=1)

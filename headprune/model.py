@@ -17,7 +17,9 @@ original indices, and W_attn / W_O hold only their columns / rows. A layer that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +108,27 @@ class ModelConfig:
         return asdict(self)
 
 
+@dataclass
+class Capture:
+    """Activations a forward records, by absolute layer (pass one as ``capture=`` to ``GPT2.forward``).
+
+    resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
+    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
+    """
+
+    resid_pre: dict[int, Tensor] = field(default_factory=dict)
+    z: dict[int, Tensor] = field(default_factory=dict)
+    attn: dict[int, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model's weights came from: what the user asked to load, and the folder read."""
+
+    source: str | None = None
+    folder: Path | None = None
+
+
 class Conv1D(nn.Module):
     """GPT-2's linear layer: y = x W + b with W stored [in, out]."""
 
@@ -174,12 +197,24 @@ class Attention(nn.Module):
     def b_O(self) -> Tensor:
         return self.c_proj.bias
 
+    @staticmethod
+    def qkv_columns(positions: Tensor, n_heads: int, d_head: int) -> Tensor:
+        """c_attn output columns of the heads at ``positions``: part·h·d_k + p·d_k + k, Q then K then V."""
+        part = torch.arange(3, device=positions.device).view(3, 1, 1) * n_heads * d_head
+        k = torch.arange(d_head, device=positions.device).view(1, 1, d_head)
+        return (part + positions.view(1, -1, 1) * d_head + k).reshape(-1)  # [3·len(positions)·d_k]
+
+    @staticmethod
+    def wo_rows(positions: Tensor, d_head: int) -> Tensor:
+        """c_proj input rows (W_O row blocks) of the heads at ``positions``: p·d_k + k."""
+        return (positions.view(-1, 1) * d_head + torch.arange(d_head, device=positions.device)).reshape(-1)
+
     def forward(
         self,
         x: Tensor,  # (B,T,d)
         gate: Tensor | None = None,  # [n_heads] or [B, n_heads]
         fill: Tensor | None = None,  # [n_heads, d_head]: what an ablated head outputs instead of z_i
-        capture: dict | None = None,
+        capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:
         B, T, d = x.shape
@@ -193,11 +228,11 @@ class Attention(nn.Module):
             probs = scores.masked_fill(~causal, float("-inf")).softmax(-1).to(v.dtype)
             z = probs @ v  # (B,h,T,d_k)
             if capture is not None:
-                capture[f"attn.{self.layer}"] = probs
+                capture.attn[self.layer] = probs
         else:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
         if capture is not None:
-            capture[f"z.{self.layer}"] = z
+            capture.z[self.layer] = z
         if gate is not None:
             g = gate.view(-1, h, 1, 1).to(z.dtype)
             z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
@@ -225,7 +260,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, gate=None, fill=None, capture=None, need_weights=False) -> Tensor:
+    def forward(self, x: Tensor, gate: Tensor | None = None, fill: Tensor | None = None,
+                capture: Capture | None = None, need_weights: bool = False) -> Tensor:
         x = x + self.attn(self.ln_1(x), gate, fill, capture, need_weights)
         return x + self.mlp(self.ln_2(x))
 
@@ -241,8 +277,7 @@ class GPT2(nn.Module):
         self.h = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.source: str | None = None  # what the user asked to load (set by the loader)
-        self.folder = None  # the directory the weights came from (set by the loader)
+        self.origin = Origin()  # set by the loader; kept by pruning
 
     @property
     def device(self) -> torch.device:
@@ -257,18 +292,10 @@ class GPT2(nn.Module):
         """(layer, original head index) of every head the model holds, in weight order."""
         return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
 
-    def init_weights(self, seed: int = 0, std: float = 0.02) -> "GPT2":
-        """GPT-2's initialisation (normal(0, 0.02), LayerNorm at identity), seeded."""
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-                    p.fill_(1.0)
-                elif p.dim() == 1:
-                    p.zero_()
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
-        return self
+    @property
+    def active_layers(self) -> list[int]:
+        """Layers that hold at least one head, in order (layer-major head order skips the others)."""
+        return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d)."""
@@ -282,15 +309,15 @@ class GPT2(nn.Module):
         resid: Tensor,  # (B,T,d), the residual stream entering layer `start`
         start: int = 0,
         stop: int | None = None,
-        gates: list[Tensor | None] | None = None,
-        fills: list[Tensor | None] | None = None,
-        capture: dict | None = None,
+        gates: Sequence[Tensor | None] | None = None,
+        fills: Sequence[Tensor | None] | None = None,
+        capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:
         """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
         for layer in range(start, self.cfg.n_layers if stop is None else stop):
             if capture is not None:
-                capture[f"resid_pre.{layer}"] = resid
+                capture.resid_pre[layer] = resid
             gate = gates[layer] if gates is not None else None
             fill = fills[layer] if fills is not None else None
             resid = self.h[layer](resid, gate, fill, capture, need_weights)
@@ -301,7 +328,14 @@ class GPT2(nn.Module):
         x = self.ln_f(resid)
         return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
 
-    def forward(self, tokens: Tensor, gates=None, fills=None, capture=None, need_weights=False) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,  # (B,T) int64
+        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l] or [B, n_heads_l]
+        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head]
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
         """tokens (B,T) -> logits (B,T,vocab)."""
         return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
 

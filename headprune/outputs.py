@@ -84,6 +84,15 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
         raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); is it a headprune csv/parquet?") from None
 
 
+def read_scores(path: str | os.PathLike) -> pd.DataFrame:
+    """A saved scores table; from csv, head_id and model_fingerprint are kept as text (a hex id may look numeric)."""
+    scores = read_table(path)
+    text = [c for c in ("head_id", "model_fingerprint") if c in scores.columns]
+    if Path(path).suffix == ".csv" and text:
+        scores[text] = pd.read_csv(path, usecols=text, dtype=str, keep_default_na=False)[text]
+    return scores
+
+
 def check_table_suffix(path: str | os.PathLike) -> None:
     if Path(path).suffix not in TABLE_SUFFIXES:
         raise HeadpruneError(f"output {path} must end in .csv or .parquet")

@@ -34,6 +34,33 @@ class Batch:
     tokens: Tensor  # (b, L) int64
     mask: Tensor  # (b, L-1) bool: which next-token predictions are scored
 
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(self.tokens.to(device), self.mask.to(device))
+
+
+@dataclass(frozen=True)
+class Windowing:
+    """How a corpus is cut into windows and batched, checked against a model: build it with :meth:`resolve`."""
+
+    seq_len: int  # window length
+    stride: int  # window start every `stride` tokens
+    batch_size: int = 8  # windows per forward
+
+    @classmethod
+    def resolve(cls, n_positions: int, seq_len: int | None = None, stride: int | None = None,
+                batch_size: int = 8) -> "Windowing":
+        """Defaults filled in (seq_len: n_positions, stride: seq_len) and every value checked."""
+        seq_len = n_positions if seq_len is None else seq_len
+        stride = seq_len if stride is None else stride
+        check_window(seq_len, stride, n_positions)
+        if batch_size < 1:
+            raise HeadpruneError(f"batch_size {batch_size} must be at least 1", "batch_size")
+        return cls(seq_len, stride, batch_size)
+
+    def batches(self, ids: Tensor) -> list[Batch]:
+        """:func:`window_batches` of ``ids``."""
+        return window_batches(ids, self.seq_len, self.stride, self.batch_size)
+
 
 @dataclass
 class Perplexity:
@@ -47,11 +74,12 @@ class Perplexity:
 
 def check_window(seq_len: int, stride: int, n_positions: int) -> None:
     if seq_len < 2:
-        raise HeadpruneError(f"--seq-len {seq_len} is too short; use at least 2")
+        raise HeadpruneError(f"seq_len {seq_len} is too short; use at least 2", "seq_len")
     if seq_len > n_positions:
-        raise HeadpruneError(f"--seq-len {seq_len} exceeds the model's n_positions {n_positions}; use <= {n_positions}")
+        raise HeadpruneError(f"seq_len {seq_len} exceeds the model's n_positions {n_positions}; use <= {n_positions}",
+                             "seq_len")
     if not 0 < stride <= seq_len:
-        raise HeadpruneError(f"--stride {stride} must be in 1..seq-len ({seq_len})")
+        raise HeadpruneError(f"stride {stride} must be in 1..seq_len ({seq_len})", "stride")
 
 
 def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[Window]:
@@ -89,10 +117,9 @@ def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int) -> l
 
 def batch_nll_sum(model: GPT2, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
     """Sum of scored next-token NLLs (fp64 scalar) and their count for one batch."""
-    tokens = batch.tokens.to(model.device)
-    nll = token_nll(model(tokens, **forward_kwargs), tokens)  # (b, L-1)
-    mask = batch.mask.to(nll.device)
-    return (nll.double() * mask).sum(), int(mask.sum())
+    batch = batch.to(model.device)
+    nll = token_nll(model(batch.tokens, **forward_kwargs), batch.tokens)  # (b, L-1)
+    return (nll.double() * batch.mask).sum(), int(batch.mask.sum())
 
 
 @torch.no_grad()

@@ -15,17 +15,16 @@ from pathlib import Path
 import pandas as pd
 
 from . import __version__
-from .distributed import is_main, shard_name
 from .corpus import corpus_ids
 from .curves import pruning_curves
+from .distributed import is_main, shard_name
 from .ledger import format_info
-from .loading import load_model, load_tokenizer, model_fingerprint
+from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
-from .perplexity import check_window
+from .perplexity import Windowing
 from .report import best_method, build_report, summary_table
-from .scoring import DESCRIPTIVE, METHODS, head_means, score_heads
-
-DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
+from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM
+from .scoring import score_heads
 
 
 @dataclass
@@ -58,10 +57,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     check_writable(s.out)
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype)
-    seq_len = s.seq_len or model.cfg.n_positions
-    stride = s.stride or seq_len
-    check_window(seq_len, stride, model.cfg.n_positions)
-    tokenizer = load_tokenizer(model.folder, vocab_size=model.cfg.vocab_size)
+    windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
+    seq_len, stride = windowing.seq_len, windowing.stride
+    tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": _digest(eval_ids),
@@ -77,20 +75,21 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scores = score_heads(model, score_ids, "all", seq_len, stride, s.batch_size, s.ablation_rows, progress,
-                         show_progress=not quiet)
+    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet)
+    scores = scored.table
     t_score = time.perf_counter() - t0
-    means = head_means(model, score_ids, seq_len, stride, s.batch_size, progress, not quiet, with_entropy=True)
 
-    importances = [m for m in METHODS if m not in DESCRIPTIVE]
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {', '.join(importances)} + random")
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: "
+        f"{', '.join(IMPORTANCE_METHODS)} + random")
     t0 = time.perf_counter()
-    curve_args = dict(model=model, ids=eval_ids, scores=scores, fractions=list(s.fractions), seq_len=seq_len,
-                      stride=stride, batch_size=s.batch_size, seeds=s.seeds, means=means, seed=s.seed,
-                      progress=progress, show_progress=not quiet)
-    curves = pruning_curves(variants=[(m, "none") for m in importances] + [("random", "none")], **curve_args)
+
+    def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
+        return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
+                              seed=s.seed, progress=progress, show_progress=not quiet)
+
+    curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
     best = best_method(curves)
-    compensated = pruning_curves(variants=[(best, "mean")], **curve_args)
+    compensated = curves_of([(best, "mean")])
     baseline = curves.attrs["baseline"]
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
@@ -99,7 +98,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
-                "seconds_per_method": {k: round(v, 2) for k, v in scores.attrs["seconds"].items()}}
+                "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None
     log("[4/4] report")

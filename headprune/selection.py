@@ -23,45 +23,24 @@ import pandas as pd
 from .errors import HeadpruneError
 from .heads import head_id
 from .model import GPT2
-from .scoring import DESCRIPTIVE
+from .schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns
 
-DESCRIPTIVE_METHODS = DESCRIPTIVE
-NON_METHOD_COLUMNS = ("layer", "head", "head_id", "model_fingerprint", "model", "n_tokens")
 NORMALIZERS = (None, "layer")
-
-
-def method_columns(scores: pd.DataFrame) -> list[str]:
-    """The numeric columns that can serve as a method (for messages)."""
-    return [c for c in scores.columns if c not in NON_METHOD_COLUMNS and pd.api.types.is_numeric_dtype(scores[c])]
 
 
 def _check_frame(scores: pd.DataFrame) -> pd.DataFrame:
     """The frame sorted by (layer, head) with a fresh index; one row per head."""
-    missing = [c for c in ("layer", "head") if c not in scores.columns]
-    if missing:
-        raise HeadpruneError(f"scores table lacks column(s) {missing}; is it a headprune scores file?")
-    frame = scores.copy()
-    for c in ("layer", "head"):
-        col = pd.to_numeric(frame[c], errors="coerce")
-        if not np.isfinite(col).all() or (col != col.round()).any():
-            raise HeadpruneError(f"scores column {c!r} must hold whole numbers (head indices); the table is damaged")
-        frame[c] = col.astype(np.int64)
-    frame = frame.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
-    dup = frame.duplicated(["layer", "head"])
-    if dup.any():
-        r = frame[dup].iloc[0]
-        raise HeadpruneError(f"scores table lists head {head_id(r['layer'], r['head'])} more than once")
-    return frame
+    return check_scores(scores, HEAD_COLUMNS, need_method=False)
 
 
 def _raw_scores(frame: pd.DataFrame, method: str, seed: int) -> np.ndarray:
     """Importance per row of the (layer, head)-sorted frame, float64 [n_rows]."""
-    if method in DESCRIPTIVE_METHODS:
+    if method in DESCRIPTIVE:
         raise HeadpruneError(
             f"method {method!r} describes attention patterns and does not rank importance; prune by another "
-            f"method ({', '.join(c for c in method_columns(frame) if c not in DESCRIPTIVE_METHODS) or 'random'})"
+            f"method ({', '.join(c for c in method_columns(frame) if c not in DESCRIPTIVE) or 'random'})"
         )
-    if method == "random":
+    if method == RANDOM:
         return np.random.default_rng(seed).random(len(frame))
     if method not in frame.columns:
         raise HeadpruneError(
@@ -116,7 +95,7 @@ def _adjusted_scores(
     if normalize and standardize:
         raise HeadpruneError("normalize and standardize both rescale each layer's scores; choose one")
     values = _raw_scores(frame, method, seed)
-    if method == "random":
+    if method == RANDOM:
         return values  # already exchangeable across all heads; rescaling per layer would bias it
     layers = frame["layer"].to_numpy()
     if normalize == "layer":

@@ -29,8 +29,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from headprune.corpus import default_documents, load_texts, split_of, tokenize_corpus  # noqa: E402
+from headprune.corpus import default_documents, load_texts, split_of, tokenize_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"

@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.loading import load_model, load_tokenizer
-from headprune.model import Attention, ModelConfig
+from headprune.model import Attention, Capture, ModelConfig
 
 from conftest import TINY, save_hf_gpt2
 
@@ -34,7 +34,7 @@ def test_hub_id_from_offline_cache(hf_cache, tiny_dir):
         "import torch; from transformers import GPT2LMHeadModel; from headprune.loading import load_model;"
         "hf = GPT2LMHeadModel.from_pretrained('testorg/tiny-gpt2').eval(); ours = load_model('testorg/tiny-gpt2');"
         "x = torch.arange(40).view(2, 20) * 7;"
-        "print((hf(x).logits - ours(x)).abs().max().item(), ours.folder)"
+        "print((hf(x).logits - ours(x)).abs().max().item(), ours.origin.folder)"
     )
     env = {**os.environ, "HF_HOME": str(hf_cache), "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
@@ -92,9 +92,9 @@ def test_lesson_worked_example():
         attn.c_proj.weight.copy_(W_O)
         attn.c_proj.bias.zero_()
         x = torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])  # B=1, T=1
-        capture = {}
+        capture = Capture()
         y = attn(x, capture=capture)
-    assert torch.allclose(capture["z.0"][0, :, 0], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    assert torch.allclose(capture.z[0][0, :, 0], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     assert torch.allclose(y[0, 0], torch.tensor([0.8, 1.1, 2.1, 2.0]), atol=1e-6)
     assert torch.allclose(torch.tensor([1.0, 2.0]) @ attn.W_O[0] + torch.tensor([3.0, 4.0]) @ attn.W_O[1],
                           torch.tensor([0.8, 1.1, 2.1, 2.0]), atol=1e-6)
@@ -119,11 +119,11 @@ def test_gate_zero_equals_hf_with_c_proj_rows_zeroed(tiny_dir, head):
 def test_eager_path_equals_sdpa_and_returns_probabilities(tiny_dir):
     model = load_model(tiny_dir)
     tokens = _tokens(TINY["vocab_size"], 2, 21)
-    capture = {}
+    capture = Capture()
     with torch.no_grad():
         fast, eager = model(tokens), model(tokens, capture=capture, need_weights=True)
     assert (fast - eager).abs().max().item() <= 1e-5
-    probs = capture["attn.2"]  # (B,h,T,T)
+    probs = capture.attn[2]  # (B,h,T,T)
     assert probs.shape == (2, 4, 21, 21)
     assert torch.allclose(probs.sum(-1), torch.ones(2, 4, 21), atol=1e-5)
     assert probs.triu(1).abs().max() == 0

@@ -10,11 +10,10 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.cli import main
-from headprune.curves import CURVE_COLUMNS
+from headprune.interventions import mask_gates
 from headprune.loading import load_model
-from headprune.pruning import mask_gates
-from headprune.report import read_scores
-from headprune.scoring import METHODS
+from headprune.outputs import read_scores
+from headprune.schema import CURVE_COLUMNS, METHODS
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,8 @@ def test_prune_native_and_hf_exports(run_dir, tiny_dir, corpus, tmp_path, capsys
 
 def test_prune_mean_compensated_equals_mean_ablation(tiny_dir, corpus, tmp_path):
     from headprune.cli import data_from_args  # noqa: F401  (the CLI computes the means on --score-data)
-    from headprune.pruning import fill_tensors
+    from headprune.interventions import fill_tensors
+    from headprune.perplexity import Windowing
     from headprune.scoring import head_means
     from headprune.corpus import load_texts, tokenize_corpus
     from headprune.loading import load_tokenizer
@@ -147,7 +147,7 @@ def test_prune_mean_compensated_equals_mean_ablation(tiny_dir, corpus, tmp_path)
                  "--score-data", str(corpus), "--max-tokens", "300", "--out", str(tmp_path / "m"), "--quiet"]) == 0
     base = load_model(tiny_dir)
     ids = tokenize_corpus(load_texts(str(corpus), "validation"), load_tokenizer(tiny_dir))[:300]
-    means = head_means(base, ids, 64, 64, 8, show_progress=False)
+    means = head_means(base, ids, Windowing(64, 64, 8), show_progress=False)
     heads = [(0, 1), (2, 3), (2, 0)]
     tokens = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -11,10 +11,12 @@ from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
 from headprune.heads import head_id
+from headprune.checkpoint import EXPORT_MARKER, export_hf, export_native
+from headprune.interventions import fill_tensors, mask_gates
+from headprune.ledger import pruning_stats
 from headprune.loading import load_model, model_fingerprint
-from headprune.model import count_params
-from headprune.pruning import (EXPORT_MARKER, export_hf, export_native, fill_tensors, mask_gates, prune_model,
-                               pruning_stats, removed_heads)
+from headprune.model import Capture, Origin, count_params
+from headprune.pruning import prune_model, removed_heads
 from headprune.selection import check_scores_match, rank_heads, select_heads
 
 D, H, DK = 32, 4, 8  # tiny model
@@ -50,10 +52,10 @@ def _hf_zeroed(folder, heads, fills=None):
 
 def _mean_fills(model, tokens):
     """z̄ of every head: its output averaged over batch and positions, {(layer, head): [d_head]}."""
-    capture = {}
+    capture = Capture()
     with torch.no_grad():
         model(tokens, capture=capture)
-    return {(l, h): capture[f"z.{l}"][:, p].mean((0, 1)) for l, kept in enumerate(model.cfg.kept_heads)
+    return {(l, h): capture.z[l][:, p].mean((0, 1)) for l, kept in enumerate(model.cfg.kept_heads)
             for p, h in enumerate(kept)}
 
 
@@ -164,7 +166,7 @@ def test_native_export_round_trip(tiny, tiny_dir, tmp_path):
     src.mkdir()
     (src / "vocab.json").write_text("{}")
     (src / "merges.txt").write_text("#version: 0.2\n")
-    pruned.folder = src
+    pruned.origin = Origin(pruned.origin.source, src)
     out = export_native(pruned, tmp_path / "native", metadata={"method": "test"})
     back = load_model(out)
     assert back.cfg.kept_heads == pruned.cfg.kept_heads
@@ -227,7 +229,7 @@ def test_failed_export_leaves_the_previous_one(tiny, tmp_path, monkeypatch):
 
 def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
     fills = _mean_fills(tiny, _tokens(seed=8))
-    out = export_hf(tiny, HEADS, fills, tmp_path / "hf")
+    out = export_hf(prune_model(tiny, HEADS, fills), tmp_path / "hf")
     cfg = json.loads((out / "config.json").read_text())
     assert "headprune_kept_heads" not in cfg and cfg["n_head"] == H
     hf = GPT2LMHeadModel.from_pretrained(out).eval()
@@ -239,7 +241,7 @@ def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
         assert _maxdiff(hf(x).logits, prune_model(tiny, HEADS, fills)(x)) <= 1e-4
         # from an already pruned model: the heads it lacks are zero-filled too
         once = prune_model(tiny, HEADS[:2])
-        hf2 = GPT2LMHeadModel.from_pretrained(export_hf(once, HEADS[2:], None, tmp_path / "hf2")).eval()
+        hf2 = GPT2LMHeadModel.from_pretrained(export_hf(prune_model(once, HEADS[2:]), tmp_path / "hf2")).eval()
         assert _maxdiff(hf2(x).logits, prune_model(tiny, HEADS)(x)) <= 1e-4
 
 

@@ -15,10 +15,13 @@ from scipy import stats
 
 import headprune.report as report_module
 from headprune.errors import HeadpruneError
-from headprune.outputs import read_table
-from headprune.report import (CURVE_COLUMNS, PREDICTIVENESS_COLUMNS, SCORE_COLUMNS, best_method, build_report,
-                              check_curves, check_scores, head_grid, make_content, predictiveness, read_scores,
-                              rebuild_report, run_report_command, summary_table, top_heads_mask)
+from headprune.outputs import read_scores, read_table
+from headprune.report import build_report, rebuild_report
+from headprune.report.plots import head_grid
+from headprune.report.render import make_content
+from headprune.report.tables import PREDICTIVENESS_COLUMNS, best_method, predictiveness, summary_table, top_heads_mask
+from headprune.schema import CURVE_COLUMNS, check_curves, check_scores
+from headprune.schema import ID_COLUMNS as SCORE_COLUMNS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 METHODS = ["wo_fro", "entropy", "taylor", "abl_zero", "abl_mean"]
@@ -317,11 +320,11 @@ def test_run_report_command_from_bare_csv_derives_baseline(report, tmp_path):
     bare.mkdir()
     for name in ("scores.csv", "curves.csv"):
         shutil.copy(out / name, bare / name)
-    html_path = run_report_command(bare / "scores.csv", bare / "curves.csv", tmp_path / "rebuilt")
+    html_path = rebuild_report(bare / "scores.csv", bare / "curves.csv", tmp_path / "rebuilt")
     assert html_path.is_file() and no_temporaries(tmp_path / "rebuilt")
     baseline = json.loads((tmp_path / "rebuilt" / "baseline.json").read_text())
     assert baseline == {"tokens": None, "nll": 3.0, "ppl": pytest.approx(math.exp(3.0))}
     assert json.loads((tmp_path / "rebuilt" / "settings.json").read_text()) == {}
     assert "fingerprint 0123456789" in (tmp_path / "rebuilt" / "summary.md").read_text()
     with pytest.raises(HeadpruneError, match="does not exist"):
-        run_report_command(bare / "missing.csv", bare / "curves.csv", tmp_path / "x")
+        rebuild_report(bare / "missing.csv", bare / "curves.csv", tmp_path / "x")

@@ -7,8 +7,9 @@ from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
 from headprune.loading import load_model
-from headprune.perplexity import batch_nll_sum, evaluate, window_batches
-from headprune.scoring import METHODS, parse_methods, score_heads
+from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
+from headprune.schema import METHODS, parse_methods
+from headprune.scoring import score_heads
 
 from conftest import TINY, guide_loop
 
@@ -22,8 +23,14 @@ def ids():
 
 
 @pytest.fixture(scope="module")
-def scores(tiny_dir, ids):
-    return score_heads(load_model(tiny_dir), ids, "all", SEQ, STRIDE, BATCH, ablation_rows=6, show_progress=False)
+def scored(tiny_dir, ids):
+    return score_heads(load_model(tiny_dir), ids, "all", Windowing(SEQ, STRIDE, BATCH), ablation_rows=6,
+                       show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def scores(scored):
+    return scored.table
 
 
 def hf_scored_z(hf, ids):
@@ -46,7 +53,7 @@ def test_columns_and_order(scores):
 
 
 @pytest.mark.parametrize("layer, head", [(0, 1), (1, 3), (2, 0)])
-def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scores, layer, head):
+def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scored, scores, layer, head):
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
     base, n = guide_loop(hf, ids, SEQ, STRIDE)
     z_mean = hf_scored_z(hf, ids)[layer][:, head * DK : (head + 1) * DK].mean(0)  # the head's mean output
@@ -61,12 +68,12 @@ def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scores, laye
     row = scores[(scores.layer == layer) & (scores["head"] == head)].iloc[0]
     assert row.abl_zero == pytest.approx(zeroed - base, abs=1e-4)
     assert row.abl_mean == pytest.approx(mean_ablated - base, abs=1e-4)
-    assert scores.attrs["baseline"]["nll"] == pytest.approx(base, abs=1e-5) and scores.attrs["baseline"]["tokens"] == n
+    assert scored.baseline["nll"] == pytest.approx(base, abs=1e-5) and scored.baseline["tokens"] == n
 
 
 def test_gradients_equal_finite_differences(tiny_dir, ids):
     model = load_model(tiny_dir, dtype=torch.float64)
-    got = score_heads(model, ids, "grad,taylor", SEQ, STRIDE, BATCH, show_progress=False)
+    got = score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, BATCH), show_progress=False).table
     batches = window_batches(ids, SEQ, STRIDE, BATCH)
     eps = 1e-4
     for layer, head in [(0, 0), (1, 2), (2, 3)]:

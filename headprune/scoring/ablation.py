@@ -10,22 +10,25 @@ several ablated copies (one per head, each with its own gate row) run as one bat
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from ..model import GPT2, token_nll
+from ..interventions import fill_tensors
+from ..model import GPT2, Capture, token_nll
 from ..perplexity import Batch
-
-ABLATION_METHODS = ("abl_zero", "abl_mean")
+from ..schema import ABLATION_METHODS
+from .base import Family, ScoringContext, Unit, by_head
 
 
 @torch.no_grad()
-def cache_batch(model: GPT2, batch: Batch) -> tuple[dict, float]:
+def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], float]:
     """resid_pre of every layer and the batch's baseline NLL sum."""
-    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
-    capture: dict = {}
-    logits = model.unembed(model.run_blocks(model.embed(tokens), capture=capture))
-    return capture, (token_nll(logits, tokens).double() * mask).sum().item()
+    batch = batch.to(model.device)
+    capture = Capture()
+    logits = model.unembed(model.run_blocks(model.embed(batch.tokens), capture=capture))
+    return capture.resid_pre, (token_nll(logits, batch.tokens).double() * batch.mask).sum().item()
 
 
 @torch.no_grad()
@@ -38,7 +41,8 @@ def ablate_layer(
     rows: int = 8,
 ) -> list[float]:
     """Ablated NLL sum of the batch for each head of ``layer`` (one head at a time)."""
-    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
+    batch = batch.to(model.device)
+    tokens, mask = batch.tokens, batch.mask
     b = tokens.shape[0]
     n_heads = model.h[layer].attn.n_heads
     copies = max(1, min(n_heads, rows // b))
@@ -56,3 +60,49 @@ def ablate_layer(
         for copy in resid.split(b):  # the LM head one copy at a time: logits stay (b, T, vocab)
             sums.append((token_nll(model.unembed(copy), tokens).double() * mask).sum().item())
     return sums
+
+
+class AblationScores(Family):
+    """abl_zero and abl_mean: per batch a baseline unit and, per method and layer, one unit for its heads."""
+
+    name = "ablation"
+    methods = ABLATION_METHODS
+
+    def units(self, ctx: ScoringContext) -> list[Unit]:
+        """A batch's residual-stream cache is computed once, when its first unit runs, and kept until the next."""
+        model, batches = ctx.model, ctx.batches
+        memo: dict[int, tuple[dict[int, Tensor], float]] = {}
+
+        def cache(k: int) -> tuple[dict[int, Tensor], float]:
+            if k not in memo:
+                memo.clear()
+                memo[k] = cache_batch(model, batches[k])
+            return memo[k]
+
+        fills: dict[str, list[Tensor | None]] = {"abl_zero": [None] * model.cfg.n_layers}
+        if "abl_mean" in ctx.methods:
+            fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
+        methods = [m for m in self.methods if m in ctx.methods]
+        units: list[Unit] = []
+        for k in range(len(batches)):
+            units.append((f"base/b{k}", lambda k=k: cache(k)[1]))
+            units += [(f"{m}/b{k}/L{l}",
+                       lambda k=k, m=m, l=l: ablate_layer(model, batches[k], cache(k)[0][l], l, fills[m][l],
+                                                          ctx.ablation_rows))
+                      for m in methods for l in model.active_layers]
+        return units
+
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+        """ΔNLL per head = (Σ_batches ablated NLL sum − Σ_batches baseline NLL sum) / scored tokens."""
+        n_batches = len(ctx.batches)
+        base = sum(results[f"base/b{k}"] for k in range(n_batches))
+        n = sum(int(b.mask.sum()) for b in ctx.batches)
+        out = {"baseline_nll": torch.tensor(base / n, dtype=torch.float64),
+               "baseline_tokens": torch.tensor(n)}
+        for m in self.methods:
+            if m in ctx.methods:
+                per_batch = [[s for l in ctx.model.active_layers for s in results[f"{m}/b{k}/L{l}"]]
+                             for k in range(n_batches)]
+                out[m] = (torch.tensor(per_batch, dtype=torch.float64).sum(0) - base) / n
+        return out
+

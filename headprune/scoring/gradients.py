@@ -11,27 +11,44 @@ Model weights need no gradient, so the backward pass costs about one forward (in
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from ..model import GPT2, token_nll
 from ..perplexity import Batch
-
-GRADIENT_METHODS = ("grad", "taylor")
+from ..schema import GRADIENT_METHODS
+from .base import Family, ScoringContext, Unit
 
 
 def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
     """∂L_b/∂g for every head (layer-major list) and n_b for one batch."""
-    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
+    batch = batch.to(model.device)
+    mask = batch.mask
     gates = model.ones_gates(requires_grad=True)
     with torch.enable_grad():
-        nll = token_nll(model(tokens, gates=gates), tokens)
+        nll = token_nll(model(batch.tokens, gates=gates), batch.tokens)
         loss = (nll * mask).sum() / mask.sum()
         grads = torch.autograd.grad(loss, [g for g in gates if g.numel()])
     return {"n": int(mask.sum()), "dL_dg": torch.cat(grads).double().tolist()}
 
 
-def combine(units: list[dict]) -> dict[str, torch.Tensor]:
+def combine(units: list[dict]) -> dict[str, Tensor]:
     n = torch.tensor([u["n"] for u in units], dtype=torch.float64)
     weights = (n / n.sum()).unsqueeze(1)  # [batches, 1]
     d = torch.tensor([u["dL_dg"] for u in units], dtype=torch.float64)  # [batches, H]
     return {"grad": (weights * d.abs()).sum(0), "taylor": -(weights * d).sum(0)}
+
+
+class GradientScores(Family):
+    """grad and taylor from one forward and backward per batch: a unit per batch."""
+
+    name = "gradients"
+    methods = GRADIENT_METHODS
+
+    def units(self, ctx: ScoringContext) -> list[Unit]:
+        return [(f"grad/b{k}", lambda b=b: batch_gate_grad(ctx.model, b)) for k, b in enumerate(ctx.batches)]
+
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+        return combine(list(results.values()))

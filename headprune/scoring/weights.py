@@ -12,12 +12,14 @@ R_V R_Oᵀ, so both norms come from the core.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from ..model import GPT2
-
-WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
+from ..schema import WEIGHT_METHODS
+from .base import Family, ScoringContext, Unit
 
 
 def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:
@@ -31,10 +33,8 @@ def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:
 def weight_scores(model: GPT2) -> dict[str, list[float]]:
     """Each weight method's score for every head, in ``model.head_ids`` order."""
     out: dict[str, list[float]] = {m: [] for m in WEIGHT_METHODS}
-    for blk in model.h:
-        attn = blk.attn
-        if attn.n_heads == 0:
-            continue
+    for layer in model.active_layers:
+        attn = model.h[layer].attn
         W_O = attn.W_O.double()  # [h, d_k, d]
         core = ov_core(attn.W_V, attn.W_O)
         out["wo_fro"] += torch.linalg.matrix_norm(W_O, "fro").tolist()
@@ -42,3 +42,17 @@ def weight_scores(model: GPT2) -> dict[str, list[float]]:
         out["ov_fro"] += torch.linalg.matrix_norm(core, "fro").tolist()
         out["ov_spec"] += torch.linalg.matrix_norm(core, 2).tolist()
     return out
+
+
+class WeightScores(Family):
+    """Norms of W_O^(i) and of the OV circuit: one unit, no data."""
+
+    name = "weights"
+    methods = WEIGHT_METHODS
+    needs_data = False
+
+    def units(self, ctx: ScoringContext) -> list[Unit]:
+        return [("weights", lambda: weight_scores(ctx.model))]
+
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+        return {m: torch.tensor(v, dtype=torch.float64) for m, v in results["weights"].items()}

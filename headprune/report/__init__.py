@@ -1,0 +1,88 @@
+"""The report of a headprune run: which heads matter, how well the cheap scores predict it, what pruning costs.
+
+``build_report(scores, curves, out_dir, settings, baseline)`` writes into ``out_dir``, every file atomically:
+
+- ``scores.parquet``, ``scores.csv``: one row per head (layer, head, head_id, model_fingerprint, one column per method);
+- ``curves.parquet``, ``curves.csv``: perplexity after pruning, one row per (method, compensation, fraction);
+- ``predictiveness.csv``: how well each score predicts ``abl_zero`` (NLL increase when the head is zero-ablated):
+  R^2 of a one-variable linear fit, Spearman rho, Kendall tau-b, ROC-AUC for finding the top 10% heads;
+- ``heatmap_{method}.png``: a method's scores on the layer x head grid (grey: head missing);
+- ``curves.png``: perplexity against the share of heads pruned; random as mean line with a +-1 std band;
+- ``scatter_{method}.png``: each score against ``abl_zero``, Spearman rho in the title;
+- ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
+- ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
+- ``summary.md``: settings (scoring data vs evaluation data), baseline, best method, perplexity at 10/30/50% pruned,
+  predictiveness, top-10 heads by ``abl_zero``;
+- ``report.html``: one self-contained page with all of the above (pictures as data: URIs, no external CSS/JS).
+
+``rebuild_report`` redoes it from saved tables (the ``headprune report`` command). The package: ``tables``
+(the numbers), ``plots`` (figures as PNG bytes), ``render`` (one list of sections, as markdown and HTML).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import HeadpruneError
+from ..outputs import ensure_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
+from ..schema import check_curves, check_scores
+from .plots import make_pictures
+from .render import make_content, markdown_table, render_html, render_markdown, sections
+from .tables import baseline_from_curves, best_method, check_baseline, jsonable, predictiveness, summary_table
+
+__all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_table", "predictiveness",
+           "rebuild_report", "summary_table"]
+
+
+def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
+                 baseline: dict) -> Path:
+    """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
+
+    Inputs are validated before anything is written (HeadpruneError naming the problem).
+    """
+    scores, curves = check_scores(scores), check_curves(curves)
+    settings, baseline = jsonable(settings), check_baseline(baseline)
+    out = ensure_dir(out_dir)
+    content = make_content(scores, curves, settings, baseline)
+    pictures = make_pictures(scores, curves, baseline, content.predictiveness)
+    for name, df in (("scores", scores), ("curves", curves)):
+        write_table(df, out / f"{name}.parquet")
+        write_table(df, out / f"{name}.csv")
+    write_table(content.predictiveness, out / "predictiveness.csv")
+    write_json(out / "settings.json", settings)
+    write_json(out / "baseline.json", baseline)
+    for pic in pictures:
+        write_bytes(out / pic.name, pic.png)
+    secs = sections(content, pictures)
+    write_text(out / "summary.md", render_markdown(secs))
+    write_text(out / "report.html", render_html(secs))
+    return out / "report.html"
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadpruneError(f"cannot read {path} ({type(err).__name__}); fix or remove it") from None
+    if not isinstance(value, dict):
+        raise HeadpruneError(f"{path} must hold a JSON object")
+    return value
+
+
+def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """build_report from saved tables, with settings.json / baseline.json beside the scores file if present.
+
+    Without them: empty settings, and the baseline read off the curves' fraction-0 row.
+    """
+    scores, curves = read_scores(scores_path), read_table(curves_path)
+    folder = Path(scores_path).parent
+    settings = _read_json(folder / "settings.json") or {}
+    baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
+    return build_report(scores, curves, out_dir, settings, baseline)

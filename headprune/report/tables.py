@@ -1,0 +1,188 @@
+"""The report's numbers: best method, perplexity at 10/30/50%, predictiveness of each score, top heads.
+
+Every function takes validated tables (:func:`headprune.schema.check_scores` / ``check_curves``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from sklearn.linear_model import LinearRegression
+from sklearn.metrics import roc_auc_score
+
+from ..errors import HeadpruneError
+from ..schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
+
+PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "kendall_tau", "roc_auc_top10")
+SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
+BEST_MAX_FRACTION = 0.5
+TOP_PERCENT = 10  # the ROC-AUC positives: the ceil(10%) heads with the largest abl_zero
+TOP_HEADS = 10
+FRACTION_TOL = 1e-9
+
+
+def groups(curves: pd.DataFrame):
+    """(method, compensation) and its rows sorted by fraction, in report order (curves already checked)."""
+    return [(key, g) for key, g in curves.groupby(["method", "compensation"], sort=False)]
+
+
+def check_baseline(baseline) -> dict:
+    """{"tokens", "nll", "ppl"} as numbers; one of nll and ppl gives the other."""
+    if not isinstance(baseline, dict) or (baseline.get("nll") is None and baseline.get("ppl") is None):
+        raise HeadpruneError("baseline must be a dict with nll and ppl (tokens optional)")
+    try:
+        nll = float(baseline["nll"]) if baseline.get("nll") is not None else math.log(float(baseline["ppl"]))
+        ppl = float(baseline["ppl"]) if baseline.get("ppl") is not None else math.exp(nll)
+        tokens = int(baseline["tokens"]) if baseline.get("tokens") is not None else None
+    except (TypeError, ValueError, OverflowError):
+        raise HeadpruneError(f"baseline {baseline} must hold numbers (tokens, nll, ppl)") from None
+    return {"tokens": tokens, "nll": nll, "ppl": ppl}
+
+
+def jsonable(settings) -> dict:
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise HeadpruneError(f"settings must be a dict, got {type(settings).__name__}")
+    return json.loads(json.dumps(settings, default=str))
+
+
+def best_method(curves: pd.DataFrame) -> str:
+    """The non-random method with the lowest mean delta_nll over fractions in (0, 0.5], compensation none.
+
+    Ties go to the alphabetically first name. HeadpruneError if no method has such points.
+    """
+    curves = check_curves(curves)
+    sel = curves[(curves["method"] != RANDOM) & (curves["compensation"] == "none") & (curves["fraction"] > 0)
+                 & (curves["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
+    means = sel.groupby("method")["delta_nll"].mean().dropna()
+    if means.empty:
+        raise HeadpruneError("no non-random method has curve points with compensation none and 0 < fraction <= 0.5")
+    return min(means.index, key=lambda m: (means[m], m))
+
+
+def _nearest_row(group: pd.DataFrame, target: float) -> pd.Series:
+    """The row whose fraction is nearest ``target``; of two equally near, the smaller fraction."""
+    dist = (group["fraction"] - target).abs().round(12).to_numpy()
+    return group.iloc[np.lexsort((group["fraction"].to_numpy(), dist))[0]]
+
+
+def ppl_label(target: float) -> str:
+    return f"ppl@{round(100 * target)}%"
+
+
+def summary_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """Perplexity at 10/30/50% of heads pruned (nearest fraction present), one row per (method, compensation).
+
+    Columns: method, compensation, ppl@10%, ppl@30%, ppl@50%; random last, compensation none before mean.
+    """
+    curves = check_curves(curves)
+    rows = []
+    for (method, comp), group in groups(curves):
+        row = {"method": method, "compensation": comp}
+        row.update({ppl_label(t): float(_nearest_row(group, t)["ppl"]) for t in SUMMARY_FRACTIONS})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["method", "compensation", *map(ppl_label, SUMMARY_FRACTIONS)])
+
+
+def fraction_note(curves: pd.DataFrame) -> str:
+    """Which fractions stood in for 10/30/50% where no curve point sits at the target ('' if all do)."""
+    parts = []
+    for target in SUMMARY_FRACTIONS:
+        used = sorted({float(_nearest_row(g, target)["fraction"]) for _, g in groups(curves)})
+        if any(abs(u - target) > FRACTION_TOL for u in used):
+            parts.append(f"{target:.0%} read at {', '.join(f'{u:.1%}' for u in used)}")
+    return ("Nearest fraction present: " + "; ".join(parts) + ".") if parts else ""
+
+
+def top_heads_mask(scores: pd.DataFrame) -> np.ndarray:
+    """True for the ceil(10%) heads (of those with a finite abl_zero) with the largest abl_zero.
+
+    Ties at the cut go to the head with the smaller (layer, head).
+    """
+    truth = scores[TRUTH].to_numpy(float)
+    finite = np.flatnonzero(np.isfinite(truth))
+    k = -(-len(finite) * TOP_PERCENT // 100)  # integer ceil: 0.1 * 30 is 3.0000000000000004 in floats
+    order = np.lexsort((scores["head"].to_numpy()[finite], scores["layer"].to_numpy()[finite], -truth[finite]))
+    mask = np.zeros(len(truth), bool)
+    mask[finite[order[:k]]] = True
+    return mask
+
+
+def _varies(x: np.ndarray) -> bool:
+    return len(x) >= 3 and np.ptp(x) > 0
+
+
+def _rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Spearman rho and Kendall tau-b of paired finite values; NaN when undefined."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if not (_varies(x) and _varies(y)):
+        return math.nan, math.nan
+    return float(stats.spearmanr(x, y).statistic), float(stats.kendalltau(x, y).statistic)
+
+
+def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray) -> dict:
+    ok = np.isfinite(x) & np.isfinite(truth)
+    x, y, pos = x[ok], truth[ok], positive[ok]
+    row = {"method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())}
+    if _varies(x) and _varies(y):
+        row["r2"] = float(LinearRegression().fit(x[:, None], y).score(x[:, None], y))
+    else:
+        row["r2"] = math.nan
+    row["spearman_rho"], row["kendall_tau"] = _rank_stats(x, y)
+    row["roc_auc_top10"] = float(roc_auc_score(pos, x)) if pos.any() and not pos.all() else math.nan
+    return row
+
+
+def predictiveness(scores: pd.DataFrame) -> pd.DataFrame:
+    """How well each score predicts abl_zero, one row per method column but abl_zero (empty without abl_zero).
+
+    r2: R^2 of the least-squares line abl_zero ~ score; spearman_rho, kendall_tau (tau-b): rank agreement;
+    roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). Rows use the heads
+    where both values are finite; entropy is marked kind=description (its sign carries no importance claim).
+    """
+    scores = check_scores(scores)
+    if TRUTH not in scores.columns:
+        return pd.DataFrame(columns=PREDICTIVENESS_COLUMNS)
+    truth, positive = scores[TRUTH].to_numpy(float), top_heads_mask(scores)
+    rows = [_predict_row(m, scores[m].to_numpy(float), truth, positive) for m in method_columns(scores) if m != TRUTH]
+    return pd.DataFrame(rows, columns=PREDICTIVENESS_COLUMNS)
+
+
+def rank_correlations(scores: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Spearman and Kendall tau-b matrices of all method columns (pairwise finite heads; NaN when undefined)."""
+    methods = method_columns(scores)
+    rho = pd.DataFrame(np.nan, index=methods, columns=methods)
+    tau = rho.copy()
+    for i, a in enumerate(methods):
+        for b in methods[i:]:
+            r, t = _rank_stats(scores[a].to_numpy(float), scores[b].to_numpy(float))
+            rho.loc[a, b] = rho.loc[b, a] = r
+            tau.loc[a, b] = tau.loc[b, a] = t
+    return rho, tau
+
+
+def top_heads(scores: pd.DataFrame, n: int = TOP_HEADS) -> pd.DataFrame:
+    """The ``n`` heads with the largest abl_zero (ties: smaller layer, head first); empty without abl_zero."""
+    if TRUTH not in scores.columns:
+        return pd.DataFrame(columns=["rank", "head_id", "layer", "head", TRUTH])
+    df = scores.dropna(subset=[TRUTH]).sort_values([TRUTH, "layer", "head"], ascending=[False, True, True])
+    df = df[["head_id", "layer", "head", TRUTH]].head(n).reset_index(drop=True)
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df
+
+
+def baseline_from_curves(curves: pd.DataFrame) -> dict:
+    """The unpruned baseline read off the curves: a fraction-0 row, else nll - delta_nll. Tokens unknown."""
+    curves = check_curves(curves)
+    zero = curves[curves["fraction"] == 0]
+    if len(zero):
+        row = zero.sort_values("compensation", key=lambda c: c.map(COMPENSATIONS.index), kind="stable").iloc[0]
+        return {"tokens": None, "nll": float(row["nll"]), "ppl": float(row["ppl"])}
+    nll = float((curves["nll"] - curves["delta_nll"]).median())
+    return {"tokens": None, "nll": nll, "ppl": math.exp(nll)}
