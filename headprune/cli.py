@@ -1,6 +1,6 @@
 """The ``headprune`` command line. User errors: one line on stderr, exit status 2, no traceback.
 
-Every option is declared once, in an ``add_*`` helper shared by the commands that take it; library
+Every option is declared once, in an ``add_*`` helper of :mod:`.cli_options`; library
 errors name Python parameters and :data:`FLAGS` shows them as options. Commands import torch only when
 they run (``headprune report`` never does).
 """
@@ -10,8 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli_options import (
+    add_data_args,
+    add_fraction_args,
+    add_model_args,
+    add_run_flags,
+    add_score_data_arg,
+    add_seed_arg,
+    add_selection_args,
+    check_counts,
+)
 from .errors import HeadpruneError
-from .schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
@@ -26,71 +35,6 @@ def command(name: str, help: str, configure):
         return run
 
     return wrap
-
-
-# ---------------------------------------------------------------- shared options
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo name, local directory or hub id (default {DEFAULT_MODEL})")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
-
-
-def add_window_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_positions)")
-    p.add_argument("--stride", type=int, default=None, help="window stride (default: seq-len)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per forward (default 8)")
-
-
-def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None) -> None:
-    p.add_argument("--data", default="default",
-                   help=f"default (its {split} split), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT")
-    add_window_args(p)
-    all_note = "; 0: all" if max_tokens else ""
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help=f"use only the first K tokens of each corpus (default {max_tokens or 'all'}{all_note})")
-    p.set_defaults(split=split)
-
-
-def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--score-data", default="default", help=f"corpus for {what} (default: the default corpus' validation split)")
-
-
-def add_seed_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
-
-
-def add_fraction_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="fractions of heads to prune")
-    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
-
-
-def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None) -> None:
-    p.add_argument("--out", required=out_default is None, default=out_default, help=out_help)
-    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def add_selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--per-layer", action="store_true", help="prune the same fraction/count in every layer")
-    p.add_argument("--normalize", choices=["layer"], default=None,
-                   help="divide each layer's scores by their L2 norm before global ranking (Michel et al.)")
-    p.add_argument("--standardize", action="store_true", help="rank by per-layer z-scores (FLAP)")
-    add_seed_arg(p)
-    add_score_data_arg(p, "mean compensation and re-scoring")
-
-
-def check_counts(args) -> None:
-    """The numeric options every command shares, checked before any work."""
-    if getattr(args, "batch_size", 1) < 1:
-        raise HeadpruneError(f"batch_size {args.batch_size} must be at least 1", "batch_size")
-    if getattr(args, "seeds", 1) < 1:
-        raise HeadpruneError(f"seeds {args.seeds} must be at least 1", "seeds")
-    max_tokens = getattr(args, "max_tokens", None)
-    if max_tokens is not None and max_tokens < 2 and not (max_tokens == 0 and args.command == "run"):
-        raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2" + (" (or 0: all)" if args.command == "run"
-                                                                               else ""), "max_tokens")
 
 
 def load_from_args(args):

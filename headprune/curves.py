@@ -30,6 +30,7 @@ from .pruning import prune_model
 from .schema import CURVE_COLUMNS, RANDOM
 from .selection import select_heads
 
+
 def _key(job: tuple) -> str:
     method, comp, fraction, seed = job
     return f"curve/{method}/{comp}/{fraction!r}/s{seed}"
@@ -71,7 +72,7 @@ def pruning_curves(
     base = baseline["nll"]
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
-    bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)  # noqa: E731
+    bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
     results = run_units([(_key(job), lambda job=job: point(*job)) for job in jobs], progress, bar)
     points = {job: results[_key(job)] for job in jobs}
     rows = []

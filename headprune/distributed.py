@@ -9,7 +9,8 @@ order, so the output equals a single-process run's. Only rank 0 writes outputs a
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

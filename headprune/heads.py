@@ -10,7 +10,7 @@ letters do not matter, duplicates are dropped, the result is sorted by (layer, h
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from .errors import HeadpruneError
 from .model import GPT2, ModelConfig

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import HeadpruneError
-from .schema import DEFAULT_MODEL
 from .checkpoint import convert_state_dict
+from .errors import HeadpruneError
 from .model import GPT2, ModelConfig, Origin
+from .schema import DEFAULT_MODEL
 
 ZOO = Path(__file__).parent / "zoo"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,

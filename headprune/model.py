@@ -17,8 +17,8 @@ original indices, and W_attn / W_O hold only their columns / rows. A layer that 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -62,7 +62,7 @@ class ModelConfig:
         return any(len(k) != self.n_heads for k in self.kept_heads)
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "ModelConfig":
+    def from_hf(cls, hf: dict) -> ModelConfig:
         """Build from a Hugging Face GPT-2 ``config.json`` dict (plus headprune's ``kept_heads`` if any)."""
         d_model = hf["n_embd"]
         return cls(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -34,7 +35,7 @@ class Batch:
     tokens: Tensor  # (b, L) int64
     mask: Tensor  # (b, L-1) bool: which next-token predictions are scored
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(self.tokens.to(device), self.mask.to(device))
 
 
@@ -48,7 +49,7 @@ class Windowing:
 
     @classmethod
     def resolve(cls, n_positions: int, seq_len: int | None = None, stride: int | None = None,
-                batch_size: int = 8) -> "Windowing":
+                batch_size: int = 8) -> Windowing:
         """Defaults filled in (seq_len: n_positions, stride: seq_len) and every value checked."""
         seq_len = n_positions if seq_len is None else seq_len
         stride = seq_len if stride is None else stride

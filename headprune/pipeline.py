@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pandas as pd
 

@@ -17,8 +17,17 @@ import pandas as pd
 from ..errors import HeadpruneError
 from ..schema import TRUTH
 from .plots import Picture
-from .tables import (BEST_MAX_FRACTION, FRACTION_TOL, TOP_HEADS, TOP_PERCENT, best_method, fraction_note,
-                     predictiveness, summary_table, top_heads)
+from .tables import (
+    BEST_MAX_FRACTION,
+    FRACTION_TOL,
+    TOP_HEADS,
+    TOP_PERCENT,
+    best_method,
+    fraction_note,
+    predictiveness,
+    summary_table,
+    top_heads,
+)
 
 SCORE_DATA_KEYS = ("score_data", "scoring_data", "data_score")
 EVAL_DATA_KEYS = ("eval_data", "evaluation_data", "data_eval")

@@ -56,7 +56,7 @@ def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
 def combine(model: GPT2, units: list[dict]) -> dict[str, Tensor]:
     """Scores from the per-batch sums: out_norm, fluct, entropy [H] and mean_z [H, d_k], H = all heads."""
     n = sum(u["n"] for u in units)
-    total = lambda key: torch.tensor([u[key] for u in units], dtype=torch.float64).sum(0)  # noqa: E731
+    total = lambda key: torch.tensor([u[key] for u in units], dtype=torch.float64).sum(0)
     sum_z, sum_z2 = total("sum_z"), total("sum_z2")  # [H, d_k]
     row_sq = torch.cat([(model.h[l].attn.W_O.double() ** 2).sum(-1) for l in model.active_layers])  # [H, d_k]
     var = (sum_z2 - sum_z**2 / n) / max(n - 1, 1)
