@@ -10,13 +10,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
-from headprune.loading import load_model, model_tokenizer  # noqa: E402
-from headprune.perplexity import Windowing  # noqa: E402
-from headprune.schema import DEFAULT_MODEL  # noqa: E402
-from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text  # noqa: E402
-from headprune.corpus import corpus_ids  # noqa: E402
+from headprune.corpus import corpus_ids
+from headprune.loading import load_model, model_tokenizer
+from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text
+from headprune.perplexity import Windowing
+from headprune.schema import DEFAULT_MODEL
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 

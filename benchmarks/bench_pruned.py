@@ -18,11 +18,11 @@ import pandas as pd
 import torch
 
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
+from headprune.checkpoint import export_native
 from headprune.heads import format_heads
+from headprune.ledger import pruning_stats
 from headprune.loading import load_model
 from headprune.model import GPT2, Capture
-from headprune.checkpoint import export_native
-from headprune.ledger import pruning_stats
 from headprune.pruning import prune_model
 from headprune.selection import select_heads
 
@@ -71,7 +71,7 @@ def main() -> None:
         att = time_interleaved({"full": attention_only(full, xs_full), "pruned": attention_only(pruned, xs_pruned)},
                                args.repeats)
 
-    ms = lambda s: f"{s * 1e3:7.0f} ms"  # noqa: E731
+    ms = lambda s: f"{s * 1e3:7.0f} ms"
     flops_ratio = stats["attention_flops_per_token_after"] / stats["attention_flops_per_token_before"]
     print(f"GPT-2 small, random weights, {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads, "
           f"{args.device}")

@@ -53,7 +53,7 @@ def _docstrings(tree: ast.Module) -> list[str]:
     """Module, class and function docstrings in source order, cleaned and long enough."""
     out: list[str] = []
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         doc = ast.get_docstring(node, clean=False)
         if doc:
             doc = inspect.cleandoc(doc)
@@ -143,7 +143,7 @@ def _read_table(path: Path) -> list[str]:
         raise HeadpruneError(
             f"{path} is not UTF-8 text (invalid byte at offset {e.start}); convert it to UTF-8"
         ) from None
-    except Exception as e:  # pandas/pyarrow raise many types for malformed files
+    except Exception as e:  # noqa: BLE001 - pandas/pyarrow raise many types for malformed files
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise HeadpruneError(f"could not read {path}: {first}; check the file format") from None
     if "text" not in frame.columns:
@@ -161,7 +161,7 @@ def _load_hf(spec: str) -> list[str]:
 
     try:
         ds = datasets.load_dataset(name, config, split=split)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - datasets/hub raise many kinds (offline, not found, bad config, ...)
         what = f"{name!r}" + (f" config {config!r}" if config else "") + f" split {split!r}"
         raise HeadpruneError(
             f"could not load Hugging Face dataset {what} ({type(e).__name__}); likely no network and "
@@ -231,6 +231,7 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
     Results are cached in ``cache_dir`` (default :func:`default_cache_dir`) under a sha256 of
     the tokenizer's serialized definition and the texts, so repeated calls skip tokenizing.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
     eos = tokenizer.eos_token_id
@@ -244,7 +245,7 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
     if file.exists():
         try:
             return load_file(file)["ids"]
-        except Exception:
+        except (SafetensorError, OSError, KeyError):
             pass  # corrupt or foreign file: re-tokenize and overwrite
     ids: list[int] = []
     batch = 256

@@ -13,6 +13,7 @@ into b_O. Every (method, compensation, fraction, seed) point is one progress uni
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -73,7 +74,7 @@ def pruning_curves(
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
-    results = run_units([(_key(job), lambda job=job: point(*job)) for job in jobs], progress, bar)
+    results = run_units([(_key(job), partial(point, *job)) for job in jobs], progress, bar)
     points = {job: results[_key(job)] for job in jobs}
     rows = []
     for m, c in variants:
@@ -81,7 +82,7 @@ def pruning_curves(
             runs = [v for (jm, jc, jf, _), v in points.items() if (jm, jc, jf) == (m, c, f)]
             nll = np.array([r["nll"] for r in runs])
             ppl = np.exp(nll)
-            std = (lambda x: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
+            std = (lambda x, m=m: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
             rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
                          "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
                          "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),

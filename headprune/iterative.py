@@ -49,18 +49,19 @@ def prune_iteratively(
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
     if needs_score_data(method, steps, compensate) and score_ids is None:
         raise HeadpruneError(f"re-scoring by {method} or mean compensation needs scoring data (score_ids)")
-    rank = dict(normalize=normalize, standardize=standardize, seed=seed)
 
     def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
         if method == RANDOM:
             return pd.DataFrame(m.head_ids, columns=["layer", "head"])
         return score_heads(m, score_ids, [method], windowing, show_progress=show_progress).table
 
-    target = select_heads(scores, method, fraction, count, per_layer, **rank)  # fixes how many heads go
+    target = select_heads(scores, method, fraction, count, per_layer, normalize=normalize, standardize=standardize,
+                          seed=seed)  # fixes how many heads go
     per_layer_total = Counter(layer for layer, _ in target)
     removed: list[Head] = []
     for step in range(steps):
-        ranked = rank_heads(scores if step == 0 else rescore(model), method, **rank)
+        ranked = rank_heads(scores if step == 0 else rescore(model), method, normalize=normalize,
+                            standardize=standardize, seed=seed)
         if steps == 1:
             now = target
         elif per_layer:

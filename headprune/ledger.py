@@ -85,9 +85,9 @@ def format_info(model: GPT2, batch: int, seq_len: int) -> str:
     wo = wo_table(model)
     lines = [
         f"model: {model.origin.source}",
-        f"config: n_layers={cfg.n_layers} n_heads={cfg.n_heads} d_model={cfg.d_model} d_head={cfg.d_head} "
-        f"d_mlp={cfg.d_mlp} n_positions={cfg.n_positions} vocab_size={cfg.vocab_size} "
-        f"heads_kept={sum(len(k) for k in cfg.kept_heads)}/{cfg.n_layers * cfg.n_heads}",
+        (f"config: n_layers={cfg.n_layers} n_heads={cfg.n_heads} d_model={cfg.d_model} d_head={cfg.d_head} "
+         f"d_mlp={cfg.d_mlp} n_positions={cfg.n_positions} vocab_size={cfg.vocab_size} "
+         f"heads_kept={sum(len(k) for k in cfg.kept_heads)}/{cfg.n_layers * cfg.n_heads}"),
         f"parameters: {int(params.params.sum()):,}",
     ]
     by_component = params.assign(component=params.component.where(params.layer < 0, "block." + params.component))

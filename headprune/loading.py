@@ -53,7 +53,7 @@ def _snapshot(repo_id: str) -> Path:
             folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + ["pytorch_model.bin"]))
     except HFValidationError:
         raise HeadpruneError(f"model {repo_id!r} is neither a local directory nor a valid hub id") from None
-    except Exception as err:  # offline without cache, unknown repo, network failure, ...
+    except Exception as err:  # noqa: BLE001 - offline without cache, unknown repo, network failure, ...
         raise HeadpruneError(
             f"model {repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
             f"or its cache ({type(err).__name__}); pass a local GPT-2 directory or pre-download it"
@@ -186,7 +186,8 @@ def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size:
 
     ``vocab_size``: the model's embedding rows; a tokenizer with more tokens is refused.
     """
-    from transformers import GPT2TokenizerFast
+    # transformers 5 creates GPT2TokenizerFast at run time (a legacy alias), so its type stubs lack the name
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]
 
     folder = resolve_source(source) if source is not None else None
     has_own = folder is not None and (

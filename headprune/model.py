@@ -17,9 +17,10 @@ original indices, and W_attn / W_O hold only their columns / rows. A layer that 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -266,6 +267,22 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Blocks(nn.ModuleList):
+    """The ``nn.ModuleList`` of a GPT2's Blocks, typed so ``model.h[l]`` and ``for blk in model.h`` give a Block."""
+
+    @overload
+    def __getitem__(self, idx: slice) -> Blocks: ...
+
+    @overload
+    def __getitem__(self, idx: int) -> Block: ...
+
+    def __getitem__(self, idx: int | slice) -> Block | Blocks:
+        return cast("Block | Blocks", super().__getitem__(idx))  # only Blocks are ever stored
+
+    def __iter__(self) -> Iterator[Block]:
+        return cast("Iterator[Block]", super().__iter__())
+
+
 class GPT2(nn.Module):
     """GPT-2 language model: token + position embeddings, pre-LN blocks, final LayerNorm, tied LM head."""
 
@@ -274,7 +291,7 @@ class GPT2(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.d_model)
-        self.h = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.h = Blocks(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.origin = Origin()  # set by the loader; kept by pruning

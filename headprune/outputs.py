@@ -81,7 +81,7 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
         raise HeadpruneError(f"table {path} does not exist")
     try:
         return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
-    except Exception as err:  # pandas/pyarrow raise many kinds
+    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many kinds
         raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); is it a headprune csv/parquet?") from None
 
 

@@ -115,8 +115,9 @@ def rank_heads(
     frame = _check_frame(scores)
     values = _adjusted_scores(frame, method, normalize, standardize, seed)
     raw = _raw_scores(frame, method, seed)
-    order = np.lexsort((frame["head"].to_numpy(), frame["layer"].to_numpy(), raw, values))  # last key is primary
-    return [(int(frame["layer"].iat[i]), int(frame["head"].iat[i])) for i in order]
+    layers, heads = frame["layer"].to_numpy(), frame["head"].to_numpy()
+    order = np.lexsort((heads, layers, raw, values))  # last key is primary
+    return [(int(layers[i]), int(heads[i])) for i in order]
 
 
 def _check_amount(fraction: float | None, count: int | None) -> None:
@@ -133,6 +134,7 @@ def _how_many(n: int, fraction: float | None, count: int | None, where: str) -> 
     """round(fraction · n) (Python's round: halves to even) or count, which must be <= n."""
     if fraction is not None:
         return round(fraction * n)
+    assert count is not None  # _check_amount: exactly one of fraction and count
     if count > n:
         raise HeadpruneError(f"cannot prune {count} heads: {where} has only {n}")
     return int(count)
@@ -185,6 +187,6 @@ def check_scores_match(scores: pd.DataFrame, model: GPT2, source: str | None = N
         mine = model_fingerprint(model)
         if prints != {mine}:
             raise HeadpruneError(
-                f"{name} is from another model (fingerprint {sorted(prints)[0]}, this model's is "
+                f"{name} is from another model (fingerprint {min(prints)}, this model's is "
                 f"{mine}); {hint}"
             )

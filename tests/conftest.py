@@ -1,23 +1,31 @@
-"""Fixtures: random-init GPT-2 checkpoints saved in exact Hugging Face format, and an offline HF cache."""
+"""Fixtures: the token cache, a small corpus, random-init GPT-2 checkpoints saved in exact Hugging Face format, and an
+offline HF cache. Helper functions live in helpers.py."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
-TINY = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=3, n_head=4, initializer_range=0.2)
+from helpers import TINY, save_hf_gpt2, write_corpus
 
 
-def save_hf_gpt2(folder, seed: int = 0, **config) -> GPT2LMHeadModel:
-    """A seeded random-init GPT2LMHeadModel saved with save_pretrained into ``folder``."""
-    torch.manual_seed(seed)
-    hf = GPT2LMHeadModel(GPT2Config(**config)).eval()
-    hf.save_pretrained(folder)
-    return hf
+@pytest.fixture(autouse=True, scope="session")
+def token_cache(tmp_path_factory):
+    """The token cache of every test (and of the processes tests start): a session folder, never ~/.cache.
 
+    A module that needs its own empty cache overrides this fixture."""
+    path = tmp_path_factory.getbasetemp() / "token-cache"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HEADPRUNE_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A 12,000-character English text file (pydoc topics)."""
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "c.txt")
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
@@ -51,25 +59,3 @@ def hf_cache(tmp_path_factory, tiny_dir):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     return home
-
-
-def guide_loop(hf, ids, max_length, stride):
-    """"Perplexity of fixed-length models", with the tokens really scored after the label shift counted."""
-    encodings = ids.view(1, -1)
-    seq_len = encodings.size(1)
-    nll_sum, n_tokens, prev_end_loc = 0.0, 0, 0
-    for begin_loc in range(0, seq_len, stride):
-        end_loc = min(begin_loc + max_length, seq_len)
-        trg_len = end_loc - prev_end_loc
-        input_ids = encodings[:, begin_loc:end_loc]
-        target_ids = input_ids.clone()
-        target_ids[:, :-trg_len] = -100
-        num_loss_tokens = (target_ids[:, 1:] != -100).sum().item()
-        if num_loss_tokens:  # a one-token last window scores nothing (its loss would be 0/0)
-            with torch.no_grad():
-                nll_sum += hf(input_ids, labels=target_ids).loss.item() * num_loss_tokens
-        n_tokens += num_loss_tokens
-        prev_end_loc = end_loc
-        if end_loc == seq_len:
-            break
-    return nll_sum / n_tokens, n_tokens

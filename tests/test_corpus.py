@@ -16,7 +16,8 @@ EOS = "<|endoftext|>"
 
 
 @pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path, monkeypatch):
+def token_cache(tmp_path, monkeypatch):
+    """This module counts cache files: each test gets an empty cache."""
     monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "token-cache"))
 
 

@@ -11,11 +11,7 @@ from transformers import GPT2LMHeadModel
 from headprune.loading import load_model, load_tokenizer
 from headprune.model import Attention, Capture, ModelConfig
 
-from conftest import TINY, save_hf_gpt2
-
-
-def _tokens(vocab, B, T, seed=0):
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+from helpers import TINY, random_tokens, save_hf_gpt2
 
 
 @pytest.mark.parametrize("which", ["tiny_dir", "small_dir"])
@@ -23,7 +19,7 @@ def test_logits_equal_hugging_face(which, request):
     folder = request.getfixturevalue(which)
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
     ours = load_model(folder)
-    tokens = _tokens(hf.config.vocab_size, 2, 33)
+    tokens = random_tokens(hf.config.vocab_size, 2, 33)
     with torch.no_grad():
         diff = (hf(tokens).logits - ours(tokens)).abs().max().item()
     assert diff <= 1e-4
@@ -54,7 +50,7 @@ def test_original_style_pytorch_bin_checkpoint(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "config.json").write_text((tmp_path / "st" / "config.json").read_text())
     torch.save(state, tmp_path / "bin" / "pytorch_model.bin")
-    tokens = _tokens(TINY["vocab_size"], 1, 17)
+    tokens = random_tokens(TINY["vocab_size"], 1, 17)
     with torch.no_grad():
         assert (hf(tokens).logits - load_model(tmp_path / "bin")(tokens)).abs().max().item() <= 1e-4
 
@@ -109,7 +105,7 @@ def test_gate_zero_equals_hf_with_c_proj_rows_zeroed(tiny_dir, head):
         hf.transformer.h[layer].attn.c_proj.weight[head * dk : (head + 1) * dk] = 0
     gates = ours.ones_gates()
     gates[layer][head] = 0
-    tokens = _tokens(TINY["vocab_size"], 2, 30)
+    tokens = random_tokens(TINY["vocab_size"], 2, 30)
     with torch.no_grad():
         ref, got, base = hf(tokens).logits, ours(tokens, gates=gates), ours(tokens)
     assert (ref - got).abs().max().item() <= 1e-4
@@ -118,7 +114,7 @@ def test_gate_zero_equals_hf_with_c_proj_rows_zeroed(tiny_dir, head):
 
 def test_eager_path_equals_sdpa_and_returns_probabilities(tiny_dir):
     model = load_model(tiny_dir)
-    tokens = _tokens(TINY["vocab_size"], 2, 21)
+    tokens = random_tokens(TINY["vocab_size"], 2, 21)
     capture = Capture()
     with torch.no_grad():
         fast, eager = model(tokens), model(tokens, capture=capture, need_weights=True)
@@ -130,7 +126,7 @@ def test_eager_path_equals_sdpa_and_returns_probabilities(tiny_dir):
 
 
 def test_bf16_close_to_fp32(tiny_dir):
-    tokens = _tokens(TINY["vocab_size"], 1, 16)
+    tokens = random_tokens(TINY["vocab_size"], 1, 16)
     with torch.no_grad():
         fp32 = load_model(tiny_dir)(tokens)
         bf16 = load_model(tiny_dir, dtype="bf16")(tokens).float()
@@ -150,6 +146,6 @@ def test_sharded_safetensors_checkpoint(tmp_path):
     hf = GPT2LMHeadModel(GPT2Config(**TINY)).eval()
     hf.save_pretrained(tmp_path, max_shard_size="2MB")
     assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 1
-    tokens = _tokens(TINY["vocab_size"], 1, 12)
+    tokens = random_tokens(TINY["vocab_size"], 1, 12)
     with torch.no_grad():
         assert (hf(tokens).logits - load_model(tmp_path)(tokens)).abs().max().item() <= 1e-4

@@ -12,10 +12,9 @@ from headprune.outputs import Progress, atomic_path, write_table
 def test_failed_write_leaves_previous_file_and_no_temp(tmp_path):
     target = tmp_path / "t.csv"
     write_table(pd.DataFrame({"a": [1]}), target)
-    with pytest.raises(RuntimeError):
-        with atomic_path(target) as tmp:
-            tmp.write_text("half")
-            raise RuntimeError("killed mid-write")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
     assert target.read_text() == "a\n1\n"
     assert [p.name for p in tmp_path.iterdir()] == ["t.csv"]
 

@@ -10,7 +10,7 @@ from headprune.cli import main
 from headprune.loading import load_model
 from headprune.perplexity import evaluate, sliding_windows, window_batches
 
-from conftest import TINY, guide_loop
+from helpers import TINY, guide_loop
 
 
 @pytest.mark.parametrize("seq_len, stride, n", [(64, 64, 1000), (64, 24, 1000), (48, 48, 97), (64, 17, 300)])
@@ -36,7 +36,6 @@ def test_each_token_scored_once_with_full_context_up_to_window():
 
 
 def test_cli_eval_json_matches_python(tiny_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "c.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus), "--seq-len", "32", "--stride", "16",
@@ -60,7 +59,6 @@ def test_cli_eval_json_matches_python(tiny_dir, tmp_path, capsys, monkeypatch):
     ],
 )
 def test_bad_window_options(tiny_dir, tmp_path, capsys, monkeypatch, extra, words):
-    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "c.txt"
     corpus.write_text("some text " * 50)
     assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus)] + extra) == 2
@@ -69,7 +67,6 @@ def test_bad_window_options(tiny_dir, tmp_path, capsys, monkeypatch, extra, word
 
 
 def test_short_corpus_scores_what_there_is(tiny_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "c.txt"
     corpus.write_text("a short text")
     assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus), "--json"]) == 0
@@ -80,7 +77,6 @@ def test_short_corpus_scores_what_there_is(tiny_dir, tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("content", [b"", b"  \n\t ", b"caf\xe9 au lait"])
 def test_empty_or_non_utf8_corpus(tiny_dir, tmp_path, capsys, monkeypatch, content):
-    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(content)
     assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus)]) == 2

@@ -94,7 +94,7 @@ def test_run_html_self_contained(run_dir):
 def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, monkeypatch):
     """A finished run's progress file answers every unit: rerunning recomputes nothing and gives equal tables."""
     before = pd.read_parquet(run_dir / "curves.parquet")
-    import headprune.scoring as scoring
+    from headprune import scoring
 
     monkeypatch.setattr(scoring.ablation, "ablate_layer", lambda *a, **k: pytest.fail("recomputed"))
     assert main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--out",
@@ -137,11 +137,11 @@ def test_prune_native_and_hf_exports(run_dir, tiny_dir, corpus, tmp_path, capsys
 
 def test_prune_mean_compensated_equals_mean_ablation(tiny_dir, corpus, tmp_path):
     from headprune.cli import data_from_args  # noqa: F401  (the CLI computes the means on --score-data)
+    from headprune.corpus import load_texts, tokenize_corpus
     from headprune.interventions import fill_tensors
+    from headprune.loading import load_tokenizer
     from headprune.perplexity import Windowing
     from headprune.scoring import head_means
-    from headprune.corpus import load_texts, tokenize_corpus
-    from headprune.loading import load_tokenizer
 
     assert main(["prune", "--model", str(tiny_dir), "--heads", "L0H1,L2H3,L2H0", "--compensate", "mean",
                  "--score-data", str(corpus), "--max-tokens", "300", "--out", str(tmp_path / "m"), "--quiet"]) == 0

@@ -1,30 +1,25 @@
 """Pruning against independent computations: Hugging Face's GPT2LMHeadModel with the pruned heads' weights
-zeroed by hand, gate masking, mean ablation, hand-derived parameter/FLOP formulas; exports; head selection."""
+zeroed by hand, gate masking, mean ablation, hand-derived parameter/FLOP formulas; exports."""
 
 import json
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
+from headprune.checkpoint import EXPORT_MARKER, export_hf, export_native
 from headprune.errors import HeadpruneError
 from headprune.heads import head_id
-from headprune.checkpoint import EXPORT_MARKER, export_hf, export_native
 from headprune.interventions import fill_tensors, mask_gates
 from headprune.ledger import pruning_stats
-from headprune.loading import load_model, model_fingerprint
+from headprune.loading import load_model
 from headprune.model import Capture, Origin, count_params
 from headprune.pruning import prune_model, removed_heads
-from headprune.selection import check_scores_match, rank_heads, select_heads
+
+from helpers import random_tokens
 
 D, H, DK = 32, 4, 8  # tiny model
 HEADS = [(0, 1), (0, 3), (1, 0), (2, 0), (2, 1), (2, 2)]
-
-
-def _tokens(B=2, T=24, seed=0):
-    return torch.randint(0, 50257, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +63,7 @@ def _maxdiff(a, b):
 def test_pruned_equals_masked_equals_hf_zeroed(tiny, tiny_dir):
     before = {k: v.clone() for k, v in tiny.state_dict().items()}
     pruned = prune_model(tiny, HEADS)
-    x = _tokens()
+    x = random_tokens()
     with torch.no_grad():
         p, m, r = pruned(x), tiny(x, gates=mask_gates(tiny, HEADS)), _hf_zeroed(tiny_dir, HEADS)(x).logits
         full = tiny(x)
@@ -96,7 +91,7 @@ def test_layer_pruned_to_zero_heads(tiny, tiny_dir):
     pruned = prune_model(tiny, heads)
     assert pruned.cfg.kept_heads[1] == [] and pruned.h[1].attn.n_heads == 0
     assert pruned.h[1].attn.c_attn.weight.shape == (D, 0)
-    x = _tokens(seed=1)
+    x = random_tokens(seed=1)
     with torch.no_grad():
         p = pruned(x)
         assert _maxdiff(p, _hf_zeroed(tiny_dir, heads)(x).logits) <= 1e-4
@@ -104,9 +99,9 @@ def test_layer_pruned_to_zero_heads(tiny, tiny_dir):
 
 
 def test_compensated_equals_mean_ablated(tiny, tiny_dir):
-    fills = _mean_fills(tiny, _tokens(B=4, T=32, seed=5))
+    fills = _mean_fills(tiny, random_tokens(B=4, T=32, seed=5))
     pruned = prune_model(tiny, HEADS, fills)
-    x = _tokens(seed=2)
+    x = random_tokens(seed=2)
     with torch.no_grad():
         p = pruned(x)
         ablated = tiny(x, gates=mask_gates(tiny, HEADS), fills=fill_tensors(tiny, {h: fills[h] for h in HEADS}))
@@ -121,7 +116,7 @@ def test_prune_a_pruned_model_by_original_ids(tiny):
     twice = prune_model(once, second)
     direct = prune_model(tiny, first + second)
     assert twice.cfg.kept_heads == direct.cfg.kept_heads == [[0, 2], [1, 3], [3]]
-    x = _tokens(seed=3)
+    x = random_tokens(seed=3)
     with torch.no_grad():
         assert _maxdiff(twice(x), direct(x)) <= 1e-5
         assert _maxdiff(once(x, gates=mask_gates(once, second)), direct(x)) <= 1e-4
@@ -161,7 +156,7 @@ def test_counts_match_hand_formulas_gpt2_small(small_dir):
 # ---------------------------------------------------------------- export
 
 def test_native_export_round_trip(tiny, tiny_dir, tmp_path):
-    pruned = prune_model(tiny, HEADS, _mean_fills(tiny, _tokens(seed=7)))
+    pruned = prune_model(tiny, HEADS, _mean_fills(tiny, random_tokens(seed=7)))
     src = tmp_path / "src"
     src.mkdir()
     (src / "vocab.json").write_text("{}")
@@ -174,7 +169,7 @@ def test_native_export_round_trip(tiny, tiny_dir, tmp_path):
     assert (out / "vocab.json").read_text() == "{}" and (out / "merges.txt").is_file()
     marker = json.loads((out / EXPORT_MARKER).read_text())
     assert marker["removed_heads"] == [head_id(*h) for h in HEADS] and marker["method"] == "test"
-    x = _tokens(seed=4)
+    x = random_tokens(seed=4)
     with torch.no_grad():
         assert _maxdiff(back(x), pruned(x)) == 0.0
     assert (out / "model.safetensors").stat().st_size < (tiny_dir / "model.safetensors").stat().st_size
@@ -184,7 +179,7 @@ def test_native_export_round_trip(tiny, tiny_dir, tmp_path):
 def test_native_export_of_empty_layer_round_trips(tiny, tmp_path):
     pruned = prune_model(tiny, [(2, h) for h in range(H)])
     back = load_model(export_native(pruned, tmp_path / "e"))
-    x = _tokens(seed=6)
+    x = random_tokens(seed=6)
     with torch.no_grad():
         assert back.h[2].attn.n_heads == 0 and _maxdiff(back(x), pruned(x)) == 0.0
 
@@ -228,7 +223,7 @@ def test_failed_export_leaves_the_previous_one(tiny, tmp_path, monkeypatch):
 
 
 def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
-    fills = _mean_fills(tiny, _tokens(seed=8))
+    fills = _mean_fills(tiny, random_tokens(seed=8))
     out = export_hf(prune_model(tiny, HEADS, fills), tmp_path / "hf")
     cfg = json.loads((out / "config.json").read_text())
     assert "headprune_kept_heads" not in cfg and cfg["n_head"] == H
@@ -236,106 +231,10 @@ def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
     ref = GPT2LMHeadModel.from_pretrained(tiny_dir)
     assert {k: v.shape for k, v in hf.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
     assert torch.count_nonzero(hf.transformer.h[0].attn.c_proj.weight[DK : 2 * DK]) == 0
-    x = _tokens(seed=9)
+    x = random_tokens(seed=9)
     with torch.no_grad():
         assert _maxdiff(hf(x).logits, prune_model(tiny, HEADS, fills)(x)) <= 1e-4
         # from an already pruned model: the heads it lacks are zero-filled too
         once = prune_model(tiny, HEADS[:2])
         hf2 = GPT2LMHeadModel.from_pretrained(export_hf(prune_model(once, HEADS[2:]), tmp_path / "hf2")).eval()
         assert _maxdiff(hf2(x).logits, prune_model(tiny, HEADS)(x)) <= 1e-4
-
-
-# ---------------------------------------------------------------- selection
-
-def _scores(values_by_layer, **extra):
-    """A scores table: one row per (layer, head), column ``imp`` from ``values_by_layer`` (a list per layer)."""
-    rows = [{"layer": l, "head": h, "head_id": head_id(l, h), "imp": v}
-            for l, vs in enumerate(values_by_layer) for h, v in enumerate(vs)]
-    return pd.DataFrame(rows).assign(**extra)
-
-
-def test_global_and_per_layer_selection():
-    s = _scores([[5, 1, 7, 3], [0.5, 9, 8, 2], [4, 6, 10, 11]])
-    assert rank_heads(s, "imp")[:4] == [(1, 0), (0, 1), (1, 3), (0, 3)]
-    assert select_heads(s, "imp", count=3) == [(1, 0), (0, 1), (1, 3)]
-    assert select_heads(s, "imp", fraction=0.25) == [(1, 0), (0, 1), (1, 3)]  # round(0.25 * 12) = 3
-    assert select_heads(s, "imp", fraction=0.5, per_layer=True) == [(1, 0), (0, 1), (1, 3), (0, 3), (2, 0), (2, 1)]
-    assert sorted(select_heads(s, "imp", count=1, per_layer=True)) == [(0, 1), (1, 0), (2, 0)]
-    assert select_heads(s, "imp", fraction=0.0) == [] and len(select_heads(s, "imp", fraction=1.0)) == 12
-
-
-def test_per_layer_rounding_with_unequal_layers():
-    # a pruned model's table: layers hold 4, 2 and 3 heads; fraction 0.5 -> round(2), round(1), round(1.5) = 2, 1, 2
-    s = _scores([[4, 3, 2, 1], [1, 2], [3, 2, 1]])
-    chosen = select_heads(s, "imp", fraction=0.5, per_layer=True)
-    assert sorted(chosen) == [(0, 2), (0, 3), (1, 0), (2, 1), (2, 2)]
-
-
-def test_normalize_by_layer_l2_norm():
-    s = _scores([[10, 40, 40, 40], [1, 2, 3, 4]])
-    assert select_heads(s, "imp", count=2) == [(1, 0), (1, 1)]
-    # by hand: 10/√4900 = 0.143, 1/√30 = 0.183, 2/√30 = 0.365, 40/√4900 = 0.571
-    assert select_heads(s, "imp", count=2, normalize="layer") == [(0, 0), (1, 0)]
-    assert rank_heads(s, "imp", normalize="layer")[2] == (1, 1)
-
-
-def test_standardize_per_layer_z_scores():
-    s = _scores([[0, 10, 10, 10], [1, 2, 3, 100]])
-    # by hand: layer 0 z = (x - 7.5)/4.33 -> -1.73, 0.58 x3; layer 1 mean 26.5, std 42.4 -> -0.60, -0.58, -0.55, 1.73
-    assert rank_heads(s, "imp", standardize=True)[:4] == [(0, 0), (1, 0), (1, 1), (1, 2)]
-    expect = s.groupby("layer").imp.transform(lambda v: (v - v.mean()) / v.std(ddof=0))
-    order = sorted(zip(expect, s.layer, s["head"]))
-    assert rank_heads(s, "imp", standardize=True) == [(l, h) for _, l, h in order]
-
-
-def test_random_is_reproducible_and_needs_no_column():
-    s = _scores([[1] * 12] * 12).drop(columns="imp")
-    a, b = select_heads(s, "random", count=20, seed=1), select_heads(s, "random", count=20, seed=1)
-    assert a == b and len(set(a)) == 20
-    assert select_heads(s, "random", count=20, seed=2) != a
-    assert select_heads(s.sample(frac=1, random_state=0), "random", count=20, seed=1) == a  # row order irrelevant
-
-
-def test_ties_are_broken_by_layer_then_head():
-    s = _scores([[1, 1, 1], [1, 1, 1]])
-    shuffled = s.iloc[[4, 0, 5, 2, 1, 3]]
-    assert rank_heads(shuffled, "imp") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert select_heads(shuffled, "imp", fraction=0.5, per_layer=True) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
-@pytest.mark.parametrize(
-    "kwargs, words",
-    [
-        (dict(method="entropy", count=1), "does not rank importance"),
-        (dict(method="nope", count=1), "no column 'nope'"),
-        (dict(method="imp", fraction=-0.1), r"in \[0, 1\]"),
-        (dict(method="imp", fraction=1.5), r"in \[0, 1\]"),
-        (dict(method="imp", fraction=float("nan")), r"in \[0, 1\]"),
-        (dict(method="imp", count=13), "only 12"),
-        (dict(method="imp", count=-1), ">= 0"),
-        (dict(method="imp", count=5, per_layer=True), "layer 0 has only 4"),
-        (dict(method="imp"), "exactly one"),
-        (dict(method="imp", count=1, fraction=0.5), "exactly one"),
-        (dict(method="imp", count=1, normalize="global"), "unknown normalize"),
-        (dict(method="imp", count=1, normalize="layer", standardize=True), "choose one"),
-        (dict(method="bad", count=1), "NaN"),
-    ],
-)
-def test_selection_errors(kwargs, words):
-    s = _scores([[1, 2, 3, 4]] * 3, entropy=1.0, bad=[1.0] * 11 + [np.nan])
-    with pytest.raises(HeadpruneError, match=words):
-        select_heads(s, **kwargs)
-
-
-def test_scores_must_match_the_model(tiny):
-    s = _scores([[1, 2, 3, 4]] * 3)
-    check_scores_match(s, tiny)
-    check_scores_match(s.assign(model_fingerprint=model_fingerprint(tiny)), tiny)
-    with pytest.raises(HeadpruneError, match="scores file x.csv is from another model.*fingerprint"):
-        check_scores_match(s.assign(model_fingerprint="0123456789abcdef"), tiny, "x.csv")
-    with pytest.raises(HeadpruneError, match="from another model.*lacks 1"):
-        check_scores_match(s.iloc[1:], tiny)
-    with pytest.raises(HeadpruneError, match="from another model.*L0H1"):
-        check_scores_match(s, prune_model(tiny, [(0, 1)]))
-    with pytest.raises(HeadpruneError, match="more than once"):
-        check_scores_match(pd.concat([s, s.iloc[:1]]), tiny)

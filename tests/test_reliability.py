@@ -12,7 +12,7 @@ import pytest
 
 from headprune.cli import main
 
-from conftest import TINY, save_hf_gpt2
+from helpers import TINY, save_hf_gpt2
 
 
 @pytest.fixture(scope="module")

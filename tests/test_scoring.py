@@ -11,7 +11,7 @@ from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batc
 from headprune.schema import METHODS, parse_methods
 from headprune.scoring import score_heads
 
-from conftest import TINY, guide_loop
+from helpers import TINY, guide_loop
 
 SEQ, STRIDE, BATCH = 64, 40, 3
 DK = TINY["n_embd"] // TINY["n_head"]

@@ -83,7 +83,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict) -> bytes:
     ax = fig.add_subplot()
     methods = [m for m in dict.fromkeys(curves["method"]) if m != RANDOM]
     palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
-    seen = []
+    seen: list[float] = []
     for (method, comp), g in groups(curves):
         x, ppl = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float)
         style = "-" if comp == "none" else "--"
@@ -102,9 +102,9 @@ def plot_curves(curves: pd.DataFrame, baseline: dict) -> bytes:
     if np.isfinite(baseline["ppl"]):
         ax.axhline(baseline["ppl"], color="grey", ls=":", lw=1, label=f"unpruned ({baseline['ppl']:.2f})")
         seen.append(baseline["ppl"])
-    seen = np.asarray(seen, float)
-    seen = seen[np.isfinite(seen) & (seen > 0)]
-    if len(seen) and seen.max() / seen.min() > LOG_Y_RATIO:
+    shown = np.asarray(seen, float)
+    shown = shown[np.isfinite(shown) & (shown > 0)]
+    if len(shown) and shown.max() / shown.min() > LOG_Y_RATIO:
         ax.set_yscale("log")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel("perplexity" + (" (log scale)" if ax.get_yscale() == "log" else ""))
@@ -166,9 +166,9 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
         pics.append(Picture(f"heatmap_{method}.png", f"{method} per head (rows: layers, columns: heads; grey: "
                             "missing).", plot_heatmap(scores, method)))
     rho = dict(zip(pred["method"], pred["spearman_rho"]))
-    for method in rho:
+    for method, r in rho.items():
         pics.append(Picture(f"scatter_{method}.png", f"{method} against {TRUTH}, one point per head (top 5 by "
-                            f"{TRUTH} labelled).", plot_scatter(scores, method, float(rho[method]))))
+                            f"{TRUTH} labelled).", plot_scatter(scores, method, float(r))))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
                         plot_rank_correlation(*rank_correlations(scores))))
     return pics

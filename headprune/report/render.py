@@ -108,7 +108,7 @@ def number(value) -> str:
     if isinstance(value, (float, np.floating)):
         if not np.isfinite(value):
             return "n/a" if np.isnan(value) else str(value)
-        return f"{value:,.1f}" if abs(value) >= 1e4 else f"{value:.4g}"
+        return f"{value:,.1f}" if abs(float(value)) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 
@@ -125,8 +125,8 @@ def make_content(scores, curves, settings, baseline) -> Content:
         ("Heads scored on", score_data or "not recorded in settings"),
         ("Curves (perplexity) measured on", eval_data or "not recorded in settings"),
         ("Heads", f"{len(scores)} ({scores['layer'].nunique()} layers)"),
-        ("Baseline (unpruned)", f"perplexity {number(baseline['ppl'])}, NLL {number(baseline['nll'])} nats/token, "
-                                f"{number(baseline['tokens'])} tokens"),
+        ("Baseline (unpruned)", (f"perplexity {number(baseline['ppl'])}, NLL {number(baseline['nll'])} nats/token, "
+                                 f"{number(baseline['tokens'])} tokens")),
         ("Best method", _best_text(content)),
     ]
     if score_data is not None and score_data == eval_data:
@@ -157,7 +157,8 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     """Everything the report says, in order."""
     settings: list[Block] = [Facts(c.facts), *map(Note, c.notes)]
     settings += [Table(_settings_frame(c.settings))] if c.settings else []
-    perplexity: list[Block] = [Table(c.summary)] + ([Paragraph(c.fraction_note)] if c.fraction_note else [])
+    perplexity: list[Block] = [Table(c.summary)]
+    perplexity += [Paragraph(c.fraction_note)] if c.fraction_note else []
     predicts: list[Block] = ([Table(c.predictiveness), Paragraph(PRED_NOTE)] if len(c.predictiveness) else
                              [Paragraph(f"Not computed: the scores have no {TRUTH} column or no other method.")])
     top: list[Block] = [Table(c.top) if len(c.top) else

@@ -129,7 +129,9 @@ def _rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray) -> dict:
     ok = np.isfinite(x) & np.isfinite(truth)
     x, y, pos = x[ok], truth[ok], positive[ok]
-    row = {"method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())}
+    row: dict[str, str | int | float] = {
+        "method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())
+    }
     if _varies(x) and _varies(y):
         row["r2"] = float(LinearRegression().fit(x[:, None], y).score(x[:, None], y))
     else:

@@ -56,7 +56,7 @@ def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
 
 def score_heads(
     model: GPT2,
-    ids: torch.Tensor,
+    ids: torch.Tensor | None,  # None only when every method reads the weights alone
     methods: str | list[str] = "all",
     windowing: Windowing | None = None,
     ablation_rows: int | None = None,
@@ -72,7 +72,9 @@ def score_heads(
     methods = parse_methods(methods)
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
     families = [f for f in FAMILIES if f.wanted(methods)]
-    batches = windowing.batches(ids) if any(f.needs_data for f in families) else []
+    needs_data = any(f.needs_data for f in families)
+    assert ids is not None or not needs_data, "data-based methods need token ids"
+    batches = windowing.batches(ids) if ids is not None and needs_data else []
     rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
     ctx = ScoringContext(model, batches, methods, rows)
     progress = progress or NoProgress()

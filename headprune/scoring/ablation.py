@@ -10,6 +10,7 @@ several ablated copies (one per head, each with its own gate row) run as one bat
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -83,13 +84,17 @@ class AblationScores(Family):
         if "abl_mean" in ctx.methods:
             fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
         methods = [m for m in self.methods if m in ctx.methods]
+
+        def base(k: int) -> float:
+            return cache(k)[1]
+
+        def ablate(k: int, m: str, l: int) -> list[float]:
+            return ablate_layer(model, batches[k], cache(k)[0][l], l, fills[m][l], ctx.ablation_rows)
+
         units: list[Unit] = []
         for k in range(len(batches)):
-            units.append((f"base/b{k}", lambda k=k: cache(k)[1]))
-            units += [(f"{m}/b{k}/L{l}",
-                       lambda k=k, m=m, l=l: ablate_layer(model, batches[k], cache(k)[0][l], l, fills[m][l],
-                                                          ctx.ablation_rows))
-                      for m in methods for l in model.active_layers]
+            units.append((f"base/b{k}", partial(base, k)))
+            units += [(f"{m}/b{k}/L{l}", partial(ablate, k, m, l)) for m in methods for l in model.active_layers]
         return units
 
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:

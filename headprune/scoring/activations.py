@@ -14,6 +14,7 @@ Each batch yields sums (float64) that are recorded as one unit, so a killed pass
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -77,7 +78,7 @@ class ActivationScores(Family):
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
         entropy = "entropy" in ctx.methods
-        return [(f"act/{entropy}/b{k}", lambda b=b: batch_sums(ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
+        return [(f"act/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
 
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
         return combine(ctx.model, list(results.values()))

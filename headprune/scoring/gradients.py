@@ -11,6 +11,7 @@ Model weights need no gradient, so the backward pass costs about one forward (in
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -48,7 +49,7 @@ class GradientScores(Family):
     methods = GRADIENT_METHODS
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
-        return [(f"grad/b{k}", lambda b=b: batch_gate_grad(ctx.model, b)) for k, b in enumerate(ctx.batches)]
+        return [(f"grad/b{k}", partial(batch_gate_grad, ctx.model, b)) for k, b in enumerate(ctx.batches)]
 
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
         return combine(list(results.values()))
