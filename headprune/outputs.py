@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -136,6 +137,9 @@ class Progress:
         self.path = Path(path)
         self.key = fingerprint(**settings)
         self.units: dict[str, Any] = {}
+        # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill).
+        self._kill_after = int(os.environ.get("HEADPRUNE_TEST_KILL_AFTER_UNITS", "0"))
+        self._recorded = 0
         ensure_dir(self.path.parent)
         if self.path.exists() and overwrite:
             self.path.unlink()
@@ -183,6 +187,9 @@ class Progress:
             value = compute()
             self._append({"unit": unit, "value": value})
             self.units[unit] = json.loads(json.dumps(value))
+            self._recorded += 1
+            if self._recorded == self._kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
         return self.units[unit]
 
     def remove(self) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-TINY = dict(vocab_size=50257, n_positions=64, n_embd=32, n_layer=3, n_head=4, initializer_range=0.2)
+TINY = {"vocab_size": 50257, "n_positions": 64, "n_embd": 32, "n_layer": 3, "n_head": 4, "initializer_range": 0.2}
 
 
 def save_hf_gpt2(folder, seed: int = 0, **config) -> GPT2LMHeadModel:

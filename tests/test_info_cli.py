@@ -1,6 +1,7 @@
 """The ledger for GPT-2 small and the CLI's handling of bad models."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from headprune.ledger import attention_flops_per_token, param_table, wo_table
 from headprune.loading import load_model
 
 
+@pytest.mark.slow
 def test_gpt2_small_ledger(small_dir, capsys):
     model = load_model(small_dir)
     wo = wo_table(model)
@@ -85,24 +87,57 @@ def test_bad_model_one_line_exit_2(tiny_dir, tmp_path, capsys, damage, words):
     "args, words",
     [
         (["--model", "/no/such/dir"], "does not exist"),
-        (["--model", "no-such-org/no-such-model"], "could not be fetched"),
         (["--dtype", "fp8"], "unknown dtype"),
         (["--dtype", "fp16", "--device", "cpu"], "fp16 is not supported on the CPU"),
     ]
     + ([] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA GPU")]),
 )
-def test_bad_options(tiny_dir, capsys, monkeypatch, args, words):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_bad_options(tiny_dir, capsys, args, words):
     full = ["info", "--model", str(tiny_dir)] + args
     assert main(full) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
 
 
+_NO_NETWORK = """
+import os, sys
+def hook(event, args):  # any DNS lookup or connect: report it and die with a status nothing else gives
+    if event in ("socket.getaddrinfo", "socket.connect"):
+        sys.stderr.write(f"NETWORK ATTEMPT {event} {args[:2]!r}\\n")
+        sys.stderr.flush()
+        os._exit(99)
+sys.addaudithook(hook)
+from headprune.cli import main
+sys.exit(main(["info", "--model", "no-such-org/no-such-model"]))
+"""
+
+
+def _unknown_hub_id(tmp_path, offline: str):
+    """``headprune info`` on an unknown hub id in a fresh process whose environment is set before
+    huggingface_hub is imported (it reads HF_HUB_OFFLINE once, at import: monkeypatch.setenv in this process
+    would come too late); an empty HF_HOME, and an endpoint that refuses connections at once."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE")}
+    env |= {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": offline, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    return subprocess.run([sys.executable, "-c", _NO_NETWORK], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.mark.slow
+def test_unknown_hub_id_offline_one_line_error_without_network(tmp_path):
+    proc = _unknown_hub_id(tmp_path, "1")
+    assert "NETWORK ATTEMPT" not in proc.stderr and proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("headprune: error:") and proc.stderr.count("\n") == 1
+    assert "'no-such-org/no-such-model'" in proc.stderr and "could not be fetched" in proc.stderr
+    # The detector works: the same process with offline mode off does reach for the (refusing) endpoint.
+    assert _unknown_hub_id(tmp_path, "0").returncode == 99
+
+
+@pytest.mark.slow
 def test_cli_process_reports_without_traceback(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     proc = subprocess.run([sys.executable, "-m", "headprune", "info", "--model", str(tmp_path)],
-                          capture_output=True, text=True)
+                          check=False, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
     assert "'llama' model, not GPT-2" in proc.stderr

@@ -14,7 +14,7 @@ from headprune.model import Attention, Capture, ModelConfig
 from helpers import TINY, random_tokens, save_hf_gpt2
 
 
-@pytest.mark.parametrize("which", ["tiny_dir", "small_dir"])
+@pytest.mark.parametrize("which", ["tiny_dir", pytest.param("small_dir", marks=pytest.mark.slow)])
 def test_logits_equal_hugging_face(which, request):
     folder = request.getfixturevalue(which)
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
@@ -25,6 +25,7 @@ def test_logits_equal_hugging_face(which, request):
     assert diff <= 1e-4
 
 
+@pytest.mark.slow
 def test_hub_id_from_offline_cache(hf_cache, tiny_dir):
     script = (
         "import torch; from transformers import GPT2LMHeadModel; from headprune.loading import load_model;"

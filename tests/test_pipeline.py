@@ -2,6 +2,8 @@
 
 import json
 import math
+import shutil
+from collections import Counter
 from html.parser import HTMLParser
 
 import pandas as pd
@@ -91,19 +93,151 @@ def test_run_html_self_contained(run_dir):
         assert src.startswith("data:image/png;base64,")
 
 
-def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, monkeypatch):
-    """A finished run's progress file answers every unit: rerunning recomputes nothing and gives equal tables."""
-    before = pd.read_parquet(run_dir / "curves.parquet")
-    from headprune import scoring
+# Where each unit family's work function is looked up at call time (patching the defining module would not
+# reach the callers that imported the name), keyed by the unit-key prefix of the family.
+WORK = {"weights": ("headprune.scoring.weights", "weight_scores"),
+        "act": ("headprune.scoring.activations", "batch_sums"), "grad": ("headprune.scoring.gradients", "batch_gate_grad"),
+        "abl": ("headprune.scoring.ablation", "ablate_layer"), "base": ("headprune.scoring.ablation", "cache_batch"),
+        "curve": ("headprune.curves", "evaluate")}
 
-    monkeypatch.setattr(scoring.ablation, "ablate_layer", lambda *a, **k: pytest.fail("recomputed"))
-    assert main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--out",
-                 str(run_dir), "--max-tokens", "400", "--fractions", "0,0.25,0.5,0.75", "--seeds", "2", "--quiet"]) == 0
-    pd.testing.assert_frame_equal(before, pd.read_parquet(run_dir / "curves.parquet"))
+
+def _count_work(monkeypatch):
+    """Count the calls of every unit family's work function and the units computed through any Progress."""
+    import importlib
+
+    from headprune.outputs import Progress
+
+    calls, computed = Counter(), []
+
+    def counting(family, fn):
+        def wrapper(*a, **k):
+            calls[family] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    for family, (module, name) in WORK.items():
+        mod = importlib.import_module(module)
+        monkeypatch.setattr(mod, name, counting(family, getattr(mod, name)))
+    get_or_compute = Progress.get_or_compute
+
+    def counted(self, unit, compute):
+        return get_or_compute(self, unit, lambda: (computed.append(unit), compute())[1])
+
+    monkeypatch.setattr(Progress, "get_or_compute", counted)
+    return calls, computed
+
+
+def _expected_calls(units) -> Counter:
+    """Work-function calls that computing ``units`` takes: one per unit, but one cache_batch per ablated batch."""
+    calls = Counter()
+    for u in units:
+        family = u.split("/")[0]
+        if family.startswith("abl_"):
+            calls["abl"] += 1
+        elif family != "base":  # a base unit reads the batch's cache
+            calls[family] += 1
+    calls["base"] = len({u.split("/")[1] for u in units if u.startswith(("base/", "abl_"))})
+    return calls
+
+
+def _unit_keys(progress) -> list[str]:
+    return [json.loads(line)["unit"] for line in progress.read_text().splitlines()[1:]]
+
+
+def _run_args(model, corpus, out):
+    """The arguments the ``run_dir`` fixture ran with."""
+    return ["run", "--model", str(model), "--data", str(corpus), "--score-data", str(corpus), "--out", str(out),
+            "--max-tokens", "400", "--fractions", "0,0.25,0.5,0.75", "--seeds", "2", "--quiet"]
+
+
+def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, monkeypatch, tmp_path):
+    """A finished run's progress file answers every unit: rerunning computes no unit, appends nothing and writes
+    the same tables; a unit missing from the file is the only one recomputed."""
+    out = tmp_path / "report"
+    shutil.copytree(run_dir, out)
+    progress = out / ".progress.jsonl"
+    recorded = progress.read_bytes()
+    tables = {name: (out / name).read_bytes() for name in ["scores.csv", "curves.csv", "baseline.json"]}
+    units = _unit_keys(progress)
+    assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_mean", "curve"}
+    args = _run_args(tiny_dir, corpus, out)
+
+    calls, computed = _count_work(monkeypatch)
+    assert main(args) == 0
+    assert computed == [] and calls == Counter()
+    assert progress.read_bytes() == recorded
+    assert {name: (out / name).read_bytes() for name in tables} == tables
+
+    # one unit of every family forgotten: exactly those are recomputed, each by its own work function
+    forget = ["weights", "act/True/b1", "grad/b0", "base/b1", "abl_zero/b1/L0", "abl_mean/b0/L2", "curve/baseline",
+              "curve/random/none/0.5/s1"]
+    assert set(forget) <= set(units)
+    progress.write_text("".join(line for line in recorded.decode().splitlines(keepends=True)
+                                if not any(f'"unit": "{u}"' in line for u in forget)))
+    assert main(args) == 0
+    assert sorted(computed) == sorted(forget)
+    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=2, curve=2)  # batches 0 and 1 each rebuild their cache
+    assert sorted(_unit_keys(progress)) == sorted(units)
+    assert {name: (out / name).read_bytes() for name in tables} == tables
+
     capsys.readouterr()
-    assert main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--out", str(run_dir), "--max-tokens", "300",
+    assert main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--out", str(out), "--max-tokens", "300",
                  "--quiet"]) == 2
     assert "different run" in capsys.readouterr().err
+    assert sorted(_unit_keys(progress)) == sorted(units)
+
+
+def _interrupt_after(monkeypatch, n: int):
+    """Make the n+1-th unit computed through a Progress raise KeyboardInterrupt (as Ctrl-C would)."""
+    from headprune.outputs import Progress
+
+    get_or_compute, done = Progress.get_or_compute, []
+
+    def interrupting(self, unit, compute):
+        if unit not in self:
+            if len(done) == n:
+                raise KeyboardInterrupt
+            done.append(unit)
+        return get_or_compute(self, unit, compute)
+
+    monkeypatch.setattr(Progress, "get_or_compute", interrupting)
+
+
+@pytest.mark.parametrize("command", ["score", "curve"])
+def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir, corpus, tmp_path, monkeypatch):
+    """A sweep stopped after k units and rerun computes exactly the other units, once each, and writes the table
+    an uninterrupted sweep writes; the progress file is removed at the end."""
+    common = ["--model", str(tiny_dir), "--data", str(corpus), "--max-tokens", "300", "--batch-size", "2", "--quiet"]
+    if command == "score":
+        args = ["score", *common, "--seq-len", "64", "--stride", "48", "--ablation-rows", "4"]
+    else:
+        args = ["curve", *common, "--scores", str(run_dir / "scores.parquet"), "--methods", "wo_fro,abl_mean",
+                "--fractions", "0,0.25,0.5", "--seeds", "2"]
+    whole, part = tmp_path / "whole.csv", tmp_path / "part.csv"
+    progress = tmp_path / "part.csv.progress.jsonl"
+
+    with monkeypatch.context() as mp:
+        calls, computed = _count_work(mp)
+        assert main(args + ["--out", str(whole)]) == 0
+    units = list(computed)
+    assert len(set(units)) == len(units) and calls == _expected_calls(units)
+    families = {u.split("/")[0] for u in units}
+    assert families == ({"weights", "act", "grad", "base", "abl_zero", "abl_mean"} if command == "score" else {"curve"})
+
+    k = len(units) // 2 + 1  # score: inside the ablation units
+    with monkeypatch.context() as mp:
+        _interrupt_after(mp, k)
+        assert main(args + ["--out", str(part)]) == 130
+    recorded = _unit_keys(progress)
+    assert recorded == units[:k] and not part.exists()
+
+    with monkeypatch.context() as mp:
+        calls, computed = _count_work(mp)
+        assert main(args + ["--out", str(part)]) == 0
+    assert computed == units[k:]
+    assert calls == _expected_calls(units[k:])
+    assert part.read_bytes() == whole.read_bytes()
+    assert not progress.exists()
 
 
 def test_report_rebuilds_from_tables(run_dir, tmp_path):
@@ -133,33 +267,6 @@ def test_prune_native_and_hf_exports(run_dir, tiny_dir, corpus, tmp_path, capsys
     with torch.no_grad():
         hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
         assert (hf(tokens).logits - masked).abs().max() <= 1e-4
-
-
-def test_prune_mean_compensated_equals_mean_ablation(tiny_dir, corpus, tmp_path):
-    from headprune.cli import data_from_args  # noqa: F401  (the CLI computes the means on --score-data)
-    from headprune.corpus import load_texts, tokenize_corpus
-    from headprune.interventions import fill_tensors
-    from headprune.loading import load_tokenizer
-    from headprune.perplexity import Windowing
-    from headprune.scoring import head_means
-
-    assert main(["prune", "--model", str(tiny_dir), "--heads", "L0H1,L2H3,L2H0", "--compensate", "mean",
-                 "--score-data", str(corpus), "--max-tokens", "300", "--out", str(tmp_path / "m"), "--quiet"]) == 0
-    base = load_model(tiny_dir)
-    ids = tokenize_corpus(load_texts(str(corpus), "validation"), load_tokenizer(tiny_dir))[:300]
-    means = head_means(base, ids, Windowing(64, 64, 8), show_progress=False)
-    heads = [(0, 1), (2, 3), (2, 0)]
-    tokens = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ablated = base(tokens, gates=mask_gates(base, heads), fills=fill_tensors(base, {h: means[h] for h in heads}))
-        assert (load_model(tmp_path / "m")(tokens) - ablated).abs().max() <= 1e-5
-
-
-def test_iterative_prune(run_dir, tiny_dir, corpus, tmp_path, capsys):
-    assert main(["prune", "--model", str(tiny_dir), "--scores", str(run_dir / "scores.parquet"), "--method", "wo_fro",
-                 "--count", "5", "--iterative", "3", "--out", str(tmp_path / "it"), "--quiet"]) == 0
-    assert len(load_model(tmp_path / "it").head_ids) == 7
-    assert "heads removed (5)" in capsys.readouterr().out
 
 
 def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):

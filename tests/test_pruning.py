@@ -137,6 +137,7 @@ def test_bad_heads_and_fills(tiny):
         prune_model(tiny, [(0, 1)], {(0, 1): torch.zeros(DK + 1)})
 
 
+@pytest.mark.slow
 def test_counts_match_hand_formulas_gpt2_small(small_dir):
     model = load_model(small_dir)
     d, dk, T = 768, 64, 128

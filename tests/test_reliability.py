@@ -1,5 +1,6 @@
 """Reliability: killed sweeps resume to identical results, SIGINT stops cleanly, bad input is one line + exit 2."""
 
+import json
 import os
 import random
 import signal
@@ -24,52 +25,130 @@ def corpus(tmp_path_factory):
     return path
 
 
-def _env(tmp_path):
-    return {**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+def _env(tmp_path, **extra):
+    return {**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **extra}
 
 
-def _score_cmd(model, corpus, out):
+def _score_cmd(model, corpus, out, max_tokens=1000):
     return [sys.executable, "-m", "headprune", "score", "--model", str(model), "--data", str(corpus), "--out", str(out),
-            "--max-tokens", "1000", "--seq-len", "64", "--stride", "48", "--batch-size", "2", "--ablation-rows", "4",
-            "--quiet"]
+            "--max-tokens", str(max_tokens), "--seq-len", "64", "--stride", "48", "--batch-size", "2",
+            "--ablation-rows", "4", "--device", "cpu", "--quiet"]
+
+
+def _curve_cmd(model, corpus, out, scores):
+    return [sys.executable, "-m", "headprune", "curve", "--model", str(model), "--data", str(corpus), "--out", str(out),
+            "--scores", str(scores), "--methods", "wo_fro,abl_zero", "--fractions", "0,0.25,0.5", "--seeds", "2",
+            "--max-tokens", "300", "--batch-size", "2", "--device", "cpu", "--quiet"]
+
+
+def _run_cmd(model, corpus, out):
+    return [sys.executable, "-m", "headprune", "run", "--model", str(model), "--data", str(corpus), "--score-data",
+            str(corpus), "--out", str(out), "--max-tokens", "200", "--batch-size", "2", "--fractions", "0,0.5",
+            "--seeds", "2", "--device", "cpu", "--quiet"]
 
 
 def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def _units(progress: Path) -> list[str]:
+    return [json.loads(line)["unit"] for line in progress.read_text().splitlines()[1:]]
+
+
+def _kill_and_resume(cmd, progress: Path, kills: list[int], tmp_path) -> list[str]:
+    """Run ``cmd`` once per N in ``kills`` with HEADPRUNE_TEST_KILL_AFTER_UNITS=N (each run must die of SIGKILL
+    right after recording its N-th new unit), then once to the end. Returns the units recorded before the end."""
+    done: list[str] = []
+    for n in kills:
+        proc = subprocess.run(cmd, check=False, env=_env(tmp_path, HEADPRUNE_TEST_KILL_AFTER_UNITS=str(n)),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+        units = _units(progress)
+        # exactly N more units, none recorded twice, the earlier ones untouched
+        assert units[: len(done)] == done and len(units) == len(done) + n and len(set(units)) == len(units)
+        done = units
+    proc = subprocess.run(cmd, check=False, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return done
+
+
+@pytest.mark.slow
+def test_sigkill_after_fixed_units_then_resume_gives_identical_scores(tiny_dir, corpus, tmp_path):
+    whole, out = tmp_path / "whole.csv", tmp_path / "killed.csv"
+    subprocess.run(_score_cmd(tiny_dir, corpus, whole, 400), env=_env(tmp_path), check=True, capture_output=True,
+                   timeout=300)
+    progress = tmp_path / "killed.csv.progress.jsonl"
+    done = _kill_and_resume(_score_cmd(tiny_dir, corpus, out, 400), progress, [1, 3, 7, 10], tmp_path)
+    # 8 windows, 4 batches: the weights unit, 4 activation and 4 gradient units come first, so the last two kills
+    # hit ablation
+    assert [u.split("/")[0] for u in done[:9]] == ["weights"] + ["act"] * 4 + ["grad"] * 4
+    assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_mean"}
+    assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
+    assert not progress.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_curve_after_fixed_units_then_resume_gives_identical_curves(tiny_dir, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
+    scores = tmp_path / "scores.csv"
+    assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), "--methods", "wo_fro,abl_zero", "--max-tokens",
+                 "200", "--out", str(scores), "--device", "cpu", "--quiet"]) == 0
+    whole, out = tmp_path / "whole.csv", tmp_path / "killed.csv"
+    subprocess.run(_curve_cmd(tiny_dir, corpus, whole, scores), env=_env(tmp_path), check=True, capture_output=True,
+                   timeout=300)
+    progress = tmp_path / "killed.csv.progress.jsonl"
+    done = _kill_and_resume(_curve_cmd(tiny_dir, corpus, out, scores), progress, [1, 3, 7], tmp_path)
+    assert done[0] == "curve/baseline"  # 1 baseline + 2 methods x 3 fractions + 3 fractions x 2 seeds = 13 units
+    assert out.read_bytes() == whole.read_bytes()
+    assert not progress.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_dir, corpus, tmp_path):
+    whole, out = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(_run_cmd(tiny_dir, corpus, whole), env=_env(tmp_path), check=True, capture_output=True, timeout=300)
+    progress = out / ".progress.jsonl"
+    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 7, 20], tmp_path)
+    # the kills land in the activations, the ablation and the curves
+    assert [u.split("/")[0][:3] for u in (done[1], done[8], done[28])] == ["act", "abl", "cur"]
+    for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv"]:
+        assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+    # a run keeps its progress file: the same units, each once, as the uninterrupted run's
+    assert sorted(_units(progress)) == sorted(_units(whole / ".progress.jsonl"))
+
+
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_gives_identical_scores(tiny_dir, corpus, tmp_path):
+    """Smoke test with real timing: whether or not a kill lands (or tears a line), the resumed table is exact."""
     env = _env(tmp_path)
     whole = tmp_path / "whole.csv"
-    subprocess.run(_score_cmd(tiny_dir, corpus, whole), env=env, check=True, capture_output=True)
+    subprocess.run(_score_cmd(tiny_dir, corpus, whole, 400), env=env, check=True, capture_output=True, timeout=300)
     out = tmp_path / "killed.csv"
     progress = tmp_path / "killed.csv.progress.jsonl"
     rng = random.Random(7)
-    kills = 0
-    for _ in range(4):
-        proc = subprocess.Popen(_score_cmd(tiny_dir, corpus, out), env=env, stderr=subprocess.DEVNULL)
-        seen = _lines(progress)
-        deadline = time.time() + 120
-        while proc.poll() is None and _lines(progress) <= seen + rng.randint(0, 6) and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0, 0.2))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait()
-    assert kills >= 2 and not out.exists()  # really interrupted before the end
-    finished = subprocess.run(_score_cmd(tiny_dir, corpus, out), env=env, capture_output=True, text=True)
+    for _ in range(3):
+        proc = subprocess.Popen(_score_cmd(tiny_dir, corpus, out, 400), env=env, stderr=subprocess.DEVNULL)
+        seen, more = _lines(progress), rng.randint(1, 6)
+        deadline = time.time() + 60
+        while proc.poll() is None and _lines(progress) < seen + more and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.05))
+        proc.kill()  # SIGKILL, or nothing where it has already finished
+        proc.wait(timeout=60)
+    finished = subprocess.run(_score_cmd(tiny_dir, corpus, out, 400), check=False, env=env, capture_output=True, text=True,
+                              timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
     assert not progress.exists()
 
 
+@pytest.mark.slow
 def test_sigint_stops_cleanly_and_says_how_to_resume(tiny_dir, corpus, tmp_path):
     out = tmp_path / "s.csv"
     progress = tmp_path / "s.csv.progress.jsonl"
     proc = subprocess.Popen(_score_cmd(tiny_dir, corpus, out), env=_env(tmp_path), stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while _lines(progress) < 3 and time.time() < deadline:
+    while _lines(progress) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

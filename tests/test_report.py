@@ -105,7 +105,7 @@ def test_tables_have_documented_columns(report):
 
 
 class Page(HTMLParser):
-    VOID = {"meta", "img", "br", "hr", "link", "input"}
+    VOID = frozenset({"meta", "img", "br", "hr", "link", "input"})
 
     def __init__(self):
         super().__init__()

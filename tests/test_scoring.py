@@ -33,12 +33,12 @@ def scores(scored):
     return scored.table
 
 
-def hf_scored_z(hf, ids):
+def hf_scored_z(hf, ids, seq_len=SEQ, stride=STRIDE):
     """Per layer, the concatenated head outputs z (n, h·d_k) at the scored positions, via a c_proj pre-hook."""
     found = {l: [] for l in range(len(hf.transformer.h))}
-    for batch in window_batches(ids, SEQ, STRIDE, BATCH):
+    for batch in window_batches(ids, seq_len, stride, BATCH):
         hooks = [blk.attn.c_proj.register_forward_pre_hook(
-            lambda mod, args, l=l: found[l].append(args[0][:, : batch.mask.shape[1]][batch.mask]))
+            lambda mod, args, l=l, mask=batch.mask: found[l].append(args[0][:, : mask.shape[1]][mask]))
             for l, blk in enumerate(hf.transformer.h)]
         with torch.no_grad():
             hf(batch.tokens)
@@ -71,13 +71,57 @@ def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scored, scor
     assert scored.baseline["nll"] == pytest.approx(base, abs=1e-5) and scored.baseline["tokens"] == n
 
 
+def test_abl_mean_fill_is_the_mean_over_scored_positions_only(tiny_dir, ids):
+    """Stride 8 < seq-len 64: most windows score only their last 8 predictions, so the mean of z over every
+    position of every window (the mistake) is far from the mean over the scored ones, and so is its abl_mean."""
+    seq, stride, tol = 64, 8, 1e-5
+    got = score_heads(load_model(tiny_dir), ids, "abl_mean", Windowing(seq, stride, BATCH), ablation_rows=6,
+                      show_progress=False).table
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
+    base, _ = guide_loop(hf, ids, seq, stride)
+    scored = hf_scored_z(hf, ids, seq, stride)
+    everywhere = {l: [] for l in scored}  # every position of every window
+    hooks = [blk.attn.c_proj.register_forward_pre_hook(lambda mod, args, l=l: everywhere[l].append(args[0][0]))
+             for l, blk in enumerate(hf.transformer.h)]
+    with torch.no_grad():
+        for begin in range(0, len(ids), stride):
+            hf(ids[begin : begin + seq].view(1, -1))
+            if begin + seq >= len(ids):
+                break
+    for h in hooks:
+        h.remove()
+    def proj_of(layer):
+        return hf.transformer.h[layer].attn.c_proj
+
+    def mean_ablated(layer, cols, z_mean):  # NLL increase with z_i replaced by z_mean (folded into b_O)
+        W, b = proj_of(layer).weight.detach().clone(), proj_of(layer).bias.detach().clone()
+        with torch.no_grad():
+            proj_of(layer).weight[cols] = 0
+            proj_of(layer).bias += (z_mean @ W[cols].double()).float()
+            value = guide_loop(hf, ids, seq, stride)[0] - base
+            proj_of(layer).weight.copy_(W)
+            proj_of(layer).bias.copy_(b)
+        return value
+
+    margins = []
+    for layer, head in [(0, 1), (1, 3)]:
+        cols = slice(head * DK, (head + 1) * DK)
+        right = mean_ablated(layer, cols, scored[layer][:, cols].mean(0))
+        wrong = mean_ablated(layer, cols, torch.cat(everywhere[layer]).double()[:, cols].mean(0))
+        score = got[(got.layer == layer) & (got["head"] == head)].iloc[0].abl_mean
+        assert score == pytest.approx(right, abs=tol)
+        margins.append(abs(wrong - right))
+    print(f"\nabl_mean scored vs all positions: {margins}")
+    assert min(margins) > 100 * tol, margins  # the mistake would fail this test by far
+
+
 def test_gradients_equal_finite_differences(tiny_dir, ids):
     model = load_model(tiny_dir, dtype=torch.float64)
     got = score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, BATCH), show_progress=False).table
     batches = window_batches(ids, SEQ, STRIDE, BATCH)
     eps = 1e-4
     for layer, head in [(0, 0), (1, 2), (2, 3)]:
-        def losses(delta):
+        def losses(delta, layer=layer, head=head):
             gates = model.ones_gates(dtype=torch.float64)
             gates[layer][head] += delta
             per_batch = [batch_nll_sum(model, b, gates=gates) for b in batches]
