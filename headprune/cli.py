@@ -135,12 +135,11 @@ def finish_sweep(progress, table, out) -> bool:
 
 def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
     """What makes a sweep's results what they are: resuming requires all of it to be equal."""
-    import hashlib
-
+    from .corpus import token_digest
     from .loading import model_fingerprint
 
     return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
-            "data": args.data, "split": args.split, "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16],
+            "data": args.data, "split": args.split, "tokens": token_digest(ids),
             "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
             "ablation_rows": getattr(args, "ablation_rows", None), **extra}
 
@@ -189,6 +188,7 @@ def _configure_curve(p):
 
 @command("curve", "perplexity against the fraction of heads pruned, per method, with a random baseline", _configure_curve)
 def cmd_curve(args) -> None:
+    from .corpus import token_digest
     from .curves import pruning_curves
     from .outputs import read_scores
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
@@ -208,17 +208,17 @@ def cmd_curve(args) -> None:
     methods = [m for m in methods if m != RANDOM]
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
-    means = None
-    if args.compensate == "mean":
-        score_ids = data_from_args(args, model, args.score_data, "validation")
-        means = head_means(model, score_ids, w, show_progress=not args.quiet)
+    compensate = args.compensate == "mean"
+    score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
-    variants += [(m, "mean") for m in methods] if means is not None else []
+    variants += [(m, "mean") for m in methods] if compensate else []
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
-                              score_data=args.score_data if means is not None else None)
+                              score_data=args.score_data if compensate else None,
+                              score_tokens=token_digest(score_ids) if score_ids is not None else None)
     progress = sweep_progress(args, out, settings)
+    means = head_means(model, score_ids, w, progress, not args.quiet) if score_ids is not None else None  # resumable
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
                             args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet)
     if not finish_sweep(progress, curves, out):

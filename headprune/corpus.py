@@ -264,6 +264,11 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
     return tensor
 
 
+def token_digest(ids: torch.Tensor) -> str:
+    """A short hash of token ids (1-D): which data a sweep ran on."""
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+
+
 def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None = None) -> torch.Tensor:
     """Token ids of a corpus spec's documents (see :func:`load_texts`), cut to the first ``max_tokens``."""
     ids = tokenize_corpus(load_texts(spec, split), tokenizer)

@@ -7,14 +7,13 @@ that judges it. Every unit of work is recorded in ``OUT/.progress.jsonl``: a kil
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 
 from . import __version__
-from .corpus import corpus_ids
+from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, shard_name
 from .ledger import format_info
@@ -44,10 +43,6 @@ class RunSettings:
     ablation_rows: int | None = None  # see score_heads
 
 
-def _digest(ids) -> str:
-    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
-
-
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
     """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table).
 
@@ -61,8 +56,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": _digest(eval_ids),
-                               "score_tokens": _digest(score_ids), "seq_len": seq_len, "stride": stride,
+    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+                               "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
     log = log if is_main() else (lambda *a: None)

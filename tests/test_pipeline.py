@@ -203,7 +203,7 @@ def _interrupt_after(monkeypatch, n: int):
     monkeypatch.setattr(Progress, "get_or_compute", interrupting)
 
 
-@pytest.mark.parametrize("command", ["score", "curve"])
+@pytest.mark.parametrize("command", ["score", "curve", "curve-compensated"])
 def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir, corpus, tmp_path, monkeypatch):
     """A sweep stopped after k units and rerun computes exactly the other units, once each, and writes the table
     an uninterrupted sweep writes; the progress file is removed at the end."""
@@ -213,6 +213,7 @@ def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir,
     else:
         args = ["curve", *common, "--scores", str(run_dir / "scores.parquet"), "--methods", "wo_fro,abl_mean",
                 "--fractions", "0,0.25,0.5", "--seeds", "2"]
+        args += ["--compensate", "mean", "--score-data", str(corpus)] if command == "curve-compensated" else []
     whole, part = tmp_path / "whole.csv", tmp_path / "part.csv"
     progress = tmp_path / "part.csv.progress.jsonl"
 
@@ -222,7 +223,9 @@ def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir,
     units = list(computed)
     assert len(set(units)) == len(units) and calls == _expected_calls(units)
     families = {u.split("/")[0] for u in units}
-    assert families == ({"weights", "act", "grad", "base", "abl_zero", "abl_mean"} if command == "score" else {"curve"})
+    expected = {"score": {"weights", "act", "grad", "base", "abl_zero", "abl_mean"}, "curve": {"curve"},
+                "curve-compensated": {"act", "curve"}}  # the means on --score-data are units too: never recomputed
+    assert families == expected[command]
 
     k = len(units) // 2 + 1  # score: inside the ablation units
     with monkeypatch.context() as mp:
