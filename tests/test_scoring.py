@@ -116,9 +116,10 @@ def test_abl_mean_fill_is_the_mean_over_scored_positions_only(tiny_dir, ids):
 
 
 def test_gradients_equal_finite_differences(tiny_dir, ids):
+    """taylor: the corpus NLL's central difference; grad: the mean over WINDOWS of each window's |difference|."""
     model = load_model(tiny_dir, dtype=torch.float64)
     got = score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, BATCH), show_progress=False).table
-    batches = window_batches(ids, SEQ, STRIDE, BATCH)
+    batches = window_batches(ids, SEQ, STRIDE, 1)  # one window each
     eps = 1e-4
     for layer, head in [(0, 0), (1, 2), (2, 3)]:
         def losses(delta, layer=layer, head=head):
@@ -136,6 +137,50 @@ def test_gradients_equal_finite_differences(tiny_dir, ids):
         row = got[(got.layer == layer) & (got["head"] == head)].iloc[0]
         assert row.taylor == pytest.approx(taylor, rel=1e-3)
         assert row.grad == pytest.approx(grad, rel=1e-3)
+
+
+def hf_window_gate_grads(hf, ids, seq_len=SEQ, stride=STRIDE):
+    """Window by window in Hugging Face: gates multiplying each head's slice of c_proj's input (z), the window's
+    mean NLL over its scored tokens, autograd. Returns n_w [windows] and ∂L_w/∂g [windows, H] (layer-major)."""
+    n_layer, n_head = hf.config.n_layer, hf.config.n_head
+    dk = hf.config.n_embd // n_head
+    ns, rows = [], []
+    for batch in window_batches(ids, seq_len, stride, 1):
+        gates = [torch.ones(n_head, dtype=torch.float64, requires_grad=True) for _ in range(n_layer)]
+        hooks = [blk.attn.c_proj.register_forward_pre_hook(
+            lambda mod, args, g=g: ((args[0].view(*args[0].shape[:2], n_head, dk) * g.to(args[0].dtype).view(-1, 1))
+                                    .view(args[0].shape),))
+            for blk, g in zip(hf.transformer.h, gates)]
+        logits = hf(batch.tokens).logits[0, :-1].double()
+        nll = torch.nn.functional.cross_entropy(logits, batch.tokens[0, 1:], reduction="none")
+        mask = batch.mask[0]
+        loss = nll[mask].mean()
+        rows.append(torch.cat(torch.autograd.grad(loss, gates)))
+        ns.append(int(mask.sum()))
+        for h in hooks:
+            h.remove()
+    return torch.tensor(ns, dtype=torch.float64), torch.stack(rows)
+
+
+def test_grad_is_per_window_and_independent_of_batch_size(tiny_dir, ids):
+    """Michel et al.'s E_x |∂L(x)/∂g|: batch sizes 1, 3 and 8 agree to 1e-6 relative, and equal a window-by-window
+    reference computed in Hugging Face (gates on c_proj's input)."""
+    model = load_model(tiny_dir, dtype=torch.float64)
+    by_batch = {b: score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, b), show_progress=False).table
+                for b in (1, 3, 8)}
+    for b in (3, 8):
+        np.testing.assert_allclose(by_batch[b].grad, by_batch[1].grad, rtol=1e-6, atol=0)
+        np.testing.assert_allclose(by_batch[b].taylor, by_batch[1].taylor, rtol=1e-6, atol=1e-12)
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir, torch_dtype=torch.float64).eval()
+    n, d = hf_window_gate_grads(hf, ids)
+    w = (n / n.sum()).unsqueeze(1)
+    np.testing.assert_allclose(by_batch[8].grad, (w * d.abs()).sum(0).numpy(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(by_batch[8].taylor, -(w * d).sum(0).numpy(), rtol=1e-6, atol=1e-12)
+    # the old per-batch definition (|mean over the batch's windows|) differs: the test can tell them apart
+    per_batch = [(w[i : i + 8].sum(), (w[i : i + 8] * d[i : i + 8]).sum(0) / w[i : i + 8].sum())
+                 for i in range(0, len(n), 8)]
+    old = sum(wb * db.abs() for wb, db in per_batch)
+    assert (old - torch.tensor(by_batch[8].grad.to_numpy())).abs().max() > 1e-3 * old.abs().max()
 
 
 def test_weight_norms_equal_explicit_matrices(tiny_dir, scores):

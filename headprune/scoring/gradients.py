@@ -1,12 +1,15 @@
 """Gradient head scores through the head gates g (all 1), one forward and one backward per batch.
 
-With L_b the mean NLL of batch b over its n_b scored tokens and L = Σ_b (n_b/N) L_b the corpus NLL:
+With L_w the mean NLL of window w over its n_w scored tokens and L = Σ_w (n_w/N) L_w the corpus NLL:
 
-    grad   = Σ_b (n_b/N) |∂L_b/∂g_i|      Michel et al. (2019): expected absolute gate sensitivity
-    taylor = −∂L/∂g_i = −Σ_b (n_b/N) ∂L_b/∂g_i
+    grad   = Σ_w (n_w/N) |∂L_w/∂g_i|      Michel et al. (2019): expected absolute gate sensitivity, per
+                                          example (window), so it does not depend on how windows are batched
+    taylor = −∂L/∂g_i = −Σ_w (n_w/N) ∂L_w/∂g_i
              first-order estimate of L(g_i=0) − L(g_i=1), the NLL change from zero-ablating the head
 
-Model weights need no gradient, so the backward pass costs about one forward (inputs only).
+Every window of a batch gets its own gate row (gates [b, n_heads] per layer): since window w's loss depends
+only on its own row, ∂(Σ_w L_w)/∂g[w] = ∂L_w/∂g[w], so one backward gives every window's gradient. Model
+weights need no gradient, so the backward pass costs about one forward (inputs only).
 """
 
 from __future__ import annotations
@@ -24,26 +27,28 @@ from .base import Family, ScoringContext, Unit
 
 
 def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
-    """∂L_b/∂g for every head (layer-major list) and n_b for one batch."""
+    """Per window of the batch: n_w and ∂L_w/∂g for every head (layer-major), as lists."""
     batch = batch.to(model.device)
-    mask = batch.mask
-    gates = model.ones_gates(requires_grad=True)
+    mask = batch.mask  # (b, L-1)
+    b = mask.shape[0]
+    gates = [torch.ones(b, blk.attn.n_heads, device=model.device, requires_grad=True) for blk in model.h]
+    n = mask.sum(1)  # (b,) scored tokens per window (every window scores at least one)
     with torch.enable_grad():
-        nll = token_nll(model(batch.tokens, gates=gates), batch.tokens)
-        loss = (nll * mask).sum() / mask.sum()
-        grads = torch.autograd.grad(loss, [g for g in gates if g.numel()])
-    return {"n": int(mask.sum()), "dL_dg": torch.cat(grads).double().tolist()}
+        nll = token_nll(model(batch.tokens, gates=gates), batch.tokens)  # (b, L-1)
+        loss = ((nll * mask).sum(1) / n.clamp_min(1)).sum()  # Σ_w L_w
+        grads = torch.autograd.grad(loss, [gates[l] for l in model.active_layers])
+    return {"n": n.tolist(), "dL_dg": torch.cat(grads, dim=1).double().tolist()}  # [b], [b][H]
 
 
 def combine(units: list[dict]) -> dict[str, Tensor]:
-    n = torch.tensor([u["n"] for u in units], dtype=torch.float64)
-    weights = (n / n.sum()).unsqueeze(1)  # [batches, 1]
-    d = torch.tensor([u["dL_dg"] for u in units], dtype=torch.float64)  # [batches, H]
+    n = torch.tensor([n_w for u in units for n_w in u["n"]], dtype=torch.float64)  # [windows]
+    weights = (n / n.sum()).unsqueeze(1)  # [windows, 1]
+    d = torch.tensor([row for u in units for row in u["dL_dg"]], dtype=torch.float64)  # [windows, H]
     return {"grad": (weights * d.abs()).sum(0), "taylor": -(weights * d).sum(0)}
 
 
 class GradientScores(Family):
-    """grad and taylor from one forward and backward per batch: a unit per batch."""
+    """grad and taylor from one forward and backward per batch: a unit per batch, results per window."""
 
     name = "gradients"
     methods = GRADIENT_METHODS
