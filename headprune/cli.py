@@ -40,7 +40,7 @@ def command(name: str, help: str, configure):
 def load_from_args(args):
     from .loading import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype)
+    return load_model(args.model, device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias)
 
 
 def windowing_from_args(args, model):
@@ -141,7 +141,7 @@ def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
     return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
             "data": args.data, "split": args.split, "tokens": token_digest(ids),
             "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
-            "ablation_rows": getattr(args, "ablation_rows", None), **extra}
+            "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}
 
 
 def _configure_score(p):
@@ -170,7 +170,8 @@ def cmd_score(args) -> None:
     scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet)
     if not finish_sweep(progress, scored.table, out):
         return
-    summary = {"out": str(out), "heads": len(scored.table), "seconds": scored.seconds}
+    summary = {"out": str(out), "heads": len(scored.table), "fold_value_bias": args.fold_value_bias,
+               "seconds": scored.seconds}
     summary |= {"baseline": scored.baseline} if scored.baseline else {}
     print(json.dumps(summary) if args.json else f"scored {len(scored.table)} heads with {', '.join(methods)} -> {out}")
 
@@ -335,7 +336,8 @@ def cmd_run(args) -> None:
     from .schema import parse_fractions
 
     settings = RunSettings(model=args.model, data=args.data, score_data=args.score_data, out=args.out,
-                           device=args.device, dtype=args.dtype, batch_size=args.batch_size, seq_len=args.seq_len,
+                           device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
+                           batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))

@@ -12,6 +12,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo name, local directory or hub id (default {DEFAULT_MODEL})")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
+    p.add_argument("--fold-value-bias", action="store_true",
+                   help="fold each head's value bias into b_O first (logits unchanged; zero ablation and pruning then "
+                        "remove only what a head computes, not its constant b_V W_O)")
 
 
 def add_window_args(p: argparse.ArgumentParser) -> None:

@@ -59,17 +59,24 @@ def pruning_curves(
     if any(comp == "mean" for _, comp in variants) and means is None:
         raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
 
+    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size,
+                                                              progress=False).as_dict())], progress)["curve/baseline"]
+    # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
+    # baseline. The same model gives bit-identical numbers, so sharing changes no value.
+    evaluated: dict[tuple, dict] = {(frozenset(), "none"): {"nll": baseline["nll"], "tokens": baseline["tokens"],
+                                                            "params": int(param_table(model).params.sum())}}
+
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
         heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
                              standardize=standardize, seed=s)
-        fills = {h: means[h] for h in heads} if means is not None and comp == "mean" else None
-        pruned = prune_model(model, heads, fills)
-        result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
-        return {"nll": result.nll, "tokens": result.tokens, "heads_pruned": len(heads),
-                "params": int(param_table(pruned).params.sum())}
+        fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
+        key = (frozenset(heads), "mean" if fills else "none")
+        if key not in evaluated:
+            pruned = prune_model(model, heads, fills)
+            result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
+            evaluated[key] = {"nll": result.nll, "tokens": result.tokens, "params": int(param_table(pruned).params.sum())}
+        return {**evaluated[key], "heads_pruned": len(heads)}
 
-    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size,
-                                                              progress=False).as_dict())], progress)["curve/baseline"]
     base = baseline["nll"]
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]

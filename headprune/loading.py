@@ -17,6 +17,7 @@ import torch
 
 from .checkpoint import convert_state_dict
 from .errors import HeadpruneError
+from .folding import fold_value_biases
 from .model import GPT2, ModelConfig, Origin
 from .schema import DEFAULT_MODEL
 
@@ -112,8 +113,12 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = torch.float32,
     check_finite: bool = True,
+    fold_value_bias: bool = False,
 ) -> GPT2:
-    """Load a GPT-2 checkpoint into :class:`GPT2`, on ``device`` in ``dtype``, in eval mode."""
+    """Load a GPT-2 checkpoint into :class:`GPT2`, on ``device`` in ``dtype``, in eval mode.
+
+    ``fold_value_bias``: fold every head's value bias into b_O (:func:`headprune.folding.fold_value_biases`),
+    done in float32 before the cast to ``dtype``."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     check_device_dtype(device, dtype)
     folder = resolve_source(source)
@@ -139,6 +144,8 @@ def load_model(
             raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {bad[0]}); the checkpoint is broken")
     model.load_state_dict({k: v.float() for k, v in state.items()})
     model.origin = Origin(str(source), folder)
+    if fold_value_bias:
+        model = fold_value_biases(model)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

@@ -33,6 +33,7 @@ class RunSettings:
     out: str = "headprune-report"
     device: str = "auto"
     dtype: str = "fp32"
+    fold_value_bias: bool = False  # fold value biases into b_O at load (headprune.folding)
     batch_size: int = 8
     seq_len: int | None = None
     stride: int | None = None
@@ -50,7 +51,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     """
     check_writable(s.out)
     t_start = time.perf_counter()
-    model = load_model(s.model, device=s.device, dtype=s.dtype)
+    model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
     seq_len, stride = windowing.seq_len, windowing.stride
     tokenizer = model_tokenizer(model)

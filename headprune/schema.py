@@ -21,7 +21,7 @@ DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
 ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
-ABLATION_METHODS = ("abl_zero", "abl_mean")
+ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
@@ -39,6 +39,7 @@ METHOD_LABELS = {
     "grad": "mean |dL/dg| of the head gate (Michel et al.)",
     "taylor": "-dL/dg: first-order estimate of the NLL increase",
     "abl_zero": "NLL increase when zero-ablated (nats/token)",
+    "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
 }
 

@@ -128,12 +128,15 @@ def _count_work(monkeypatch):
 
 
 def _expected_calls(units) -> Counter:
-    """Work-function calls that computing ``units`` takes: one per unit, but one cache_batch per ablated batch."""
+    """Work-function calls that computing ``units`` takes: one per unit, but one cache_batch per ablated batch, and
+    no evaluation for a curve point at fraction 0 (its pruned model is the unpruned one: the baseline's number)."""
     calls = Counter()
     for u in units:
         family = u.split("/")[0]
         if family.startswith("abl_"):
             calls["abl"] += 1
+        elif family == "curve" and u != "curve/baseline" and u.split("/")[3] == "0.0":
+            continue
         elif family != "base":  # a base unit reads the batch's cache
             calls[family] += 1
     calls["base"] = len({u.split("/")[1] for u in units if u.startswith(("base/", "abl_"))})
@@ -159,7 +162,8 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     recorded = progress.read_bytes()
     tables = {name: (out / name).read_bytes() for name in ["scores.csv", "curves.csv", "baseline.json"]}
     units = _unit_keys(progress)
-    assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_mean", "curve"}
+    assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_zero_folded",
+                                                "abl_mean", "curve"}
     args = _run_args(tiny_dir, corpus, out)
 
     calls, computed = _count_work(monkeypatch)
@@ -169,14 +173,15 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
     # one unit of every family forgotten: exactly those are recomputed, each by its own work function
-    forget = ["weights", "act/True/b1", "grad/b0", "base/b1", "abl_zero/b1/L0", "abl_mean/b0/L2", "curve/baseline",
+    forget = ["weights", "act/True/b1", "grad/b0", "base/b1", "abl_zero/b1/L0", "abl_zero_folded/b0/L1",
+              "abl_mean/b0/L2", "curve/baseline",
               "curve/random/none/0.5/s1"]
     assert set(forget) <= set(units)
     progress.write_text("".join(line for line in recorded.decode().splitlines(keepends=True)
                                 if not any(f'"unit": "{u}"' in line for u in forget)))
     assert main(args) == 0
     assert sorted(computed) == sorted(forget)
-    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=2, curve=2)  # batches 0 and 1 each rebuild their cache
+    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=3, curve=2)  # batches 0 and 1 each rebuild their cache
     assert sorted(_unit_keys(progress)) == sorted(units)
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
@@ -223,7 +228,8 @@ def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir,
     units = list(computed)
     assert len(set(units)) == len(units) and calls == _expected_calls(units)
     families = {u.split("/")[0] for u in units}
-    expected = {"score": {"weights", "act", "grad", "base", "abl_zero", "abl_mean"}, "curve": {"curve"},
+    expected = {"score": {"weights", "act", "grad", "base", "abl_zero", "abl_zero_folded", "abl_mean"},
+                "curve": {"curve"},
                 "curve-compensated": {"act", "curve"}}  # the means on --score-data are units too: never recomputed
     assert families == expected[command]
 

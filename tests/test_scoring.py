@@ -6,12 +6,13 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
+from headprune.folding import fold_value_biases, has_value_biases
 from headprune.loading import load_model
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
 from headprune.schema import METHODS, parse_methods
 from headprune.scoring import score_heads
 
-from helpers import TINY, guide_loop
+from helpers import TINY, guide_loop, save_hf_gpt2
 
 SEQ, STRIDE, BATCH = 64, 40, 3
 DK = TINY["n_embd"] // TINY["n_head"]
@@ -54,19 +55,27 @@ def test_columns_and_order(scores):
 
 @pytest.mark.parametrize("layer, head", [(0, 1), (1, 3), (2, 0)])
 def test_abl_zero_and_mean_equal_hf_with_rows_zeroed(tiny_dir, ids, scored, scores, layer, head):
+    """abl_zero: the head's W_O rows zeroed; abl_zero_folded: zeroed, but its value-bias share b_V W_O kept in b_O;
+    abl_mean: zeroed, its mean output's share z̄ W_O added to b_O."""
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
     base, n = guide_loop(hf, ids, SEQ, STRIDE)
     z_mean = hf_scored_z(hf, ids)[layer][:, head * DK : (head + 1) * DK].mean(0)  # the head's mean output
-    proj = hf.transformer.h[layer].attn.c_proj
+    attn = hf.transformer.h[layer].attn
+    proj = attn.c_proj
     rows = slice(head * DK, (head + 1) * DK)
+    b_V = attn.c_attn.bias[2 * TINY["n_embd"] + head * DK : 2 * TINY["n_embd"] + (head + 1) * DK]
     with torch.no_grad():
         contribution = (z_mean @ proj.weight[rows].double()).float()
+        bias_share = (b_V.double() @ proj.weight[rows].double()).float()
         proj.weight[rows] = 0
         zeroed, _ = guide_loop(hf, ids, SEQ, STRIDE)
-        proj.bias += contribution
+        proj.bias += bias_share
+        folded_zeroed, _ = guide_loop(hf, ids, SEQ, STRIDE)
+        proj.bias += contribution - bias_share
         mean_ablated, _ = guide_loop(hf, ids, SEQ, STRIDE)
     row = scores[(scores.layer == layer) & (scores["head"] == head)].iloc[0]
     assert row.abl_zero == pytest.approx(zeroed - base, abs=1e-4)
+    assert row.abl_zero_folded == pytest.approx(folded_zeroed - base, abs=1e-4)
     assert row.abl_mean == pytest.approx(mean_ablated - base, abs=1e-4)
     assert scored.baseline["nll"] == pytest.approx(base, abs=1e-5) and scored.baseline["tokens"] == n
 
@@ -232,3 +241,48 @@ def test_parse_methods():
     assert parse_methods("taylor, wo_fro") == ["wo_fro", "taylor"]
     with pytest.raises(HeadpruneError, match="unknown scoring method"):
         parse_methods("wo_fro,magic")
+
+
+@pytest.fixture(scope="module")
+def biased_dir(tmp_path_factory):
+    """The tiny model with every bias drawn at random (HF initialises them to 0, so there would be nothing to fold)."""
+    folder = tmp_path_factory.mktemp("biased")
+    hf = save_hf_gpt2(folder, **TINY)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    hf.save_pretrained(folder)
+    return folder
+
+
+def test_fold_value_biases_keeps_logits_and_zeroes_b_V(biased_dir, ids):
+    """The fold is exact (logits equal HF's to 1e-5) and leaves the input model alone; zero ablation of the folded
+    model is abl_zero_folded of the original, which equals HF with the head's W_O rows zeroed but its value-bias
+    share b_V W_O kept in b_O, and differs clearly from abl_zero."""
+    model = load_model(biased_dir)
+    folded = fold_value_biases(model)
+    assert has_value_biases(model) and not has_value_biases(folded)
+    hf = GPT2LMHeadModel.from_pretrained(biased_dir).eval()
+    tokens = ids[:48].view(2, 24)
+    with torch.no_grad():
+        reference = hf(tokens).logits
+        assert (folded(tokens) - reference).abs().max() <= 1e-5
+        assert (load_model(biased_dir, fold_value_bias=True)(tokens) - reference).abs().max() <= 1e-5
+    window = Windowing(SEQ, STRIDE, BATCH)
+    plain = score_heads(model, ids, "abl_zero,abl_zero_folded", window, ablation_rows=6, show_progress=False).table
+    again = score_heads(folded, ids, "abl_zero,abl_zero_folded", window, ablation_rows=6, show_progress=False).table
+    np.testing.assert_allclose(again.abl_zero, plain.abl_zero_folded, atol=1e-6)
+    np.testing.assert_allclose(again.abl_zero_folded, again.abl_zero, atol=1e-6)  # nothing left to fold
+    assert (plain.abl_zero - plain.abl_zero_folded).abs().max() > 1e-2  # the value-bias share matters here
+    base, _ = guide_loop(hf, ids, SEQ, STRIDE)
+    layer, head = 1, 2
+    attn = hf.transformer.h[layer].attn
+    rows = slice(head * DK, (head + 1) * DK)
+    b_V = attn.c_attn.bias[2 * TINY["n_embd"] + head * DK : 2 * TINY["n_embd"] + (head + 1) * DK]
+    with torch.no_grad():
+        attn.c_proj.bias += (b_V.double() @ attn.c_proj.weight[rows].double()).float()
+        attn.c_proj.weight[rows] = 0
+        folded_zeroed, _ = guide_loop(hf, ids, SEQ, STRIDE)
+    row = plain[(plain.layer == layer) & (plain["head"] == head)].iloc[0]
+    assert row.abl_zero_folded == pytest.approx(folded_zeroed - base, abs=1e-4)

@@ -25,6 +25,7 @@ from .tables import (
     best_method,
     fraction_note,
     predictiveness,
+    rank_stats,
     summary_table,
     top_heads,
 )
@@ -136,6 +137,12 @@ def make_content(scores, curves, settings, baseline) -> Content:
         content.notes.append(f"The scores have no {TRUTH} column: predictiveness and scatter plots are skipped.")
     if "entropy" in scores.columns:
         content.notes.append("entropy is a description of a head (mean attention entropy), not an importance score.")
+    if {"abl_zero", "abl_zero_folded"} <= set(scores.columns):
+        rho, _ = rank_stats(scores["abl_zero"].to_numpy(float), scores["abl_zero_folded"].to_numpy(float))
+        content.notes.append(
+            f"Zero ablation with and without the value-bias share: Spearman rho(abl_zero, abl_zero_folded) = "
+            f"{number(rho)} over {len(scores)} heads (abl_zero also removes the constant b_V W_O of each head; "
+            "abl_zero_folded removes only what the head computes).")
     return content
 
 

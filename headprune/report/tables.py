@@ -117,7 +117,7 @@ def _varies(x: np.ndarray) -> bool:
     return len(x) >= 3 and np.ptp(x) > 0
 
 
-def _rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Spearman rho and Kendall tau-b of paired finite values; NaN when undefined."""
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
@@ -136,7 +136,7 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
         row["r2"] = float(LinearRegression().fit(x[:, None], y).score(x[:, None], y))
     else:
         row["r2"] = math.nan
-    row["spearman_rho"], row["kendall_tau"] = _rank_stats(x, y)
+    row["spearman_rho"], row["kendall_tau"] = rank_stats(x, y)
     row["roc_auc_top10"] = float(roc_auc_score(pos, x)) if pos.any() and not pos.all() else math.nan
     return row
 
@@ -163,7 +163,7 @@ def rank_correlations(scores: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     tau = rho.copy()
     for i, a in enumerate(methods):
         for b in methods[i:]:
-            r, t = _rank_stats(scores[a].to_numpy(float), scores[b].to_numpy(float))
+            r, t = rank_stats(scores[a].to_numpy(float), scores[b].to_numpy(float))
             rho.loc[a, b] = rho.loc[b, a] = r
             tau.loc[a, b] = tau.loc[b, a] = t
     return rho, tau

@@ -1,7 +1,9 @@
 """Ablation scores: the NLL change (nats/token, ablated − baseline) from removing one head.
 
-    abl_zero: z_i := 0        (the value-bias share goes too, as transformers 4.x's head_mask did)
-    abl_mean: z_i := z̄_i      (z̄_i: the head's mean output over the scoring windows' scored tokens)
+    abl_zero:        z_i := 0        (the value-bias share goes too, as transformers 4.x's head_mask did)
+    abl_zero_folded: z_i := b_V^(i)  (zero ablation after value-bias folding, see :mod:`headprune.folding`:
+                                     only what the head computes goes, its constant b_V^(i) W_O^(i) stays)
+    abl_mean:        z_i := z̄_i      (z̄_i: the head's mean output over the scoring windows' scored tokens)
 
 Fast exact sweep: per batch, one forward caches the residual stream entering every layer. A head of
 layer l only changes layers l..L−1, so its ablated loss is computed from the cached resid_pre[l], and
@@ -64,7 +66,7 @@ def ablate_layer(
 
 
 class AblationScores(Family):
-    """abl_zero and abl_mean: per batch a baseline unit and, per method and layer, one unit for its heads."""
+    """abl_zero, abl_zero_folded, abl_mean: per batch a baseline unit and, per method and layer, a unit for its heads."""
 
     name = "ablation"
     methods = ABLATION_METHODS
@@ -80,7 +82,10 @@ class AblationScores(Family):
                 memo[k] = cache_batch(model, batches[k])
             return memo[k]
 
-        fills: dict[str, list[Tensor | None]] = {"abl_zero": [None] * model.cfg.n_layers}
+        fills: dict[str, list[Tensor | None]] = {
+            "abl_zero": [None] * model.cfg.n_layers,
+            "abl_zero_folded": [blk.attn.b_V.detach() if blk.attn.n_heads else None for blk in model.h],  # [h, d_k]
+        }
         if "abl_mean" in ctx.methods:
             fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
         methods = [m for m in self.methods if m in ctx.methods]
