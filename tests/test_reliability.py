@@ -82,7 +82,7 @@ def test_sigkill_after_fixed_units_then_resume_gives_identical_scores(tiny_dir, 
     # 8 windows, 4 batches: the weights unit, 4 activation and 4 gradient units come first, so the last two kills
     # hit ablation
     assert [u.split("/")[0] for u in done[:9]] == ["weights"] + ["act"] * 4 + ["grad"] * 4
-    assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_mean"}
+    assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_zero_folded", "abl_mean"}
     assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
     assert not progress.exists()
 
@@ -108,9 +108,9 @@ def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_d
     whole, out = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(_run_cmd(tiny_dir, corpus, whole), env=_env(tmp_path), check=True, capture_output=True, timeout=300)
     progress = out / ".progress.jsonl"
-    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 7, 20], tmp_path)
+    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 7, 30], tmp_path)
     # the kills land in the activations, the ablation and the curves
-    assert [u.split("/")[0][:3] for u in (done[1], done[8], done[28])] == ["act", "abl", "cur"]
+    assert [u.split("/")[0][:3] for u in (done[1], done[8], done[38])] == ["act", "abl", "cur"]
     for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv"]:
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
     # a run keeps its progress file: the same units, each once, as the uninterrupted run's
