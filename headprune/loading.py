@@ -183,7 +183,8 @@ def model_fingerprint(model: GPT2) -> str:
         h.update(f"{name}:{tuple(t.shape)}:".encode())
         if flat.numel() > FINGERPRINT_SAMPLE:  # strided sample, and a full-tensor sum that sees every element
             step = -(-flat.numel() // FINGERPRINT_SAMPLE)
-            h.update(f"{flat.to(torch.bfloat16).double().sum().item():.9e}".encode())
+            total = sum(float(c.to(torch.bfloat16).double().sum()) for c in flat.split(FINGERPRINT_SAMPLE))  # streamed
+            h.update(f"{total:.9e}".encode())
             flat = flat[::step]
         h.update(flat.to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
     return h.hexdigest()[:16]
