@@ -28,7 +28,7 @@ from torch import Tensor
 from .errors import HeadpruneError
 from .heads import head_id
 from .model import GPT2, Attention, ModelConfig
-from .outputs import current_umask, ensure_dir
+from .outputs import clear_stale_temporaries, current_umask, ensure_dir, temp_prefix
 from .pruning import removed_heads
 
 EXPORT_MARKER = "headprune_export.json"
@@ -82,7 +82,8 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
     """Build the export in a temporary folder beside ``folder`` (``write(tmp)``), fsync, rename into place."""
     folder = Path(folder).expanduser().absolute()
     _check_target(folder, overwrite)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=ensure_dir(folder.parent)))
+    clear_stale_temporaries(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder), suffix=".tmp", dir=ensure_dir(folder.parent)))
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
         write(tmp)

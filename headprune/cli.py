@@ -20,11 +20,12 @@ from .cli_options import (
     add_selection_args,
     check_counts,
 )
-from .errors import HeadpruneError
+from .errors import HeadpruneError, os_error_line
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
-         "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds"}
+         "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
+         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq"}
 
 
 def command(name: str, help: str, configure):
@@ -110,7 +111,7 @@ def table_output(args):
 
     out = Path(args.out)
     check_table_suffix(out)
-    check_writable(out)
+    check_writable(out, file=True)
     return out
 
 
@@ -123,13 +124,14 @@ def sweep_progress(args, out, settings: dict):
 
 
 def finish_sweep(progress, table, out) -> bool:
-    """Drop the progress file; rank 0 writes ``table`` to ``out`` atomically. True where this process wrote."""
+    """Rank 0 writes ``table`` to ``out`` atomically, then the progress file goes (only once the result is safe).
+    True where this process wrote."""
     from .distributed import is_main
     from .outputs import write_table
 
-    progress.remove()
     if is_main():
         write_table(table, out)
+    progress.remove()
     return is_main()
 
 
@@ -241,7 +243,8 @@ def _configure_prune(p):
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
     amount.add_argument("--count", type=int, help="number of heads to remove")
-    p.add_argument("--iterative", type=int, default=1, metavar="STEPS", help="re-score the remaining heads between STEPS steps")
+    p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
+                   help="re-score the remaining heads between STEPS steps")
     add_selection_args(p)
     p.add_argument("--compensate", choices=["none", "mean"], default="none",
                    help="mean: fold the pruned heads' mean output into b_O")
@@ -266,16 +269,13 @@ def cmd_prune(args) -> None:
         raise HeadpruneError("give either --heads L0H1,... or --scores FILE --method M (--fraction F | --count K)")
     if args.scores is not None and (args.method is None or (args.fraction is None) == (args.count is None)):
         raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
-    if args.fraction is not None and not 0 <= args.fraction <= 1:
-        raise HeadpruneError(f"--fraction {args.fraction} must lie in [0, 1]")
-    if args.iterative < 1:
-        raise HeadpruneError(f"steps {args.iterative} must be at least 1", "steps")
     check_writable(args.out)
     model = load_from_args(args)
     w = windowing_from_args(args, model)
+    ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
     compensate = args.compensate == "mean"
     score_ids = None
-    if compensate or (args.scores is not None and needs_score_data(args.method, args.iterative, compensate)):
+    if compensate or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
         score_ids = data_from_args(args, model, args.score_data, "validation")
     if args.heads is not None:
         heads = parse_head_spec(args.heads, model)
@@ -284,7 +284,7 @@ def cmd_prune(args) -> None:
     else:
         scores = read_scores(args.scores)
         check_scores_match(scores, model, args.scores)
-        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, args.iterative,
+        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, args.steps,
                                           args.per_layer, args.normalize, args.standardize, args.seed, score_ids, w,
                                           compensate, show_progress=not args.quiet)
     stats = pruning_stats(model, pruned, w.seq_len)
@@ -295,8 +295,7 @@ def cmd_prune(args) -> None:
     print(f"parameters: {stats['params_before']:,} -> {stats['params_after']:,} (removed {stats['params_removed']:,})")
     print(f"attention FLOPs/token at T={w.seq_len}: {stats['attention_flops_per_token_before']:,} -> "
           f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
-    if args.data is not None:
-        ids = data_from_args(args, model)
+    if ids is not None:
         before = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
         after = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
@@ -374,14 +373,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if sys.stdout is None:  # started with file descriptor 1 closed: results would vanish without a word
+            raise HeadpruneError("standard output is closed; redirect it to a file or /dev/null")
         check_counts(args)
         if hasattr(args, "device"):
             from .distributed import init_from_env
 
             init_from_env(args.device)
         COMMANDS[args.command][0](args)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full or closed stdout fails here, inside the error handling
     except HeadpruneError as err:
         print(f"headprune: error: {user_message(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # disk full, name too long, stdout closed or full, ...: what failed, on one line
+        if (line := os_error_line(err)) is None:
+            raise
+        print(f"headprune: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("headprune: interrupted; run the same command again to resume", file=sys.stderr)

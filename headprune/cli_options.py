@@ -61,12 +61,23 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     add_score_data_arg(p, "mean compensation and re-scoring")
 
 
+#: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
+MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
+            "seed": 0, "batch": 1, "seq": 1}
+#: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
+MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000}
+
+
 def check_counts(args) -> None:
-    """The numeric options every command shares, checked before any work."""
-    if getattr(args, "batch_size", 1) < 1:
-        raise HeadpruneError(f"batch_size {args.batch_size} must be at least 1", "batch_size")
-    if getattr(args, "seeds", 1) < 1:
-        raise HeadpruneError(f"seeds {args.seeds} must be at least 1", "seeds")
+    """The numeric options of every command, checked before any work (one rule per option, in every command)."""
+    for dest, low in MINIMUMS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < low:
+            raise HeadpruneError(f"{dest} {value} must be at least {low}", dest)
+        if value is not None and dest in MAXIMUMS and value > MAXIMUMS[dest]:
+            raise HeadpruneError(f"{dest} {value} is too large; use at most {MAXIMUMS[dest]}", dest)
+    if (fraction := getattr(args, "fraction", None)) is not None and not 0 <= fraction <= 1:
+        raise HeadpruneError(f"--fraction {fraction} must lie in [0, 1]")
     max_tokens = getattr(args, "max_tokens", None)
     if max_tokens is not None and max_tokens < 2 and not (max_tokens == 0 and args.command == "run"):
         raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2" + (" (or 0: all)" if args.command == "run"

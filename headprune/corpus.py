@@ -149,7 +149,15 @@ def _read_table(path: Path) -> list[str]:
     if "text" not in frame.columns:
         cols = ", ".join(map(str, frame.columns)) or "none"
         raise HeadpruneError(f"{path} has no 'text' column (columns: {cols}); add one")
-    return [t for t in frame["text"].tolist() if isinstance(t, str)]
+    return _strings(frame["text"].tolist(), str(path))
+
+
+def _strings(values: list, source: str) -> list[str]:
+    """``values`` if every one is a string: a row of a number, a list or null is refused, never silently dropped."""
+    if bad := [i for i, v in enumerate(values) if not isinstance(v, str)]:
+        raise HeadpruneError(f"{source}: {len(bad)} row(s) of 'text' are not strings (first: row {bad[0] + 1}, "
+                             f"{type(values[bad[0]]).__name__}); make every text a string")
+    return values
 
 
 def _load_hf(spec: str) -> list[str]:
@@ -171,7 +179,7 @@ def _load_hf(spec: str) -> list[str]:
         raise HeadpruneError(
             f"Hugging Face dataset {name!r} has no 'text' column (columns: {', '.join(ds.column_names)})"
         )
-    return [t for t in ds["text"] if isinstance(t, str)]
+    return _strings(list(ds["text"]), spec)
 
 
 def load_texts(spec: str, split: str = "validation") -> list[str]:
@@ -187,6 +195,8 @@ def load_texts(spec: str, split: str = "validation") -> list[str]:
     path = Path(spec).expanduser()
     if not path.exists():
         raise HeadpruneError(f"corpus path {path} does not exist; give an existing file or directory, default, or hf:NAME[:CONFIG]:SPLIT")
+    if not path.is_dir() and not path.is_file():  # a FIFO or device would block forever or never end
+        raise HeadpruneError(f"corpus path {path} is not a regular file or directory; give a .txt/.jsonl/.parquet file")
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.is_file())
         if not files:
@@ -225,11 +235,66 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "headprune" / "tokens"
 
 
-def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | None = None) -> torch.Tensor:
-    """Token ids of ``texts`` as one 1-D LongTensor, documents joined by the eos token.
+#: Long documents are tokenized in pieces of about this many characters, cut where a space stands between two
+#: non-space characters: GPT-2's pre-tokenizer never joins across such a space, so the pieces' tokens are exactly
+#: the document's, and memory stays bounded however long a line is.
+PIECE_CHARS = 1 << 16
+
+
+def _pieces(text: str, size: int = PIECE_CHARS):
+    start = 0
+    while len(text) - start > size:
+        cut = text.rfind(" ", start + 1, start + size)
+        while cut > start and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", start + 1, cut)
+        if cut <= start:  # no safe cut in reach (no spaces): the rest in one piece
+            break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def _stream_ids(texts: list[str], tokenizer, eos: int, limit: int | None) -> torch.Tensor:
+    """The ids of ``texts`` joined by ``eos``, tokenized in batches of pieces; stops once ``limit`` ids exist."""
+    from array import array
+
+    ids = array("q")
+    pending: list[tuple[bool, str]] = []  # (starts a document after the first, piece)
+    budget = PIECE_CHARS if limit else 64 * PIECE_CHARS  # characters per tokenizer call
+
+    def flush() -> None:
+        encoded = tokenizer([p for _, p in pending], add_special_tokens=False)["input_ids"]
+        for (new_doc, _), piece in zip(pending, encoded):
+            if new_doc:
+                ids.append(eos)
+            ids.extend(piece)
+        pending.clear()
+
+    chars = 0
+    for i, text in enumerate(texts):
+        for j, piece in enumerate(_pieces(text)):
+            pending.append((i > 0 and j == 0, piece))
+            chars += len(piece)
+            if chars >= budget:
+                flush()
+                chars = 0
+                if limit and len(ids) >= limit:
+                    break
+        if limit and len(ids) >= limit:
+            break
+    if pending:
+        flush()
+    out = torch.frombuffer(ids, dtype=torch.long).clone() if len(ids) else torch.zeros(0, dtype=torch.long)
+    return out[:limit] if limit else out
+
+
+def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | None = None,
+                    limit: int | None = None) -> torch.Tensor:
+    """Token ids of ``texts`` as one 1-D LongTensor, documents joined by the eos token; only the first ``limit``
+    when given (tokenizing stops there: a 50 MB line for 300 tokens reads only its start).
 
     Results are cached in ``cache_dir`` (default :func:`default_cache_dir`) under a sha256 of
-    the tokenizer's serialized definition and the texts, so repeated calls skip tokenizing.
+    the tokenizer's serialized definition and the texts (and ``limit``), so repeated calls skip tokenizing.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
@@ -241,27 +306,43 @@ def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | 
     if not texts:
         raise HeadpruneError("no documents to tokenize; give a non-empty corpus")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    file = cache / f"{_cache_key(texts, tokenizer)}.safetensors"
-    if file.exists():
+    file = cache / f"{_cache_key(texts, tokenizer)}{f'-first{limit}' if limit else ''}.safetensors"
+    if file.is_file():
         try:
-            return load_file(file)["ids"]
-        except (SafetensorError, OSError, KeyError):
-            pass  # corrupt or foreign file: re-tokenize and overwrite
-    ids: list[int] = []
-    batch = 256
-    for start in range(0, len(texts), batch):
-        encoded = tokenizer(texts[start:start + batch], add_special_tokens=False)["input_ids"]
-        for i, doc in enumerate(encoded):
-            if start + i:
-                ids.append(eos)
-            ids.extend(doc)
-    tensor = torch.tensor(ids, dtype=torch.long)
+            cached = load_file(file)["ids"]
+            if _ids_digest(cached) == safe_open_metadata(file).get("sha256"):
+                return cached
+        except (SafetensorError, OSError, KeyError, ValueError, RuntimeError):
+            pass  # corrupt, damaged (checksum) or foreign file: re-tokenize and overwrite
+    tensor = _stream_ids(texts, tokenizer, eos, limit)
     try:
         with atomic_path(file) as tmp:
-            save_file({"ids": tensor}, tmp)
+            save_file({"ids": tensor}, tmp, metadata={"sha256": _ids_digest(tensor)})
     except (OSError, HeadpruneError) as e:  # a read-only cache only costs re-tokenizing next time
         warn(f"could not write token cache {file}: {e}")
     return tensor
+
+
+def _ids_digest(ids: torch.Tensor) -> str:
+    """The checksum a cache entry carries: a flipped bit in a cached id must not silently change the data."""
+    return hashlib.sha256(ids.to(torch.long).contiguous().numpy().tobytes()).hexdigest()
+
+
+def safe_open_metadata(file: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return f.metadata() or {}
+
+
+def check_ids(ids: torch.Tensor, vocab_size: int, source: str) -> torch.Tensor:
+    """``ids`` if every one indexes the model's embedding, else one clear error (not an index crash mid-run)."""
+    if ids.dtype != torch.long or ids.dim() != 1:
+        raise HeadpruneError(f"token ids of {source} must be a 1-D integer tensor")
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise HeadpruneError(f"token ids of {source} lie outside the model's vocabulary [0, {vocab_size}); use the "
+                             "model's own tokenizer")
+    return ids
 
 
 def token_digest(ids: torch.Tensor) -> str:
@@ -271,5 +352,7 @@ def token_digest(ids: torch.Tensor) -> str:
 
 def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None = None) -> torch.Tensor:
     """Token ids of a corpus spec's documents (see :func:`load_texts`), cut to the first ``max_tokens``."""
-    ids = tokenize_corpus(load_texts(spec, split), tokenizer)
-    return ids[:max_tokens] if max_tokens else ids
+    ids = check_ids(tokenize_corpus(load_texts(spec, split), tokenizer, limit=max_tokens), len(tokenizer), spec)
+    if len(ids) < 2:  # refused here, before any output or progress file exists
+        raise HeadpruneError(f"corpus {spec} has {len(ids)} token(s); at least 2 are needed to score anything")
+    return ids

@@ -24,6 +24,7 @@ from .distributed import run_units
 from .errors import HeadpruneError
 from .interventions import Head
 from .ledger import param_table
+from .loading import model_fingerprint
 from .model import GPT2
 from .outputs import NoProgress, Progress
 from .perplexity import Windowing, evaluate
@@ -54,6 +55,7 @@ def pruning_curves(
     show_progress: bool = True,
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
     if any(comp == "mean" for _, comp in variants) and means is None:
@@ -94,6 +96,6 @@ def pruning_curves(
                          "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
                          "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),
                          "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs)})
-    df = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
     df.attrs["baseline"] = baseline
     return df

@@ -45,6 +45,7 @@ def prune_iteratively(
     show_progress: bool = True,
 ) -> tuple[GPT2, list[Head]]:
     """The pruned model and the removed heads in removal order; ``steps == 1`` is one-shot pruning."""
+    model.require_heads("pruning by scores")
     if steps < 1:
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
     if needs_score_data(method, steps, compensate) and score_ids is None:

@@ -9,6 +9,8 @@ Per layer with h heads of width d_k (h·d_k = d for an unpruned GPT-2):
 
 from __future__ import annotations
 
+import copy
+
 import pandas as pd
 import torch
 
@@ -58,16 +60,17 @@ def attention_flops_per_token(model: GPT2, seq_len: int) -> int:
 
 
 def shape_trace(model: GPT2, batch: int, seq_len: int, layer: int = 0) -> list[tuple[str, tuple[int, ...]]]:
-    """Shapes met in one real attention call of ``layer`` on a (batch, seq_len) input."""
-    attn = model.h[layer].attn
-    x = torch.zeros(batch, seq_len, model.cfg.d_model, device=model.device, dtype=model.dtype)
+    """Shapes met in one real attention call of ``layer`` on a (batch, seq_len) input, run on the meta device (a
+    copy of the layer): shapes without allocating, whatever the sizes asked."""
+    attn = copy.deepcopy(model.h[layer].attn).to("meta")
+    x = torch.zeros(batch, seq_len, model.cfg.d_model, device="meta", dtype=model.dtype)
     capture = Capture()
     with torch.no_grad():
         out = attn(x, capture=capture, need_weights=True)
         q = attn.c_attn(x)
     h, dk = attn.n_heads, attn.d_head
-    z = capture.z.get(layer, torch.empty(batch, h, seq_len, dk))
-    probs = capture.attn.get(layer, torch.empty(batch, h, seq_len, seq_len))
+    z = capture.z.get(layer, torch.empty(batch, h, seq_len, dk, device="meta"))
+    probs = capture.attn.get(layer, torch.empty(batch, h, seq_len, seq_len, device="meta"))
     return [
         ("x (B,T,d)", tuple(x.shape)),
         ("x W_QKV + b_QKV (B,T,3·h·d_k)", tuple(q.shape)),

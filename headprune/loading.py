@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def read_config(folder: Path) -> ModelConfig:
         hf = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    if not isinstance(hf, dict):
+        raise HeadpruneError(f"{path} must hold a JSON object, not {type(hf).__name__}; the checkpoint is damaged")
     if hf.get("model_type") != "gpt2":
         raise HeadpruneError(
             f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'); headprune "
@@ -83,12 +86,11 @@ def read_config(folder: Path) -> ModelConfig:
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """Raw tensors of the checkpoint: safetensors (single or sharded), else pytorch_model.bin."""
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        files = _index_files(index)
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     elif (folder / "pytorch_model.bin").is_file():
@@ -98,14 +100,30 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            if file.suffix == ".bin":
-                state.update(torch.load(file, map_location="cpu", weights_only=True))
-            else:
-                state.update(load_file(file))
-        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as err:
-            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated ({msg})") from None
+            # weights_only: a pickle is never allowed to build arbitrary objects (or run code)
+            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: one line only
+                warnings.simplefilter("ignore")
+                part = torch.load(file, map_location="cpu", weights_only=True) if file.suffix == ".bin" else load_file(file)
+        except Exception as err:  # noqa: BLE001 - safetensors, unpickling and I/O raise many kinds
+            msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated, or an unsafe pickle ({msg})") from None
+        if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                 for k, v in part.items()):
+            raise HeadpruneError(f"weights {file} are not a mapping of names to tensors; the checkpoint is damaged")
+        state.update(part)
     return state
+
+
+def _index_files(index: Path) -> list[Path]:
+    """The shard files a ``model.safetensors.index.json`` names, each checked to exist inside the folder."""
+    try:
+        files = {index.parent / f for f in json.loads(index.read_text())["weight_map"].values()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise HeadpruneError(f"{index} is not a valid weight index ({type(err).__name__}); the checkpoint is damaged"
+                             ) from None
+    if bad := [f for f in files if not f.is_file() or index.parent.resolve() not in f.resolve().parents]:
+        raise HeadpruneError(f"{index} names {len(bad)} shard(s) missing from {index.parent} (first: {bad[0].name})")
+    return sorted(files)
 
 
 def load_model(
@@ -124,8 +142,8 @@ def load_model(
     folder = resolve_source(source)
     cfg = read_config(folder)
     state = convert_state_dict(read_state_dict(folder), cfg)
-    model = GPT2(cfg)
-    expected = model.state_dict()
+    with torch.device("meta"):  # shapes only: an absurd config must not allocate before it meets the weights
+        expected = GPT2(cfg).state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -138,10 +156,14 @@ def load_model(
             raise HeadpruneError(
                 f"{folder}: weight {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
             )
+    if bad := [k for k, v in state.items() if not v.is_floating_point()]:  # never cast integers silently
+        raise HeadpruneError(f"{folder}: {len(bad)} weight(s) are not floating point (first: {bad[0]}, "
+                             f"{state[bad[0]].dtype}); a GPT-2 checkpoint holds float weights")
     if check_finite:
-        bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
         if bad:
             raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {bad[0]}); the checkpoint is broken")
+    model = GPT2(cfg)
     model.load_state_dict({k: v.float() for k, v in state.items()})
     model.origin = Origin(str(source), folder)
     if fold_value_bias:
@@ -149,15 +171,29 @@ def load_model(
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
+#: Tensors up to this many elements are hashed whole; larger ones by an evenly strided sample of about as many
+#: (plus their sum), so GPT-2 XL costs about as much as a small model.
+FINGERPRINT_SAMPLE = 1 << 20
+
+
 def model_fingerprint(model: GPT2) -> str:
-    """A short hash of the config and the attention weights (rounded to bf16, so fp32, bf16 and fp16 loads
-    agree): tells whether a scores file belongs to a model."""
+    """A short hash of the config and every tensor (name, shape, values rounded to bf16 so fp32, bf16 and fp16
+    loads agree): tells whether a scores file, curves file or progress file belongs to a model.
+
+    Every weight counts, not just attention: a fine-tune that changed only MLP, embedding or LayerNorm weights
+    is another model whose scores must not be mixed with these."""
     import hashlib
 
     h = hashlib.sha256(json.dumps(model.cfg.as_dict(), sort_keys=True).encode())
-    for blk in model.h:
-        for p in (blk.attn.c_attn.weight, blk.attn.c_proj.weight):
-            h.update(p.detach().to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
+    for name, t in model.state_dict().items():
+        flat = t.detach().reshape(-1)
+        h.update(f"{name}:{tuple(t.shape)}:".encode())
+        if flat.numel() > FINGERPRINT_SAMPLE:  # strided sample, and a full-tensor sum that sees every element
+            step = -(-flat.numel() // FINGERPRINT_SAMPLE)
+            total = sum(float(c.to(torch.bfloat16).double().sum()) for c in flat.split(FINGERPRINT_SAMPLE))  # streamed
+            h.update(f"{total:.9e}".encode())
+            flat = flat[::step]
+        h.update(flat.to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
     return h.hexdigest()[:16]
 
 
@@ -165,9 +201,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except RuntimeError:
         raise HeadpruneError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+    if resolved.type not in ("cpu", "cuda"):  # meta, mps, xpu, ...: torch knows them, headprune runs on cpu and cuda
+        raise HeadpruneError(f"device {device!r} is not supported; use auto, cpu or cuda")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise HeadpruneError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                             "GPU(s); use cuda:0.. or cpu")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

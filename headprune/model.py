@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .errors import HeadpruneError
+
 
 @dataclass
 class ModelConfig:
@@ -44,6 +46,22 @@ class ModelConfig:
     kept_heads: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        sizes = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp")
+        for name in sizes:  # a damaged config.json must fail here, not as a ZeroDivisionError or a 100 GB allocation
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        eps = self.layer_norm_eps
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
+        for name in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.kept_heads, list) or not all(
+            isinstance(k, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in k)
+            for k in self.kept_heads
+        ):
+            raise ValueError(f"kept_heads must be a list of lists of head indices, got {self.kept_heads!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if not self.kept_heads:
@@ -77,7 +95,7 @@ class ModelConfig:
             scale_attn_weights=hf.get("scale_attn_weights", True),
             scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
             tie_word_embeddings=hf.get("tie_word_embeddings", True),
-            kept_heads=[list(k) for k in hf.get("headprune_kept_heads", [])],
+            kept_heads=[list(k) if isinstance(k, list) else k for k in hf.get("headprune_kept_heads", [])],
         )
 
     def to_hf(self) -> dict:
@@ -308,6 +326,11 @@ class GPT2(nn.Module):
     def head_ids(self) -> list[tuple[int, int]]:
         """(layer, original head index) of every head the model holds, in weight order."""
         return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
+
+    def require_heads(self, what: str) -> None:
+        """Refuse head-level work (``what``) on a model that has no heads left (fully pruned)."""
+        if not self.head_ids:
+            raise HeadpruneError(f"the model has no attention heads left (fully pruned); {what} needs at least one")
 
     @property
     def active_layers(self) -> list[int]:

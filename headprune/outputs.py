@@ -24,8 +24,40 @@ from typing import Any
 import pandas as pd
 
 from .errors import HeadpruneError
+from .schema import TEXT_COLUMNS
 
 TABLE_SUFFIXES = (".csv", ".parquet")
+
+
+def temp_prefix(target: Path) -> str:
+    """The name start of ``target``'s temporaries: ``.NAME.PID.`` (the PID tells whether their writer still lives)."""
+    return f".{target.name}.{os.getpid()}."
+
+
+def clear_stale_temporaries(target: Path) -> None:
+    """Remove temporaries of ``target`` (files or folders) left by a writer that no longer runs (SIGKILL)."""
+    import shutil
+
+    for tmp in target.parent.glob(f".{glob_escape(target.name)}.*.tmp"):
+        pid = tmp.name[len(target.name) + 2:].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -33,7 +65,8 @@ def atomic_path(target: str | os.PathLike):
     """Yield a temporary path beside ``target``; on success rename it over ``target``, on error remove it."""
     target = Path(target)
     ensure_dir(target.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    clear_stale_temporaries(target)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -44,6 +77,28 @@ def atomic_path(target: str | os.PathLike):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike):
+    """Yield the folder to write ``target``'s files into: a new ``target`` is built in a temporary folder and
+    renamed into place when complete (absent on any error); an existing one is written in place, file by file."""
+    import shutil
+
+    target = Path(target).absolute()
+    if target.is_dir():
+        yield target
+        return
+    check_writable(target)
+    ensure_dir(target.parent)
+    clear_stale_temporaries(target)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".tmp", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~current_umask())
+        yield tmp
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def current_umask() -> int:
@@ -71,6 +126,8 @@ def write_table(df: pd.DataFrame, target: str | os.PathLike) -> None:
     """A DataFrame as .csv or .parquet (by suffix), atomically."""
     suffix = Path(target).suffix
     check_table_suffix(target)
+    df = df.copy(deep=False)
+    df.attrs = {}  # pandas stores attrs (a baseline, timings) in the parquet metadata: identical runs, identical files
     with atomic_path(target) as tmp:
         df.to_csv(tmp, index=False) if suffix == ".csv" else df.to_parquet(tmp, index=False)
 
@@ -81,18 +138,17 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
     if not path.is_file():
         raise HeadpruneError(f"table {path} does not exist")
     try:
-        return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                           na_values=["", "NaN", "nan"])
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many kinds
         raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); is it a headprune csv/parquet?") from None
 
 
 def read_scores(path: str | os.PathLike) -> pd.DataFrame:
-    """A saved scores table; from csv, head_id and model_fingerprint are kept as text (a hex id may look numeric)."""
-    scores = read_table(path)
-    text = [c for c in ("head_id", "model_fingerprint") if c in scores.columns]
-    if Path(path).suffix == ".csv" and text:
-        scores[text] = pd.read_csv(path, usecols=text, dtype=str, keep_default_na=False)[text]
-    return scores
+    """A saved scores table (read_table keeps head_id and model_fingerprint as text)."""
+    return read_table(path)
 
 
 def check_table_suffix(path: str | os.PathLike) -> None:
@@ -112,9 +168,16 @@ def ensure_dir(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail early, creating nothing, unless ``path`` (a file or folder to be) can be created or written."""
+def check_writable(path: str | os.PathLike, file: bool = False) -> Path:
+    """Fail early, creating nothing, unless ``path`` (a file to be where ``file``, else a folder) can be created or
+    written: a computation must not run for an hour to find its output cannot be saved."""
     path = Path(path).absolute()
+    if len(path.name.encode()) > 255:
+        raise HeadpruneError(f"cannot write {path}: the name is longer than 255 bytes; choose a shorter one")
+    if file and path.is_dir():
+        raise HeadpruneError(f"cannot write {path}: it is a folder; choose a file name")
+    if not file and path.exists() and not path.is_dir():
+        raise HeadpruneError(f"cannot write {path}: it is a file, not a folder; choose another location")
     existing = path
     while not existing.exists():
         existing = existing.parent
@@ -140,25 +203,30 @@ class Progress:
         # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill).
         self._kill_after = int(os.environ.get("HEADPRUNE_TEST_KILL_AFTER_UNITS", "0"))
         self._recorded = 0
-        ensure_dir(self.path.parent)
+        # The header is written with the first unit: a run that fails before computing anything leaves no file
+        # behind to block the corrected rerun.
+        self._header: dict | None = {"fingerprint": self.key, "settings": settings}
+        if self.path.exists() and not self.path.is_file():
+            raise HeadpruneError(f"progress file {self.path} is not a regular file; remove it or choose another output")
         if self.path.exists() and overwrite:
             self.path.unlink()
         if self.path.exists():
-            self._load(settings)
-        else:
-            self._append({"fingerprint": self.key, "settings": settings})
+            self._load()
 
-    def _load(self, settings: dict) -> None:
-        *lines, torn = self.path.read_text().split("\n")  # a complete file ends in "\n": torn == ""
+    def _load(self) -> None:
+        try:
+            *lines, torn = self.path.read_text().split("\n")  # a complete file ends in "\n": torn == ""
+        except (OSError, UnicodeDecodeError) as err:
+            raise HeadpruneError(f"cannot read progress file {self.path} ({type(err).__name__}); pass --overwrite "
+                                 "to start afresh") from None
         if not lines:  # killed before the header was complete: start afresh
             self.path.unlink()
-            self._append({"fingerprint": self.key, "settings": settings})
             return
         try:
             header = json.loads(lines[0]) if lines else {}
         except json.JSONDecodeError:
             header = {}
-        if header.get("fingerprint") != self.key:
+        if not isinstance(header, dict) or header.get("fingerprint") != self.key:
             raise HeadpruneError(
                 f"{self.path} holds progress of a different run (other model, data or settings); pass --overwrite "
                 "to discard it or choose another output"
@@ -166,15 +234,22 @@ class Progress:
         for i, line in enumerate(lines[1:], start=2):
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+                if not isinstance(rec, dict) or set(rec) != {"unit", "value"} or not isinstance(rec["unit"], str):
+                    raise ValueError
+            except ValueError:  # JSONDecodeError too: not JSON, or JSON of the wrong shape (a second header, 42)
                 raise HeadpruneError(f"{self.path} line {i} is damaged; pass --overwrite to start afresh") from None
             self.units[rec["unit"]] = rec["value"]
+        self._header = None
         if torn:  # the last record of a killed run, cut mid-write: drop it, its unit is recomputed
             write_text(self.path, "\n".join(lines) + "\n")
 
     def _append(self, record: dict) -> None:
+        text = json.dumps(record) + "\n"
+        if self._header is not None:
+            ensure_dir(self.path.parent)
+            text, self._header = json.dumps(self._header) + "\n" + text, None
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
 

@@ -49,7 +49,9 @@ HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
 COMPENSATIONS = ("none", "mean")
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
-                 "delta_ppl", "nll_std", "ppl_std", "n_seeds"]
+                 "delta_ppl", "nll_std", "ppl_std", "n_seeds", "model_fingerprint"]
+CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
+TEXT_COLUMNS = ("head_id", "model_fingerprint")  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 
@@ -148,13 +150,17 @@ def check_scores(scores: pd.DataFrame, required: tuple[str, ...] = ID_COLUMNS, n
 
 def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
     """A validated, typed copy of ``curves`` sorted by (method, compensation, fraction)."""
-    _require_columns(curves, CURVE_COLUMNS, "curves")
+    _require_columns(curves, CURVE_COLUMNS[:-1], "curves")  # model_fingerprint: absent in tables of before 0.13
     df = curves.copy()
+    if "model_fingerprint" in df.columns:
+        df["model_fingerprint"] = df["model_fingerprint"].astype(str)
+        if (n := df["model_fingerprint"].nunique()) > 1:
+            raise HeadpruneError(f"curves table mixes {n} models (model_fingerprint); use one model at a time")
     df["method"] = df["method"].astype(str)
     df["compensation"] = df["compensation"].astype(str)
     if bad := sorted(set(df["compensation"]) - set(COMPENSATIONS)):
         raise HeadpruneError(f"curves compensation {bad[0]!r} is not one of {', '.join(COMPENSATIONS)}")
-    for column in CURVE_COLUMNS[2:]:
+    for column in CURVE_NUMBERS:
         df[column] = _as_int(df, column, "curves") if column in CURVE_INTS else _as_float(df, column, "curves")
     if not df["fraction"].between(0, 1).all():
         raise HeadpruneError("curves column fraction must lie in [0, 1]")

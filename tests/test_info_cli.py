@@ -64,9 +64,60 @@ def _bad_json(folder):
     (folder / "config.json").write_text("{not json")
 
 
+def _config(**changes):
+    def damage(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(cfg | changes))
+    return damage
+
+
+def _config_list(folder):
+    (folder / "config.json").write_text("[]")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/headprune-pwned",))
+
+
+def _malicious_bin(folder):
+    (folder / "model.safetensors").unlink()
+    torch.save({"wte.weight": _Evil()}, folder / "pytorch_model.bin")
+
+
+def _garbage_bin(folder):
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04garbage" * 100)
+
+
+def _index(text):
+    def damage(folder):
+        (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+        (folder / "model.safetensors.index.json").write_text(text)
+    return damage
+
+
+def _int_weights(folder):
+    state = load_file(folder / "model.safetensors")
+    state["transformer.h.0.mlp.c_fc.weight"] = state["transformer.h.0.mlp.c_fc.weight"].to(torch.int32)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize(
     "damage, words",
     [
+        (_config_list, "must hold a JSON object"),
+        (_config(n_head=0), "n_heads must be a positive integer"),
+        (_config(n_layer="3"), "n_layers must be a positive integer"),
+        (_config(layer_norm_epsilon=[1]), "layer_norm_eps"),
+        (_config(vocab_size=10**11), "has shape"),  # checked against the weights before anything is allocated
+        (_config(n_positions=10**10), "has shape"),
+        (_malicious_bin, "unsafe pickle"),
+        (_garbage_bin, "corrupt or truncated"),
+        (_index("{not json"), "not a valid weight index"),
+        (_index('{"weight_map": 42}'), "not a valid weight index"),
+        (_index('{"weight_map": {"wte.weight": "nope.safetensors"}}'), "missing"),
+        (_int_weights, "not floating point"),
         (_corrupt_truncated, "corrupt or truncated"),
         (_corrupt_header, "corrupt or truncated"),
         (_non_gpt2, "not GPT-2"),
@@ -80,7 +131,8 @@ def test_bad_model_one_line_exit_2(tiny_dir, tmp_path, capsys, damage, words):
     damage(folder)
     assert main(["info", "--model", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert words in err and err.count("\n") == 1 and err.startswith("headprune: error:")
+    assert words in err and err.count("\n") == 1 and err.startswith("headprune: error:"), err
+    assert not os.path.exists("/tmp/headprune-pwned")
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,17 @@
 """Reliability: killed sweeps resume to identical results, SIGINT stops cleanly, bad input is one line + exit 2."""
 
 import json
+import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from headprune.cli import main
@@ -177,7 +180,72 @@ def small_vocab_dir(tmp_path_factory):
     return folder
 
 
-def _bad_cases(tiny, small_vocab, corpus, tmp):
+@pytest.fixture(scope="module")
+def variant_dirs(tiny_dir, tmp_path_factory):
+    """Copies of the tiny model that differ from it in one MLP weight, and in the final LayerNorm's bias."""
+    from safetensors.torch import load_file, save_file
+
+    dirs = {}
+    for name, key in (("mlp", "h.1.mlp.c_fc.weight"), ("ln", "ln_f.bias")):
+        folder = tmp_path_factory.mktemp(f"variant-{name}")
+        for f in tiny_dir.iterdir():
+            shutil.copy(f, folder / f.name)
+        state = load_file(folder / "model.safetensors")
+        state[f"transformer.{key}"].view(-1)[0] += 0.5
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+        dirs[name] = folder
+    return dirs
+
+
+def _curves(fingerprint: str, nll0: float) -> pd.DataFrame:
+    rows = [{"method": m, "compensation": "none", "fraction": f, "heads_pruned": int(12 * f), "params": 1000,
+             "nll": nll0 + f, "ppl": math.exp(nll0 + f), "delta_nll": f, "delta_ppl": 0.0, "nll_std": 0.0,
+             "ppl_std": 0.0, "n_seeds": 1, "model_fingerprint": fingerprint}
+            for m in ("wo_fro", "random") for f in (0.0, 0.5)]
+    return pd.DataFrame(rows)
+
+
+def _forge_cache(tiny, text_file: Path, cache: Path, ids: list[int]) -> None:
+    """A token-cache entry for ``text_file`` with the right checksum but ``ids`` outside the vocabulary."""
+    import torch
+    from safetensors.torch import save_file
+
+    from headprune.corpus import _cache_key, _ids_digest, load_texts
+    from headprune.loading import load_tokenizer
+
+    key = _cache_key(load_texts(str(text_file)), load_tokenizer(tiny))
+    cache.mkdir(parents=True, exist_ok=True)
+    tensor = torch.tensor(ids, dtype=torch.long)
+    save_file({"ids": tensor}, cache / f"{key}.safetensors", metadata={"sha256": _ids_digest(tensor)})
+
+
+def _prepare(tmp: Path, tiny: Path, corpus: Path) -> None:
+    """The files the bad cases read, written before the 'nothing written' snapshot."""
+    from headprune.outputs import read_scores
+
+    (tmp / "empty.txt").write_text("")
+    (tmp / "afile").write_text("not a folder")
+    (tmp / "one.txt").write_text("hi")
+    (tmp / "number.jsonl").write_text('{"text": "hello world"}\n{"text": 5}\n')
+    (tmp / "null.jsonl").write_text('{"text": "hello world"}\n{"text": null}\n')
+    os.mkfifo(tmp / "fifo.txt")
+    (tmp / "outdir.csv").mkdir()
+    (tmp / "p42.csv.progress.jsonl").write_text("42\n")
+    (tmp / "plist.csv.progress.jsonl").write_text("[]\n")
+    (tmp / "pdir.csv.progress.jsonl").mkdir()
+    fingerprint = read_scores(tmp / "scores.csv")["model_fingerprint"].iloc[0]
+    _curves("f" * 16, 3.0).to_csv(tmp / "curves_other_model.csv", index=False)
+    (tmp / "runA").mkdir()
+    shutil.copy(tmp / "scores.csv", tmp / "runA" / "scores.csv")
+    (tmp / "runA" / "baseline.json").write_text(json.dumps({"tokens": 100, "nll": 3.0, "ppl": math.exp(3.0)}))
+    _curves(fingerprint, 3.5).to_csv(tmp / "curves_other_data.csv", index=False)
+    for name, ids in (("big", [1, 2, 60000]), ("negative", [1, -3, 2])):
+        text = tmp / f"forged_{name}.txt"
+        text.write_text(corpus.read_text()[:2000] + name)
+        _forge_cache(tiny, text, tmp / "cache", ids)
+
+
+def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
     scores = tmp / "scores.csv"
     model = ["--model", str(tiny)]
     prune = ["prune", *model, "--out", str(tmp / "out")]
@@ -205,21 +273,82 @@ def _bad_cases(tiny, small_vocab, corpus, tmp):
         "bad output suffix": (["score", *model, *data, "--out", str(tmp / "s.xlsx")], ".csv or .parquet"),
         "fp16 on the CPU": (["run", *model, "--device", "cpu", "--dtype", "fp16", "--out", str(tmp / "r")], "fp16"),
         "unknown method": (["score", *model, *data, "--methods", "magic", "--out", str(tmp / "s.csv")], "magic"),
+        # 1: every tensor is fingerprinted, not only attention
+        "scores of a model differing in one MLP weight": (["prune", "--model", str(variants["mlp"]), "--out",
+                                                           str(tmp / "out"), "--scores", str(scores), "--method",
+                                                           "wo_fro", "--fraction", "0.5"], "another model"),
+        "scores of a model differing in ln_f": (["curve", "--model", str(variants["ln"]), "--scores", str(scores),
+                                                 *data, "--out", str(tmp / "c.csv")], "another model"),
+        # 2: report refuses tables that do not belong together
+        "report: curves of another model": (["report", "--scores", str(scores), "--curves",
+                                             str(tmp / "curves_other_model.csv"), "--out", str(tmp / "rep")],
+                                            "different models"),
+        "report: curves on other data": (["report", "--scores", str(tmp / "runA" / "scores.csv"), "--curves",
+                                          str(tmp / "curves_other_data.csv"), "--out", str(tmp / "rep")],
+                                         "differs from the baseline"),
+        # 3: cached ids are checked (checksum: see test_reliability_classes) and validated against the vocabulary
+        "token cache: id beyond the vocabulary": (["eval", *model, "--data", str(tmp / "forged_big.txt")],
+                                                  "outside the model's vocabulary"),
+        "token cache: negative id": (["eval", *model, "--data", str(tmp / "forged_negative.txt")],
+                                     "outside the model's vocabulary"),
+        # 4: every numeric option, every command
+        "run --max-tokens -5": (["run", *model, "--max-tokens", "-5", "--out", str(tmp / "r")], "--max-tokens -5"),
+        "score --ablation-rows 0": (["score", *model, *data, "--ablation-rows", "0", "--out", str(tmp / "s.csv")],
+                                    "--ablation-rows 0"),
+        "prune --count -1": ([*prune, "--scores", str(scores), "--method", "wo_fro", "--count", "-1"], "--count -1"),
+        "curve --seed -1": (["curve", *model, "--scores", str(scores), *data, "--seed", "-1", "--out",
+                             str(tmp / "c.csv")], "--seed -1"),
+        "prune --iterative 0": ([*prune, "--scores", str(scores), "--method", "wo_fro", "--count", "1",
+                                 "--iterative", "0"], "--iterative 0"),
+        # 6: everything is validated before the first byte is written
+        "prune: missing --data": ([*prune, "--heads", "L0H1", "--data", str(tmp / "nope.txt")], "does not exist"),
+        "prune: --data too short": ([*prune, "--heads", "L0H1", "--data", str(tmp / "one.txt")], "at least 2"),
+        "score: one-token corpus": (["score", *model, "--data", str(tmp / "one.txt"), "--out", str(tmp / "s.csv")],
+                                    "at least 2"),
+        "curve: one-token corpus": (["curve", *model, "--scores", str(scores), "--data", str(tmp / "one.txt"),
+                                     "--out", str(tmp / "c.csv")], "at least 2"),
+        "run: one-token corpus": (["run", *model, "--data", str(tmp / "one.txt"), "--out", str(tmp / "r")],
+                                  "at least 2"),
+        # 7: the output path is checked up front
+        "score --out is a folder": (["score", *model, *data, "--out", str(tmp / "outdir.csv")], "is a folder"),
+        "curve --out is a folder": (["curve", *model, "--scores", str(scores), *data, "--out", str(tmp / "outdir.csv")],
+                                    "is a folder"),
+        # 11: devices torch knows but headprune does not run on, impossible sizes
+        "device meta": (["info", *model, "--device", "meta"], "not supported"),
+        "device mps": (["eval", *model, *data, "--device", "mps"], "not supported"),
+        "device xpu": (["info", *model, "--device", "xpu"], "not supported"),
+        "info --batch 100000000": (["info", *model, "--batch", "100000000"], "--batch 100000000 is too large"),
+        "score --batch-size 10**9": (["score", *model, *data, "--batch-size", "1000000000", "--out",
+                                      str(tmp / "s.csv")], "--batch-size 1000000000 is too large"),
+        # 12: progress files of the wrong shape, or not a file
+        "progress header 42": (["score", *model, *data, "--out", str(tmp / "p42.csv")], "different run"),
+        "progress header []": (["score", *model, *data, "--out", str(tmp / "plist.csv")], "different run"),
+        "progress path a folder": (["score", *model, *data, "--out", str(tmp / "pdir.csv")], "not a regular file"),
+        # 13: over-long names
+        "score --out name too long": (["score", *model, *data, "--out", str(tmp / ("x" * 300 + ".csv"))],
+                                      "longer than 255"),
+        "run --out name too long": (["run", *model, "--out", str(tmp / ("r" * 300))], "longer than 255"),
+        # 15: non-regular files as data
+        "--data a FIFO": (["eval", *model, "--data", str(tmp / "fifo.txt")], "not a regular file"),
+        "--data a device": (["eval", *model, "--data", "/dev/null"], "not a regular file"),
+        # 5: text rows that are not strings
+        "jsonl text a number": (["eval", *model, "--data", str(tmp / "number.jsonl")], "not strings"),
+        "jsonl text null": (["eval", *model, "--data", str(tmp / "null.jsonl")], "not strings"),
     }
 
 
-CASES = list(_bad_cases("m", "v", "c", Path("t")))
+CASES = list(_bad_cases("m", "v", "c", Path("t"), {"mlp": "m", "ln": "m"}))
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_one_line_exit_2_nothing_written(case, tiny_dir, small_vocab_dir, corpus, tmp_path, capsys, monkeypatch):
+def test_bad_input_one_line_exit_2_nothing_written(case, tiny_dir, small_vocab_dir, variant_dirs, corpus, tmp_path,
+                                                   capsys, monkeypatch):
     monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "afile").write_text("not a folder")
     assert main(["score", "--model", str(tiny_dir), "--methods", "wo_fro", "--out", str(tmp_path / "scores.csv")]) == 0
+    _prepare(tmp_path, tiny_dir, corpus)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "cache" not in p.parts)
     capsys.readouterr()
-    argv, words = _bad_cases(tiny_dir, small_vocab_dir, corpus, tmp_path)[case]
+    argv, words = _bad_cases(tiny_dir, small_vocab_dir, corpus, tmp_path, variant_dirs)[case]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("headprune: error:") and err.count("\n") == 1 and words in err, err

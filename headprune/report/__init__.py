@@ -29,11 +29,19 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import HeadpruneError
-from ..outputs import ensure_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
+from ..outputs import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
 from ..schema import check_curves, check_scores
 from .plots import make_pictures
 from .render import make_content, markdown_table, render_html, render_markdown, sections
-from .tables import baseline_from_curves, best_method, check_baseline, jsonable, predictiveness, summary_table
+from .tables import (
+    baseline_from_curves,
+    best_method,
+    check_baseline,
+    check_together,
+    jsonable,
+    predictiveness,
+    summary_table,
+)
 
 __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_table", "predictiveness",
            "rebuild_report", "summary_table"]
@@ -47,9 +55,15 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     """
     scores, curves = check_scores(scores), check_curves(curves)
     settings, baseline = jsonable(settings), check_baseline(baseline)
-    out = ensure_dir(out_dir)
+    check_together(scores, curves, baseline)
     content = make_content(scores, curves, settings, baseline)
     pictures = make_pictures(scores, curves, baseline, content.predictiveness)
+    with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
+        _write_report(out, scores, curves, content, settings, baseline, pictures)
+    return Path(out_dir).absolute() / "report.html"
+
+
+def _write_report(out: Path, scores, curves, content, settings, baseline, pictures) -> None:
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -61,7 +75,6 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     secs = sections(content, pictures)
     write_text(out / "summary.md", render_markdown(secs))
     write_text(out / "report.html", render_html(secs))
-    return out / "report.html"
 
 
 def _read_json(path: Path) -> dict | None:
@@ -84,5 +97,9 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
     scores, curves = read_scores(scores_path), read_table(curves_path)
     folder = Path(scores_path).parent
     settings = _read_json(folder / "settings.json") or {}
+    other = _read_json(Path(curves_path).parent / "settings.json")
+    if other is not None and settings and other != settings:
+        raise HeadpruneError(f"{scores_path} and {curves_path} come from runs with different settings (their "
+                             "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     return build_report(scores, curves, out_dir, settings, baseline)

@@ -43,6 +43,23 @@ def check_baseline(baseline) -> dict:
     return {"tokens": tokens, "nll": nll, "ppl": ppl}
 
 
+#: How far the curves' unpruned (fraction-0) NLL may lie from the baseline's: the same evaluation, so only noise.
+BASELINE_TOL = 1e-4
+
+
+def check_together(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict) -> None:
+    """Refuse scores, curves and a baseline that do not come from one model, corpus and setting: a report of
+    mixed tables would contradict itself (its baseline against its own fraction-0 point)."""
+    prints = [set(t["model_fingerprint"].astype(str)) for t in (scores, curves) if "model_fingerprint" in t.columns]
+    if len(prints) == 2 and prints[0] != prints[1]:
+        raise HeadpruneError(f"the scores (model {min(prints[0])}) and the curves (model {min(prints[1])}) come from "
+                             "different models; use the tables of one run")
+    zero = curves[(curves["fraction"] == 0) & (curves["compensation"] == "none")]
+    if len(zero) and (gap := float((zero["nll"] - baseline["nll"]).abs().max())) > BASELINE_TOL:
+        raise HeadpruneError(f"the curves' unpruned NLL differs from the baseline's {baseline['nll']:.4f} by {gap:.4f}: "
+                             "they were measured on another model, corpus or setting; use the tables of one run")
+
+
 def jsonable(settings) -> dict:
     if settings is None:
         return {}

@@ -70,6 +70,7 @@ def score_heads(
     only cost cache, 64 on a GPU, where batching copies is the win).
     """
     methods = parse_methods(methods)
+    model.require_heads(f"scoring ({', '.join(methods)})")
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
     families = [f for f in FAMILIES if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
