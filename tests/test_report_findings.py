@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from test_report import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores
 
 from headprune.report import build_report
 from headprune.report.findings import findings
 from headprune.report.render import flatten
 from headprune.report.tables import layer_counts, predictiveness, pruning_order, summary_table
 from headprune.schema import check_curves, check_scores, method_family
-from test_report import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores
 
 METHODS = ["wo_fro", "ov_spec", "taylor", "abl_zero", "abl_mean"]
 SLOPES = {"taylor": 1.0, "abl_mean": 1.5, "wo_fro": 3.02, "ov_spec": 4.0, "random": 3.0}  # wo_fro: in the band
@@ -171,7 +171,7 @@ def test_page_has_viewport_toc_scrolling_tables_and_headline_first(tmp_path):
     assert "nested.k" in details and '{"k"' not in details and "timings.score_s" in details
     assert text.index("<h2>Top 10 heads") < text.index('alt="pruning_order.png"') < text.index("<h2>How well each")
     md = (tmp_path / "summary.md").read_text()
-    heads = re.findall(r"^## (.+)$", md, re.M)
+    heads = re.findall(r"^## (.+)$", md, re.MULTILINE)
     assert heads[0] == "Findings" and heads[-1] == "Settings and timings"
     for sentence in findings(check_scores(make_scores()), check_curves(make_curves()),
                              predictiveness(check_scores(make_scores()))):

@@ -37,8 +37,8 @@ import pandas as pd
 from ..errors import HeadpruneError
 from ..outputs import ensure_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
 from ..schema import check_curves, check_scores
-from .plots import make_pictures
 from .page import render_html
+from .plots import make_pictures
 from .render import make_content, markdown_table, render_markdown, sections
 from .tables import baseline_from_curves, best_method, check_baseline, jsonable, predictiveness, summary_table
 

@@ -192,7 +192,7 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     """Everything the report says, in order: the headline first, settings and timings last."""
     by_name = {p.name: p for p in pictures}
     curves_pic, order_pic = by_name.get("curves.png"), by_name.get("pruning_order.png")
-    gallery = [p for p in pictures if p not in (curves_pic, order_pic)]
+    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic)]
     headline: list[Block] = [Findings(c.findings)] if c.findings else [Paragraph("No finding: see the tables.")]
     headline += [*map(Note, c.notes)]
     curves: list[Block] = [Paragraph(f"Unpruned: {baseline_text(c.baseline)}. Best method: {_best_text(c)}.")]
