@@ -331,6 +331,8 @@ def _configure_run(p):
 
 @command("run", "the whole analysis: ledger, baseline, all scores, pruning curves, report", _configure_run)
 def cmd_run(args) -> None:
+    import math
+
     from .pipeline import RunSettings, run_analysis
     from .schema import parse_fractions
 
@@ -343,7 +345,9 @@ def cmd_run(args) -> None:
     if result is None:  # a torchrun worker other than rank 0
         return
     b = result["baseline"]
-    print(f"baseline: perplexity {b['ppl']:.3f} (NLL {b['nll']:.4f} nats/token, {b['tokens']:,} tokens)")
+    bpb = b["nll"] * b["tokens"] / (math.log(2) * b["bytes"]) if b.get("bytes") else math.nan
+    print(f"baseline: perplexity {b['ppl']:.3f}, {bpb:.4f} bits/byte (NLL {b['nll']:.4f} nats/token, "
+          f"{b['tokens']:,} tokens)")
     print(f"best method: {result['best']}")
     print(result["table"].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"report: {result['report']}  ({result['seconds']:.0f} s)")
