@@ -86,7 +86,7 @@ def measure(report: str | Path, widths: list[int], browser: str | None = None, t
         probe = Path(tmp) / "probe.html"
         probe.write_text(_frames_page(Path(report), widths, 900, probe=True))
         done = _chromium(browser, [f"--window-size={max(widths) + 100},1000", "--dump-dom", probe.as_uri()], timeout)
-    found = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.S)
+    found = re.search(r'<pre id="out">(.*?)</pre>', done.stdout, re.DOTALL)
     if done.returncode != 0 or not found or not found.group(1).strip():
         raise RuntimeError(f"chromium measured nothing (exit {done.returncode}): {done.stderr[-1500:]}")
     return {int(k): v for k, v in json.loads(html.unescape(found.group(1))).items()}

@@ -7,9 +7,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from test_report import BASELINE, SETTINGS, make_curves, make_scores
 
 from headprune.report import build_report
-from test_report import BASELINE, SETTINGS, make_curves, make_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("screenshot_report", ROOT / "scripts" / "screenshot_report.py")
