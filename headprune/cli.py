@@ -13,6 +13,8 @@ import sys
 from . import __version__
 from .cli_options import (
     CORPUS_FORMS,
+    DESCRIPTION,
+    EPILOG,
     HelpFormatter,
     add_data_args,
     add_fraction_args,
@@ -360,22 +362,6 @@ def cmd_run(args) -> None:
 
 
 # ---------------------------------------------------------------- main
-
-
-DESCRIPTION = """\
-Which attention heads of a GPT-2 model matter, and what does removing the others cost?
-
-headprune scores every head (weight norms, activations, gradients, ablation), measures perplexity as more
-and more heads are removed, compared with removing heads at random, writes a report (report.html and
-summary.md) and exports the smaller model. It runs on the model shipped with it, offline, in minutes on a CPU."""
-
-EPILOG = """\
-examples:
-  headprune run --out report                          # the whole analysis of the shipped model -> report/
-  headprune score --model gpt2 --data notes.txt --out scores.csv
-  headprune prune --scores report/scores.csv --method taylor --fraction 0.3 --out pruned-model
-
-Run headprune COMMAND --help for a command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:

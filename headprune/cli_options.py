@@ -7,6 +7,22 @@ import argparse
 from .errors import HeadpruneError
 from .schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
 
+# ``headprune --help``: what the tool is for, in a user's words, then (after the commands) three examples.
+DESCRIPTION = """\
+Which attention heads of a GPT-2 model matter, and what does removing the others cost?
+
+headprune scores every head (weight norms, activations, gradients, ablation), measures perplexity as more
+and more heads are removed, compared with removing heads at random, writes a report (report.html and
+summary.md) and exports the smaller model. It runs on the model shipped with it, offline, in minutes on a CPU."""
+
+EPILOG = """\
+examples:
+  headprune run --out report                          # the whole analysis of the shipped model -> report/
+  headprune score --model gpt2 --data notes.txt --out scores.csv
+  headprune prune --scores report/scores.csv --method taylor --fraction 0.3 --out pruned-model
+
+Run headprune COMMAND --help for a command's options."""
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs as written; every option's help ends with its default (flags: off), or says
