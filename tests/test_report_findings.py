@@ -62,8 +62,8 @@ def test_findings_sentences_match_numbers_computed_here():
         beat = sorted((m for m in SLOPES if m != "random" and SLOPES[m] * f < rand - std),
                       key=lambda m: SLOPES[m])
         assert beat == ["taylor", "abl_mean"]
-        listed = ", ".join(f"{m} by {rand - SLOPES[m] * f:.3f} (ΔNLL {SLOPES[m] * f:.3f})" for m in beat)
-        assert "2 scores beat the random band" in sentence and listed in sentence
+        listed = ", ".join(f"{m} {SLOPES[m] * f:.3f} ({rand - SLOPES[m] * f:.3f} below random)" for m in beat)
+        assert "2 scores beat the random band" in sentence and f"nats/token), with ΔNLL: {listed}" in sentence
         assert sentence.endswith("ov_spec is worse than random.")  # wo_fro sits inside the band
         assert "wo_fro" not in sentence
 

@@ -88,8 +88,9 @@ def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
     std = 0.0 if math.isnan(r["nll_std"]) else float(r["nll_std"])
     band = f"the random band (ΔNLL {nats(float(r['delta_nll']))} ± {nats(std)} nats/token)"
     if beat:
-        parts = [f"{m} by {nats(margin)} (ΔNLL {nats(delta)})" for m, delta, margin in beat]
-        text = f"{where}, {len(beat)} score{'s' if len(beat) > 1 else ''} beat {band}: {', '.join(parts)}"
+        parts = [f"{m} {nats(delta)} ({nats(margin)} below random)" for m, delta, margin in beat]
+        n = f"{len(beat)} scores beat" if len(beat) > 1 else "1 score beats"
+        text = f"{where}, {n} {band}, with ΔNLL: {', '.join(parts)}"
     else:
         text = f"{where}, no score beats {band}"
     if worse:
