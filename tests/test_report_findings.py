@@ -183,3 +183,31 @@ def test_method_families():
                                        "abl_zero_folded", "random", "mystery")] == [
         "weights", "weights", "activations", "activations", "gradients", "gradients", "ablation", "ablation",
         "random", "other"]
+
+
+def test_many_inverse_scores_are_summarised_as_ranges_and_tiny_changes_as_none():
+    from test_report import auc_by_ranks
+
+    df = make_scores(methods=METHODS)
+    rng = np.random.default_rng(3)
+    for m in ("wo_fro", "ov_spec", "taylor"):
+        df[m] = -df["abl_zero"] + rng.normal(0, 0.2, len(df))
+    scores = check_scores(df)
+    truth = scores["abl_zero"].to_numpy()
+    top = np.zeros(len(truth), bool)
+    top[np.argsort(-truth, kind="stable")[:2]] = True  # ceil(10% of 12)
+    rho = [stats.spearmanr(scores[m], truth).statistic for m in ("wo_fro", "ov_spec", "taylor")]
+    auc = [auc_by_ranks(scores[m].to_numpy(), top) for m in ("wo_fro", "ov_spec", "taylor")]
+    sentence = findings(scores, check_curves(make_curves()), predictiveness(scores))
+    inverse = next(s for s in sentence if "inversely" in s)
+    assert inverse.startswith("wo_fro, ov_spec and taylor rank heads inversely to abl_zero")
+    def span(v):
+        return f"{min(v):.2f}" if f"{min(v):.2f}" == f"{max(v):.2f}" else f"{min(v):.2f} to {max(v):.2f}"
+
+    assert f"{min(rho):.2f} to {max(rho):.2f}" == span(rho)
+    assert f"here ρ {span(rho)}, ROC-AUC {span(auc)})" in inverse
+    rows = [curve_row("taylor", c, f, 0.2 * f + (1e-4 if c == "mean" else 0)) for c in ("none", "mean")
+            for f in FRACTIONS]
+    comp = findings(scores, check_curves(pd.DataFrame(rows)), predictiveness(scores))[-1]
+    assert comp.endswith("at 30% 0.050 → 0.050 nats/token (no change) and at 50% 0.100 → 0.100 nats/token "
+                         "(no change).")

@@ -20,6 +20,7 @@ from ..schema import DESCRIPTIVE, RANDOM, TRUTH
 from .tables import FRACTION_TOL, nearest_row
 
 FINDING_FRACTIONS = (0.3, 0.5)
+INVERSE_DETAIL = 2  # more inverse scores than this: one range of ρ and of ROC-AUC instead of each
 
 
 def nats(value: float) -> str:
@@ -112,10 +113,20 @@ def inverse_sentence(pred: pd.DataFrame) -> str | None:
     inverse = inverse_methods(pred)
     if inverse.empty:
         return f"No score ranks heads inversely to {TRUTH}: every Spearman ρ ≥ 0 and every ROC-AUC ≥ 0.5."
-    parts = [f"{r.method} (ρ {r.spearman_rho:.2f}, ROC-AUC {r.roc_auc_top10:.2f})" for r in inverse.itertuples()]
-    verb = "ranks" if len(parts) == 1 else "rank"
-    return (f"{_names(parts)} {verb} heads inversely to {TRUTH} (Spearman ρ < 0 or ROC-AUC for its top heads < 0.5): "
-            "pruning by it removes important heads early.")
+    test = "Spearman ρ < 0 or ROC-AUC for the top heads < 0.5"
+    if len(inverse) <= INVERSE_DETAIL:
+        parts = [f"{r.method} (ρ {r.spearman_rho:.2f}, ROC-AUC {r.roc_auc_top10:.2f})" for r in inverse.itertuples()]
+        verb, them = ("ranks", "it") if len(parts) == 1 else ("rank", "them")
+        return f"{_names(parts)} {verb} heads inversely to {TRUTH} ({test}): pruning by {them} removes important " \
+               "heads early."
+    rho, auc = inverse["spearman_rho"], inverse["roc_auc_top10"]
+    return (f"{_names(list(inverse['method']))} rank heads inversely to {TRUTH} ({test}; here ρ {_span(rho)}, "
+            f"ROC-AUC {_span(auc)}): pruning by them removes important heads early.")
+
+
+def _span(values: pd.Series) -> str:
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
 
 
 def compensation_sentences(curves: pd.DataFrame) -> list[str]:
@@ -129,8 +140,9 @@ def compensation_sentences(curves: pd.DataFrame) -> list[str]:
         for target in FINDING_FRACTIONS:
             a, b = float(_at(plain, target)["delta_nll"]), float(_at(comp, target)["delta_nll"])
             saves = a - b
-            parts.append(f"at {target:.0%} {nats(a)} → {nats(b)} nats/token "
-                         f"({'saves' if saves >= 0 else 'costs'} {nats(abs(saves))})")
+            change = "no change" if nats(abs(saves)) == nats(0.0) else \
+                f"{'saves' if saves > 0 else 'costs'} {nats(abs(saves))}"
+            parts.append(f"at {target:.0%} {nats(a)} → {nats(b)} nats/token ({change})")
         out.append(f"Mean compensation (the pruned heads' mean output folded into the bias) changes {method}'s "
                    f"ΔNLL {' and '.join(parts)}.")
     return out

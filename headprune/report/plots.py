@@ -80,8 +80,8 @@ def _annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt:
 
 
 # Okabe & Ito (2008), colour-blind safe: one hue per method family, line styles within a family.
-FAMILY_COLORS = {"weights": "#E69F00", "activations": "#56B4E9", "gradients": "#009E73", "ablation": "#D55E00",
-                 "other": "#CC79A7", RANDOM: "#000000"}
+FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
+                 "other": "#D55E00", RANDOM: "#000000"}
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 COMPENSATED_STYLE = (0, (6, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: never a family's own style
