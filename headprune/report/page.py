@@ -24,7 +24,7 @@ table.sortable th{cursor:pointer}table.sortable th:hover{background:#e4e4e4}
 td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%;height:auto}
 figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
 .findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
-.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
+.findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
 details summary{cursor:pointer}details summary h2{display:inline}"""
 
 SORT_JS = """document.querySelectorAll("table.sortable").forEach(function(t){
