@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import __version__
 from .cli_options import (
+    CORPUS_FORMS,
+    DESCRIPTION,
+    EPILOG,
+    HelpFormatter,
     add_data_args,
     add_fraction_args,
     add_model_args,
@@ -21,6 +26,7 @@ from .cli_options import (
     check_counts,
 )
 from .errors import HeadpruneError, os_error_line
+from .schema import IMPORTANCE_METHODS, METHODS
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
@@ -64,11 +70,11 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
 
 def _configure_info(p):
     add_model_args(p)
-    p.add_argument("--batch", type=int, default=1, help="batch size B for the shape trace")
-    p.add_argument("--seq", type=int, default=8, help="sequence length T for the shape trace")
+    p.add_argument("--batch", type=int, default=1, help="batch size B of the shape trace")
+    p.add_argument("--seq", type=int, default=8, help="sequence length T of the shape trace")
 
 
-@command("info", "print the config, parameter ledger, W_O ledger and an attention shape trace", _configure_info)
+@command("info", "a model's config, parameter ledger and attention shape trace", _configure_info)
 def cmd_info(args) -> None:
     from .ledger import format_info
 
@@ -149,14 +155,14 @@ def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
 def _configure_score(p):
     add_model_args(p)
     add_data_args(p, "validation")
-    p.add_argument("--methods", default="all", help="all, or a comma-separated list of scoring methods")
+    p.add_argument("--methods", default="all", help=f"all, or a comma-separated list of: {', '.join(METHODS)}")
     add_run_flags(p, "output table, .csv or .parquet")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
 
 
-@command("score", "score every head by weight norms, activations, gradients and ablation", _configure_score)
+@command("score", "score every head: weight norms, activations, gradients, ablation", _configure_score)
 def cmd_score(args) -> None:
     import json
 
@@ -182,14 +188,15 @@ def _configure_curve(p):
     add_model_args(p)
     add_data_args(p, "test")
     p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--methods", default="all", help="scores columns to rank by (all: every importance column)")
+    p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
+                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}")
     add_fraction_args(p)
-    p.add_argument("--compensate", choices=["none", "mean"], default="none", help="also measure mean-compensated curves")
+    p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
     add_selection_args(p)
     add_run_flags(p, "output table, .csv or .parquet")
 
 
-@command("curve", "perplexity against the fraction of heads pruned, per method, with a random baseline", _configure_curve)
+@command("curve", "perplexity as heads are pruned, per method, against random", _configure_curve)
 def cmd_curve(args) -> None:
     from .corpus import token_digest
     from .curves import pruning_curves
@@ -235,16 +242,16 @@ def cmd_curve(args) -> None:
 
 def _configure_prune(p):
     add_model_args(p)
-    add_data_args(p, "test")
-    p.set_defaults(data=None)
+    add_data_args(p, "test", data_help="also measure perplexity before and after pruning on this corpus, its test split: "
+                                       f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--method", help="scores column to rank by, or random")
+    p.add_argument("--method", help=f"scores column to rank by: {', '.join(IMPORTANCE_METHODS)} or random")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
     amount.add_argument("--count", type=int, help="number of heads to remove")
     p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
-                   help="re-score the remaining heads between STEPS steps")
+                   help="prune in STEPS steps, re-scoring the remaining heads between them")
     add_selection_args(p)
     p.add_argument("--compensate", choices=["none", "mean"], default="none",
                    help="mean: fold the pruned heads' mean output into b_O")
@@ -253,7 +260,7 @@ def _configure_prune(p):
     add_run_flags(p, "output directory for the pruned checkpoint")
 
 
-@command("prune", "remove heads (explicit or by score), optionally mean-compensated, and export the model", _configure_prune)
+@command("prune", "remove heads (listed or by score) and export the smaller model", _configure_prune)
 def cmd_prune(args) -> None:
     from .checkpoint import export_hf, export_native
     from .heads import format_heads, parse_head_spec
@@ -307,12 +314,13 @@ def cmd_prune(args) -> None:
 
 
 def _configure_report(p):
-    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet)")
+    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet); settings.json and baseline.json beside "
+                                                   "it are used when present")
     p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
     p.add_argument("--out", required=True, help="report directory")
 
 
-@command("report", "rebuild the report (tables, plots, summary.md, report.html) from saved tables", _configure_report)
+@command("report", "rebuild the report from saved scores and curves tables", _configure_report)
 def cmd_report(args) -> None:
     from .report import rebuild_report
 
@@ -326,11 +334,13 @@ def _configure_run(p):
     add_score_data_arg(p, "scoring")
     add_fraction_args(p)
     add_seed_arg(p)
-    add_run_flags(p, "report directory (default headprune-report)", "headprune-report")
+    add_run_flags(p, "report directory", "headprune-report")
 
 
-@command("run", "the whole analysis: ledger, baseline, all scores, pruning curves, report", _configure_run)
+@command("run", "the whole analysis: ledger, scores, pruning curves, report", _configure_run)
 def cmd_run(args) -> None:
+    import math
+
     from .pipeline import RunSettings, run_analysis
     from .schema import parse_fractions
 
@@ -344,7 +354,9 @@ def cmd_run(args) -> None:
     if result is None:  # a torchrun worker other than rank 0
         return
     b = result["baseline"]
-    print(f"baseline: perplexity {b['ppl']:.3f} (NLL {b['nll']:.4f} nats/token, {b['tokens']:,} tokens)")
+    bpb = b["nll"] * b["tokens"] / (math.log(2) * b["bytes"]) if b.get("bytes") else math.nan
+    print(f"baseline: perplexity {b['ppl']:.3f}, {bpb:.4f} bits/byte (NLL {b['nll']:.4f} nats/token, "
+          f"{b['tokens']:,} tokens)")
     print(f"best method: {result['best']}")
     print(result["table"].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"report: {result['report']}  ({result['seconds']:.0f} s)")
@@ -354,10 +366,12 @@ def cmd_run(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="headprune", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="headprune", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     for name, (_, configure, help) in COMMANDS.items():
-        configure(sub.add_parser(name, help=help, description=help))
+        configure(sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter))
     return parser
 
 

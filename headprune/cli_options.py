@@ -7,43 +7,84 @@ import argparse
 from .errors import HeadpruneError
 from .schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
 
+# ``headprune --help``: what the tool is for, in a user's words, then (after the commands) three examples.
+DESCRIPTION = """\
+Which attention heads of a GPT-2 model matter, and what does removing the others cost?
+
+headprune scores every head (weight norms, activations, gradients, ablation), measures perplexity as more
+and more heads are removed, compared with removing heads at random, writes a report (report.html and
+summary.md) and exports the smaller model. It runs on the model shipped with it, offline, in minutes on a CPU."""
+
+EPILOG = """\
+examples:
+  headprune run --out report                          # the whole analysis of the shipped model -> report/
+  headprune score --model gpt2 --data notes.txt --out scores.csv
+  headprune prune --scores report/scores.csv --method taylor --fraction 0.3 --out pruned-model
+
+Run headprune COMMAND --help for a command's options."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's help ends with its default (flags: off), or says
+    it is required, unless the help already gives its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if action.required:
+            return f"{text} (required)"
+        if action.nargs == 0:  # store_true
+            return f"{text} (default: off)"
+        value = "none" if action.default is None else str(action.default).replace("%", "%%")
+        return f"{text} (default: {value})"
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo name, local directory or hub id (default {DEFAULT_MODEL})")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"the GPT-2 to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
+                        "Hugging Face hub id such as gpt2")
+    p.add_argument("--device", default="auto",
+                   help="where to compute: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
     p.add_argument("--fold-value-bias", action="store_true",
                    help="fold each head's value bias into b_O first (logits unchanged; zero ablation and pruning then "
                         "remove only what a head computes, not its constant b_V W_O)")
 
 
 def add_window_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-len", type=int, default=None, help="window length (default: the model's n_positions)")
-    p.add_argument("--stride", type=int, default=None, help="window stride (default: seq-len)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per forward (default 8)")
+    p.add_argument("--seq-len", type=int, default=None, help="window length in tokens (default: the model's n_positions)")
+    p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: seq-len)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
 
 
-def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None) -> None:
-    p.add_argument("--data", default="default",
-                   help=f"default (its {split} split), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT")
+CORPUS_FORMS = "default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT"
+
+
+def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None,
+                  data_help: str | None = None) -> None:
+    """``--data`` (default: the default corpus; ``data_help`` for an optional one: its default is none)."""
+    p.add_argument("--data", default=None if data_help else "default",
+                   help=data_help or f"corpus ({split} split of the default corpus): {CORPUS_FORMS}")
     add_window_args(p)
     all_note = "; 0: all" if max_tokens else ""
     p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help=f"use only the first K tokens of each corpus (default {max_tokens or 'all'}{all_note})")
+                   help=f"use only the first K tokens of each corpus (default: {max_tokens or 'all'}{all_note})")
     p.set_defaults(split=split)
 
 
 def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--score-data", default="default", help=f"corpus for {what} (default: the default corpus' validation split)")
+    p.add_argument("--score-data", default="default", help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
 
 
 def add_fraction_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="fractions of heads to prune")
-    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (default 3)")
+    p.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
+                   help="comma-separated fractions of all heads to prune, each in [0, 1]")
+    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (its curve is their mean and std)")
 
 
 def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None) -> None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from .errors import HeadpruneError
-from .model import GPT2, ModelConfig
+
+if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
+    from .model import GPT2, ModelConfig
 
 # One id: L <int> H <int>, signs allowed so that "L0H-1" gets a precise message instead of "garbage".
 _ID = re.compile(r"\s*[lL]\s*([+-]?[0-9]+)\s*[hH]\s*([+-]?[0-9]+)\s*", re.ASCII)
@@ -31,6 +34,8 @@ def format_heads(heads: Iterable[tuple[int, int]]) -> str:
 
 
 def _config(model_or_cfg: GPT2 | ModelConfig) -> ModelConfig:
+    from .model import GPT2
+
     return model_or_cfg.cfg if isinstance(model_or_cfg, GPT2) else model_or_cfg
 
 

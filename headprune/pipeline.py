@@ -19,8 +19,9 @@ from .distributed import is_main, shard_name
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
-from .perplexity import Windowing
+from .perplexity import Windowing, sliding_windows
 from .report import best_method, build_report, summary_table
+from .report.tables import bpb_factor
 from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM
 from .scoring import score_heads
 
@@ -42,6 +43,13 @@ class RunSettings:
     seeds: int = 3
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
+
+
+def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
+    """UTF-8 bytes of the tokens the sliding windows score (each window's new tokens, decoded span by span):
+    bits per byte = NLL sum / (ln 2 · bytes)."""
+    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride)
+    return sum(len(tokenizer.decode(ids[w.first_scored:w.end].tolist()).encode("utf-8")) for w in spans)
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -85,7 +93,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
     best = best_method(curves)
     compensated = curves_of([(best, "mean")])
-    baseline = curves.attrs["baseline"]
+    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
@@ -98,5 +106,5 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         return None
     log("[4/4] report")
     report = build_report(scores, curves, out, settings, baseline)
-    return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves),
+    return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

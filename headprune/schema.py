@@ -28,6 +28,21 @@ IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
 RANDOM = "random"  # the baseline ranking: needs no column
 TRUTH = "abl_zero"  # what the cheap scores are judged against
 
+FAMILIES = {"weights": WEIGHT_METHODS, "activations": ACTIVATION_METHODS, "gradients": GRADIENT_METHODS,
+            "ablation": ABLATION_METHODS}
+_FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
+
+
+def method_family(method: str) -> str:
+    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), random, or other for an unknown name."""
+    if method == RANDOM:
+        return RANDOM
+    for family, members in FAMILIES.items():
+        if method in members:
+            return family
+    return next((family for prefix, family in _FAMILY_PREFIXES if method.startswith(prefix)), "other")
+
+
 METHOD_LABELS = {
     "wo_fro": "Frobenius norm of the head's W_O block",
     "wo_spec": "spectral norm of the head's W_O block",

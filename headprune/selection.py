@@ -16,14 +16,17 @@ A layer whose norm (or std) is 0 gets all zeros. Ties are broken by (layer, head
 from __future__ import annotations
 
 from numbers import Real
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .errors import HeadpruneError
 from .heads import head_id
-from .model import GPT2
 from .schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns
+
+if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
+    from .model import GPT2
 
 NORMALIZERS = (None, "layer")
 

@@ -83,6 +83,21 @@ def test_run_tables(run_dir):
     assert (random.n_seeds == 2).all() and (random[random.fraction > 0].nll_std > 0).all()
     summary = (run_dir / "summary.md").read_text()
     assert "validation split" in summary and "test split" in summary
+    assert isinstance(baseline["bytes"], int) and baseline["bytes"] >= baseline["tokens"]
+    assert f"{baseline['nll'] * baseline['tokens'] / (math.log(2) * baseline['bytes']):.4g} bits/byte" in summary
+
+
+def test_scored_bytes_count_only_the_scored_tokens():
+    from headprune.perplexity import Windowing
+    from headprune.pipeline import scored_bytes
+
+    class Fake:
+        def decode(self, ids):
+            return "".join("é" if i % 2 else "a" for i in ids)  # 2 bytes or 1
+
+    ids = torch.arange(10)  # seq_len 4, stride 4: windows [0,4) [4,8) [8,10) score 3, 3 and 1 new tokens
+    scored = [1, 2, 3, 5, 6, 7, 9]
+    assert scored_bytes(Fake(), ids, Windowing(4, 4, 1)) == sum(2 if i % 2 else 1 for i in scored)
 
 
 def test_run_html_self_contained(run_dir):

@@ -7,16 +7,22 @@
 - ``predictiveness.csv``: how well each score predicts ``abl_zero`` (NLL increase when the head is zero-ablated):
   R^2 of a one-variable linear fit, Spearman rho, Kendall tau-b, ROC-AUC for finding the top 10% heads;
 - ``heatmap_{method}.png``: a method's scores on the layer x head grid (grey: head missing);
-- ``curves.png``: perplexity against the share of heads pruned; random as mean line with a +-1 std band;
+- ``curves.png``: perplexity and NLL increase against the share of heads pruned (% and heads removed); random as
+  mean line with a +-1 std band; one Okabe-Ito hue per method family;
+- ``pruning_order.png``: per ranking method, the step at which each head is removed (layer x head grid);
 - ``scatter_{method}.png``: each score against ``abl_zero``, Spearman rho in the title;
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
-- ``summary.md``: settings (scoring data vs evaluation data), baseline, best method, perplexity at 10/30/50% pruned,
-  predictiveness, top-10 heads by ``abl_zero``;
-- ``report.html``: one self-contained page with all of the above (pictures as data: URIs, no external CSS/JS).
+- ``summary.md``: the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
+  the random band at 30% and 50%, the scores that rank heads inversely, what mean compensation buys), the
+  perplexity (and bits per byte where the baseline has ``bytes``) at 10/30/50% pruned, top-10 heads by
+  ``abl_zero``, heads removed per layer, predictiveness, then settings and timings;
+- ``report.html``: one self-contained page with all of the above (pictures as data: URIs, inline CSS and a few
+  lines of inline JavaScript that sort tables; table of contents; settings folded at the end).
 
 ``rebuild_report`` redoes it from saved tables (the ``headprune report`` command). The package: ``tables``
-(the numbers), ``plots`` (figures as PNG bytes), ``render`` (one list of sections, as markdown and HTML).
+(the numbers), ``findings`` (the headline sentences), ``plots`` (figures as PNG bytes), ``render`` (one list of
+sections, and its markdown), ``page`` (its HTML).
 Nothing here imports torch.
 """
 
@@ -31,8 +37,9 @@ import pandas as pd
 from ..errors import HeadpruneError
 from ..outputs import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
 from ..schema import check_curves, check_scores
+from .page import render_html
 from .plots import make_pictures
-from .render import make_content, markdown_table, render_html, render_markdown, sections
+from .render import make_content, markdown_table, render_markdown, sections
 from .tables import (
     baseline_from_curves,
     best_method,

@@ -14,8 +14,8 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from ..schema import DESCRIPTIVE, METHOD_LABELS, RANDOM, TRUTH, method_columns
-from .tables import groups, rank_correlations
+from ..schema import DESCRIPTIVE, METHOD_LABELS, RANDOM, TRUTH, method_columns, method_family
+from .tables import groups, pruning_order, rank_correlations, ranked_methods
 
 LOG_Y_RATIO = 10.0  # curves.png uses a log y axis when max/min perplexity exceeds this
 DPI = 110
@@ -68,49 +68,126 @@ def plot_heatmap(scores: pd.DataFrame, method: str) -> bytes:
     return _png(fig)
 
 
-def _annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt: str = "{:.3g}") -> None:
+def _annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt: str = "{:.3g}",
+                    fontsize: float = 6.5) -> None:
     """Write each finite value in its cell, white on dark colours and black on light ones."""
     span = (vmax - vmin) or 1.0
     for (i, j), v in np.ndenumerate(values):
         if np.isfinite(v):
             r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
             dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6.5, color="white" if dark else "black")
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
 
 
-def plot_curves(curves: pd.DataFrame, baseline: dict) -> bytes:
-    fig = Figure(figsize=(9.0, 5.2))
-    ax = fig.add_subplot()
+# Okabe & Ito (2008), colour-blind safe: one hue per method family, line styles within a family.
+FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
+                 "other": "#D55E00", RANDOM: "#000000"}
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+COMPENSATED_STYLE = (0, (6, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: never a family's own style
+
+
+def curve_styles(methods: list[str]) -> dict[str, dict]:
+    """Colour (by family), line style and marker (by place in the family) of each non-random method."""
+    seen: dict[str, int] = {}
+    styles = {}
+    for method in methods:
+        family = method_family(method)
+        i = seen[family] = seen.get(family, -1) + 1
+        styles[method] = {"color": FAMILY_COLORS.get(family, FAMILY_COLORS["other"]),
+                          "ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)]}
+    return styles
+
+
+def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None) -> bytes:
+    """Perplexity (left) and ΔNLL (right) against the % of heads pruned; a secondary x axis in heads removed."""
+    fig = Figure(figsize=(11.0, 4.8))
+    ax_ppl, ax_nll = fig.subplots(1, 2)
     methods = [m for m in dict.fromkeys(curves["method"]) if m != RANDOM]
-    palette = colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    styles = curve_styles(methods)
     seen: list[float] = []
     for (method, comp), g in groups(curves):
-        x, ppl = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float)
-        style = "-" if comp == "none" else "--"
+        x, ppl, dnll = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float), g["delta_nll"].to_numpy(float)
         suffix = "" if comp == "none" else " (mean-compensated)"
         if method == RANDOM:
-            std = np.nan_to_num(g["ppl_std"].to_numpy(float))
+            std_ppl = np.nan_to_num(g["ppl_std"].to_numpy(float))
+            std_nll = np.nan_to_num(g["nll_std"].to_numpy(float))
             seeds = int(g["n_seeds"].max())
-            ax.plot(x, ppl, color="black", ls=style, lw=1.6, label=f"random, mean of {seeds} seeds{suffix}")
-            ax.fill_between(x, np.maximum(ppl - std, 1.0), ppl + std, color="grey", alpha=0.25,
-                            label=f"random +-1 std{suffix}")
-            seen.extend(ppl + std)
+            ls = "-" if comp == "none" else COMPENSATED_STYLE
+            kw = {"color": FAMILY_COLORS[RANDOM], "ls": ls, "lw": 1.6}
+            ax_ppl.plot(x, ppl, label=f"random, mean of {seeds} seeds{suffix}", **kw)
+            ax_nll.plot(x, dnll, **kw)
+            band = {"color": "grey", "alpha": 0.25, "lw": 0}
+            ax_ppl.fill_between(x, np.maximum(ppl - std_ppl, 1.0), ppl + std_ppl, label=f"random ± 1 std{suffix}", **band)
+            ax_nll.fill_between(x, dnll - std_nll, dnll + std_nll, **band)
+            seen.extend(ppl + std_ppl)
         else:
-            color = palette(methods.index(method) % palette.N)
-            ax.plot(x, ppl, color=color, ls=style, marker="o", ms=3, lw=1.4, label=f"{method}{suffix}")
+            st = dict(styles[method])
+            if comp != "none":
+                st.update(ls=COMPENSATED_STYLE, marker="*")
+            kw = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "ms": 4, "lw": 1.5}
+            ax_ppl.plot(x, ppl, label=f"{method}{suffix}", **kw)
+            ax_nll.plot(x, dnll, **kw)
         seen.extend(ppl)
     if np.isfinite(baseline["ppl"]):
-        ax.axhline(baseline["ppl"], color="grey", ls=":", lw=1, label=f"unpruned ({baseline['ppl']:.2f})")
+        ax_ppl.axhline(baseline["ppl"], color="grey", ls=":", lw=1, label=f"unpruned ({baseline['ppl']:.2f})")
         seen.append(baseline["ppl"])
+    ax_nll.axhline(0.0, color="grey", ls=":", lw=1)
     shown = np.asarray(seen, float)
     shown = shown[np.isfinite(shown) & (shown > 0)]
     if len(shown) and shown.max() / shown.min() > LOG_Y_RATIO:
-        ax.set_yscale("log")
-    ax.set_xlabel("heads pruned (%)")
-    ax.set_ylabel("perplexity" + (" (log scale)" if ax.get_yscale() == "log" else ""))
-    ax.set_title("Perplexity against the share of heads pruned")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax_ppl.set_yscale("log")
+    ax_ppl.set_ylabel("perplexity" + (" (log scale)" if ax_ppl.get_yscale() == "log" else ""))
+    ax_nll.set_ylabel("ΔNLL (nats/token)")
+    ax_ppl.set_title("Perplexity", fontsize=10)
+    ax_nll.set_title("NLL increase over the unpruned model", fontsize=10)
+    for ax in (ax_ppl, ax_nll):
+        ax.set_xlabel("heads pruned (%)")
+        ax.grid(alpha=0.3, which="both")
+        if n_heads:
+            top = ax.secondary_xaxis("top", functions=(lambda p, n=n_heads: p * n / 100,
+                                                       lambda k, n=n_heads: k * 100 / n))
+            top.set_xlabel("heads removed", fontsize=8)
+            top.tick_params(labelsize=8)
+    handles, labels = ax_ppl.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(5, len(labels)), fontsize=8,
+               frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
+    """One small layer x head grid per ranking method: the step at which the head is removed (1 = first)."""
+    grids = [(m, pruning_order(scores, m)) for m in ranked_methods(scores)]
+    if not grids:
+        return None
+    n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
+    cols = min(4, len(grids))
+    rows = -(-len(grids) // cols)
+    cell_w, cell_h = max(2.2, 0.34 * n_heads + 0.6), max(1.6, 0.3 * n_layers + 0.9)
+    fig = Figure(figsize=(cols * cell_w, rows * cell_h + 0.6))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    n = len(scores)
+    cmap = colormaps["viridis_r"].with_extremes(bad=MISSING_COLOR)
+    for ax, (method, grid) in zip(axes, grids):
+        ax.set_title(method, fontsize=9)
+        ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)] if n_heads <= 16 else [], fontsize=6)
+        ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)], fontsize=6)
+        if grid is None:
+            ax.text(0.5, 0.5, "not ranked\n(a NaN score)", ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes)
+            ax.set_xlim(-0.5, n_heads - 0.5)
+            ax.set_ylim(n_layers - 0.5, -0.5)
+            continue
+        values = grid.to_numpy(float)
+        ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=1, vmax=max(n, 2), aspect="auto")
+        if n_layers * n_heads <= 200:
+            _annotate_cells(ax, values, cmap, 1.0, float(max(n, 2)), "{:.0f}", fontsize=5.5)
+    for ax in axes[len(grids):]:
+        ax.set_visible(False)
+    fig.suptitle("Pruning order: the step at which each head is removed (1 = first; rows: layers, columns: heads)",
+                 fontsize=10)
+    fig.tight_layout()
     return _png(fig)
 
 
@@ -160,8 +237,13 @@ class Picture:
 
 
 def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame) -> list[Picture]:
-    pics = [Picture("curves.png", "Perplexity against the share of heads pruned (dashed: mean-compensated; grey "
-                    "band: random +-1 std over seeds).", plot_curves(curves, baseline))]
+    pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
+                    "family, Okabe-Ito; dash-dot-dot with stars: mean-compensated; grey band: random ± 1 std over "
+                    "seeds; top axis: heads removed).", plot_curves(curves, baseline, len(scores)))]
+    order = plot_pruning_order(scores)
+    if order is not None:
+        pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
+                            "curves prune: global ranking, lowest score first.", order))
     for method in method_columns(scores):
         pics.append(Picture(f"heatmap_{method}.png", f"{method} per head (rows: layers, columns: heads; grey: "
                             "missing).", plot_heatmap(scores, method)))

@@ -1,13 +1,14 @@
-"""The report's text: ONE list of sections (:func:`sections`), rendered to summary.md and to report.html.
+"""The report's text: ONE list of sections (:func:`sections`), rendered to summary.md (here) and report.html
+(:mod:`.page`).
 
-A section is a title and blocks: facts (label: value), notes, paragraphs, tables and pictures. Markdown
-leaves out what only a page can show (pictures, the full tables: ``html_only`` sections).
+A section is a title and blocks: findings (the headline sentences), facts (label: value), notes, paragraphs,
+tables and pictures. Markdown leaves out what only a page can show (the full tables and the gallery of
+pictures: ``html_only`` sections) and links the pictures it keeps; ``collapsed`` sections fold on the page.
+Order: findings, the curves, the top heads, the pruning order, predictiveness, the rest; settings last.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from dataclasses import dataclass, field
 
@@ -16,14 +17,18 @@ import pandas as pd
 
 from ..errors import HeadpruneError
 from ..schema import TRUTH
+from .findings import findings
 from .plots import Picture
 from .tables import (
     BEST_MAX_FRACTION,
     FRACTION_TOL,
+    SUMMARY_FRACTIONS,
     TOP_HEADS,
     TOP_PERCENT,
     best_method,
+    bpb_factor,
     fraction_note,
+    layer_counts,
     predictiveness,
     rank_stats,
     summary_table,
@@ -50,11 +55,18 @@ class Content:
     fraction_note: str
     predictiveness: pd.DataFrame
     top: pd.DataFrame
+    layer_counts: pd.DataFrame
+    findings: list[str] = field(default_factory=list)
     facts: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- blocks and sections
+
+
+@dataclass
+class Findings:
+    sentences: list[str]
 
 
 @dataclass
@@ -77,7 +89,7 @@ class Table:
     df: pd.DataFrame
 
 
-Block = Facts | Note | Paragraph | Table | Picture
+Block = Findings | Facts | Note | Paragraph | Table | Picture
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Section:
     title: str
     blocks: list[Block]
     html_only: bool = False
+    collapsed: bool = False
 
 
 def _setting(settings: dict, keys: tuple[str, ...]) -> str | None:
@@ -118,16 +131,17 @@ def make_content(scores, curves, settings, baseline) -> Content:
         best = best_method(curves)
     except HeadpruneError:
         best = None
-    content = Content(scores, curves, settings, baseline, best, summary_table(curves), fraction_note(curves),
-                      predictiveness(scores), top_heads(scores))
+    pred = predictiveness(scores)
+    content = Content(scores, curves, settings, baseline, best, summary_table(curves, bpb_factor(baseline)),
+                      fraction_note(curves), pred, top_heads(scores), layer_counts(scores),
+                      findings(scores, curves, pred))
     score_data, eval_data = _setting(settings, SCORE_DATA_KEYS), _setting(settings, EVAL_DATA_KEYS)
     content.facts = [
         ("Model", f"{settings.get('model', 'not recorded')} (fingerprint {scores['model_fingerprint'].iloc[0]})"),
         ("Heads scored on", score_data or "not recorded in settings"),
         ("Curves (perplexity) measured on", eval_data or "not recorded in settings"),
         ("Heads", f"{len(scores)} ({scores['layer'].nunique()} layers)"),
-        ("Baseline (unpruned)", (f"perplexity {number(baseline['ppl'])}, NLL {number(baseline['nll'])} nats/token, "
-                                 f"{number(baseline['tokens'])} tokens")),
+        ("Baseline (unpruned)", baseline_text(baseline)),
         ("Best method", _best_text(content)),
     ]
     if score_data is not None and score_data == eval_data:
@@ -146,6 +160,13 @@ def make_content(scores, curves, settings, baseline) -> Content:
     return content
 
 
+def baseline_text(baseline: dict) -> str:
+    bpb = bpb_factor(baseline)
+    bits = f", {baseline['nll'] * bpb:.4g} bits/byte" if bpb else ""
+    return (f"perplexity {number(baseline['ppl'])}{bits}, NLL {number(baseline['nll'])} nats/token, "
+            f"{number(baseline['tokens'])} tokens" + (f" ({number(baseline['bytes'])} bytes)" if bpb else ""))
+
+
 def _best_text(content: Content) -> str:
     if content.best is None:
         return "not determined (no non-random curve with compensation none and 0 < fraction <= 0.5)"
@@ -156,28 +177,55 @@ def _best_text(content: Content) -> str:
             f"{sel['delta_nll'].mean():.4g} nats/token)")
 
 
+def flatten(settings: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested dicts as "key.subkey" rows, sorted; lists as comma-separated values; never raw JSON objects."""
+    rows: list[tuple[str, str]] = []
+    for key, value in sorted(settings.items()):
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += flatten(value, name + ".")
+        elif isinstance(value, list):
+            rows.append((name, ", ".join(_value_text(v) for v in value)))
+        else:
+            rows.append((name, "n/a" if value is None else _value_text(value)))
+    return rows
+
+
 def _settings_frame(settings: dict) -> pd.DataFrame:
-    return pd.DataFrame([(k, _value_text(v)) for k, v in sorted(settings.items())], columns=["setting", "value"])
+    return pd.DataFrame(flatten(settings), columns=["setting", "value"])
 
 
 def sections(c: Content, pictures: list[Picture]) -> list[Section]:
-    """Everything the report says, in order."""
-    settings: list[Block] = [Facts(c.facts), *map(Note, c.notes)]
-    settings += [Table(_settings_frame(c.settings))] if c.settings else []
-    perplexity: list[Block] = [Table(c.summary)]
-    perplexity += [Paragraph(c.fraction_note)] if c.fraction_note else []
+    """Everything the report says, in order: the headline first, settings and timings last."""
+    by_name = {p.name: p for p in pictures}
+    curves_pic, order_pic = by_name.get("curves.png"), by_name.get("pruning_order.png")
+    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic)]
+    headline: list[Block] = [Findings(c.findings)] if c.findings else [Paragraph("No finding: see the tables.")]
+    headline += [*map(Note, c.notes)]
+    curves: list[Block] = [Paragraph(f"Unpruned: {baseline_text(c.baseline)}. Best method: {_best_text(c)}.")]
+    curves += [curves_pic] if curves_pic else []
+    curves += [Table(c.summary)]
+    curves += [Paragraph(c.fraction_note)] if c.fraction_note else []
+    order: list[Block] = [order_pic] if order_pic else []
+    fractions = " / ".join(f"{f:.0%}" for f in SUMMARY_FRACTIONS)
+    order += ([Paragraph(f"Heads removed from each layer at {fractions} of all heads pruned:"), Table(c.layer_counts)]
+              if len(c.layer_counts) else [Paragraph("No method could rank the heads.")])
     predicts: list[Block] = ([Table(c.predictiveness), Paragraph(PRED_NOTE)] if len(c.predictiveness) else
                              [Paragraph(f"Not computed: the scores have no {TRUTH} column or no other method.")])
     top: list[Block] = [Table(c.top) if len(c.top) else
                         Paragraph(f"Not available: the scores have no {TRUTH} column.")]
+    settings: list[Block] = [Facts(c.facts)]
+    settings += [Table(_settings_frame(c.settings))] if c.settings else []
     return [
-        Section("Settings", settings),
-        Section("Perplexity after pruning", perplexity),
-        Section(f"How well each score predicts {TRUTH}", predicts),
+        Section("Findings", headline),
+        Section("Perplexity after pruning", curves),
         Section(f"Top {TOP_HEADS} heads by {TRUTH}", top),
-        Section("Pictures", list(pictures), html_only=True),
+        Section("Pruning order", order),
+        Section(f"How well each score predicts {TRUTH}", predicts),
+        Section("Pictures", gallery, html_only=True),
         Section("Scores (one row per head)", [Table(c.scores)], html_only=True),
         Section("Curves (one row per method, compensation, fraction)", [Table(c.curves)], html_only=True),
+        Section("Settings and timings", settings, collapsed=True),
     ]
 
 
@@ -194,6 +242,10 @@ def markdown_table(df: pd.DataFrame) -> str:
 
 
 def _markdown_block(block: Block) -> list[str]:
+    if isinstance(block, Findings):
+        return ["", *(f"> - {sentence}" for sentence in block.sentences), ""]
+    if isinstance(block, Picture):
+        return ["", f"![{block.caption}]({block.name})"]
     if isinstance(block, Facts):
         return [f"- **{label}**: {value}" for label, value in block.items]
     if isinstance(block, Note):
@@ -213,40 +265,3 @@ def render_markdown(secs: list[Section]) -> str:
         body = [line for block in sec.blocks for line in _markdown_block(block)]
         out += ["", f"## {sec.title}", *([""] if body and body[0] else []), *body]
     return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------- html
-
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
-th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}th{background:#f3f3f3}
-td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%}
-figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}"""
-
-
-def _html_table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, border=0, na_rep="n/a", float_format=lambda v: f"{v:.6g}")
-
-
-def _html_block(block: Block) -> str:
-    e = html.escape
-    if isinstance(block, Facts):
-        return "<ul>\n" + "\n".join(f"<li><b>{e(label)}</b>: {e(value)}</li>" for label, value in block.items) + "\n</ul>"
-    if isinstance(block, Note):
-        return f'<p class="note">Note: {e(block.text)}</p>'
-    if isinstance(block, Table):
-        return _html_table(block.df)
-    if isinstance(block, Paragraph):
-        return f"<p>{e(block.text)}</p>"
-    uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
-    return (f'<figure><img src="{uri}" alt="{e(block.name)}"><figcaption>{e(block.name)}: {e(block.caption)}'
-            "</figcaption></figure>")
-
-
-def render_html(secs: list[Section]) -> str:
-    body = ["<h1>headprune report</h1>"]
-    for sec in secs:
-        body += [f"<h2>{html.escape(sec.title)}</h2>", *map(_html_block, sec.blocks)]
-    head = f'<meta charset="utf-8"><title>headprune report</title><style>{_CSS}</style>'
-    page = "\n".join(body)
-    return f'<!DOCTYPE html>\n<html lang="en">\n<head>{head}</head>\n<body>\n{page}\n</body>\n</html>\n'

@@ -16,6 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from ..errors import HeadpruneError
 from ..schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
+from ..selection import rank_heads, select_heads
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "kendall_tau", "roc_auc_top10")
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
@@ -31,16 +32,26 @@ def groups(curves: pd.DataFrame):
 
 
 def check_baseline(baseline) -> dict:
-    """{"tokens", "nll", "ppl"} as numbers; one of nll and ppl gives the other."""
+    """{"tokens", "nll", "ppl"} as numbers (and "bytes" where given); one of nll and ppl gives the other."""
     if not isinstance(baseline, dict) or (baseline.get("nll") is None and baseline.get("ppl") is None):
         raise HeadpruneError("baseline must be a dict with nll and ppl (tokens optional)")
     try:
         nll = float(baseline["nll"]) if baseline.get("nll") is not None else math.log(float(baseline["ppl"]))
         ppl = float(baseline["ppl"]) if baseline.get("ppl") is not None else math.exp(nll)
         tokens = int(baseline["tokens"]) if baseline.get("tokens") is not None else None
+        n_bytes = int(baseline["bytes"]) if baseline.get("bytes") is not None else None
     except (TypeError, ValueError, OverflowError):
-        raise HeadpruneError(f"baseline {baseline} must hold numbers (tokens, nll, ppl)") from None
-    return {"tokens": tokens, "nll": nll, "ppl": ppl}
+        raise HeadpruneError(f"baseline {baseline} must hold numbers (tokens, nll, ppl, bytes)") from None
+    return {"tokens": tokens, "nll": nll, "ppl": ppl} | ({"bytes": n_bytes} if n_bytes is not None else {})
+
+
+def bpb_factor(baseline: dict) -> float | None:
+    """Bits per byte per nat/token: tokens / (ln 2 · bytes), so bpb = nll · factor (None without bytes or tokens).
+
+    Every curve point is measured on the baseline's text, so one factor serves them all.
+    """
+    tokens, n_bytes = baseline.get("tokens"), baseline.get("bytes")
+    return tokens / (math.log(2) * n_bytes) if tokens and n_bytes else None
 
 
 #: How far the curves' unpruned (fraction-0) NLL may lie from the baseline's: the same evaluation, so only noise.
@@ -82,7 +93,7 @@ def best_method(curves: pd.DataFrame) -> str:
     return min(means.index, key=lambda m: (means[m], m))
 
 
-def _nearest_row(group: pd.DataFrame, target: float) -> pd.Series:
+def nearest_row(group: pd.DataFrame, target: float) -> pd.Series:
     """The row whose fraction is nearest ``target``; of two equally near, the smaller fraction."""
     dist = (group["fraction"] - target).abs().round(12).to_numpy()
     return group.iloc[np.lexsort((group["fraction"].to_numpy(), dist))[0]]
@@ -92,25 +103,34 @@ def ppl_label(target: float) -> str:
     return f"ppl@{round(100 * target)}%"
 
 
-def summary_table(curves: pd.DataFrame) -> pd.DataFrame:
+def bpb_label(target: float) -> str:
+    return f"bpb@{round(100 * target)}%"
+
+
+def summary_table(curves: pd.DataFrame, bpb: float | None = None) -> pd.DataFrame:
     """Perplexity at 10/30/50% of heads pruned (nearest fraction present), one row per (method, compensation).
 
-    Columns: method, compensation, ppl@10%, ppl@30%, ppl@50%; random last, compensation none before mean.
+    Columns: method, compensation, ppl@10%, ppl@30%, ppl@50% and, given ``bpb`` (:func:`bpb_factor`), bits per
+    byte bpb@10%, bpb@30%, bpb@50%; random last, compensation none before mean.
     """
     curves = check_curves(curves)
     rows = []
+    columns = ["method", "compensation", *map(ppl_label, SUMMARY_FRACTIONS)]
+    columns += list(map(bpb_label, SUMMARY_FRACTIONS)) if bpb else []
     for (method, comp), group in groups(curves):
         row = {"method": method, "compensation": comp}
-        row.update({ppl_label(t): float(_nearest_row(group, t)["ppl"]) for t in SUMMARY_FRACTIONS})
+        row.update({ppl_label(t): float(nearest_row(group, t)["ppl"]) for t in SUMMARY_FRACTIONS})
+        if bpb:
+            row.update({bpb_label(t): float(nearest_row(group, t)["nll"]) * bpb for t in SUMMARY_FRACTIONS})
         rows.append(row)
-    return pd.DataFrame(rows, columns=["method", "compensation", *map(ppl_label, SUMMARY_FRACTIONS)])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def fraction_note(curves: pd.DataFrame) -> str:
     """Which fractions stood in for 10/30/50% where no curve point sits at the target ('' if all do)."""
     parts = []
     for target in SUMMARY_FRACTIONS:
-        used = sorted({float(_nearest_row(g, target)["fraction"]) for _, g in groups(curves)})
+        used = sorted({float(nearest_row(g, target)["fraction"]) for _, g in groups(curves)})
         if any(abs(u - target) > FRACTION_TOL for u in used):
             parts.append(f"{target:.0%} read at {', '.join(f'{u:.1%}' for u in used)}")
     return ("Nearest fraction present: " + "; ".join(parts) + ".") if parts else ""
@@ -194,6 +214,41 @@ def top_heads(scores: pd.DataFrame, n: int = TOP_HEADS) -> pd.DataFrame:
     df = df[["head_id", "layer", "head", TRUTH]].head(n).reset_index(drop=True)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df
+
+
+def ranked_methods(scores: pd.DataFrame) -> list[str]:
+    """The method columns that choose heads to prune (not the descriptions)."""
+    return [m for m in method_columns(scores) if m not in DESCRIPTIVE]
+
+
+def pruning_order(scores: pd.DataFrame, method: str) -> pd.DataFrame | None:
+    """Layers x heads: the step at which ``method`` removes each head (1 = first; :func:`rank_heads`, global,
+    no rescaling: as the curves prune). None where the method cannot rank (a NaN score)."""
+    try:
+        ranked = rank_heads(scores, method)
+    except HeadpruneError:
+        return None
+    steps = pd.DataFrame([(layer, head, step) for step, (layer, head) in enumerate(ranked, 1)],
+                         columns=["layer", "head", "step"])
+    layers, heads = range(int(scores["layer"].max()) + 1), range(int(scores["head"].max()) + 1)
+    return steps.pivot(index="layer", columns="head", values="step").reindex(index=layers, columns=heads)
+
+
+def layer_counts(scores: pd.DataFrame, fractions=SUMMARY_FRACTIONS) -> pd.DataFrame:
+    """Heads each method removes from each layer at each fraction: one row per method, one column per layer,
+    cells "a / b / c" for the fractions in order (:func:`select_heads`, as the curves prune)."""
+    layers = sorted(scores["layer"].unique())
+    rows = []
+    for method in ranked_methods(scores):
+        try:
+            chosen = [select_heads(scores, method, fraction=f) for f in fractions]
+        except HeadpruneError:
+            continue
+        row = {"method": method}
+        for layer in layers:
+            row[f"layer {layer}"] = " / ".join(str(sum(h[0] == layer for h in c)) for c in chosen)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["method", *(f"layer {layer}" for layer in layers)])
 
 
 def baseline_from_curves(curves: pd.DataFrame) -> dict:

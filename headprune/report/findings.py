@@ -1,0 +1,155 @@
+"""The report's headline: three to five sentences computed from the tables, shown before anything else.
+
+1. which layer matters most (``abl_zero`` summed over each layer's heads);
+2. at 30% and at 50% of heads pruned: which scores beat the random band (ΔNLL below the random mean minus one
+   standard deviation over seeds) and by how much, which are worse than it;
+3. which scores rank heads inversely to ``abl_zero`` (Spearman ρ < 0 or ROC-AUC < 0.5);
+4. what mean compensation buys (ΔNLL with and without, same method and fraction).
+
+A sentence whose numbers are missing (no ``abl_zero``, no random curve, no compensated curve) is left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..schema import DESCRIPTIVE, RANDOM, TRUTH
+from .tables import FRACTION_TOL, nearest_row
+
+FINDING_FRACTIONS = (0.3, 0.5)
+INVERSE_DETAIL = 2  # more inverse scores than this: one range of ρ and of ROC-AUC instead of each
+
+
+def nats(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _names(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def layer_totals(scores: pd.DataFrame) -> pd.Series:
+    """abl_zero summed over each layer's heads (finite values), largest first; ties: smaller layer first."""
+    if TRUTH not in scores.columns:
+        return pd.Series(dtype=float)
+    finite = scores[np.isfinite(scores[TRUTH].to_numpy(float))]
+    totals = finite.groupby("layer")[TRUTH].sum()
+    return totals.sort_values(ascending=False, kind="stable")
+
+
+def layer_sentence(scores: pd.DataFrame) -> str | None:
+    totals = layer_totals(scores)
+    if totals.empty:
+        return None
+    top, value = int(totals.index[0]), float(totals.iloc[0])
+    text = f"Layer {top} matters most: its heads' {TRUTH} (NLL increase when one head is zero-ablated) sum to " \
+           f"{nats(value)} nats/token"
+    if totals.sum() > 0 and (totals >= 0).all():
+        text += f", {value / totals.sum():.0%} of all heads' total"
+    if len(totals) > 1:
+        text += f"; next is layer {int(totals.index[1])} ({nats(float(totals.iloc[1]))})"
+    return text + "."
+
+
+def _at(group: pd.DataFrame, target: float) -> pd.Series:
+    return nearest_row(group, target)
+
+
+def versus_random(curves: pd.DataFrame, target: float):
+    """(random row, [(method, delta_nll, margin)] beating the band, [methods above it]) at ``target``;
+    None without a random curve. margin = random mean ΔNLL − method ΔNLL; beaters sorted by margin, largest first."""
+    none = curves[curves["compensation"] == "none"]
+    rand = none[none["method"] == RANDOM]
+    if rand.empty:
+        return None
+    r = _at(rand, target)
+    std = 0.0 if math.isnan(r["nll_std"]) else float(r["nll_std"])
+    beat, worse = [], []
+    for method, group in none[none["method"] != RANDOM].groupby("method", sort=False):
+        delta = float(_at(group, target)["delta_nll"])
+        if delta < r["delta_nll"] - std:
+            beat.append((method, delta, float(r["delta_nll"]) - delta))
+        elif delta > r["delta_nll"] + std:
+            worse.append(method)
+    beat.sort(key=lambda b: -b[2])
+    return r, beat, worse
+
+
+def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
+    found = versus_random(curves, target)
+    if found is None:
+        return None
+    r, beat, worse = found
+    where = f"At {target:.0%} of heads pruned"
+    if abs(float(r["fraction"]) - target) > FRACTION_TOL:
+        where += f" (nearest point: {float(r['fraction']):.1%})"
+    std = 0.0 if math.isnan(r["nll_std"]) else float(r["nll_std"])
+    band = f"the random band (ΔNLL {nats(float(r['delta_nll']))} ± {nats(std)} nats/token)"
+    if beat:
+        parts = [f"{m} {nats(delta)} ({nats(margin)} below random)" for m, delta, margin in beat]
+        n = f"{len(beat)} scores beat" if len(beat) > 1 else "1 score beats"
+        text = f"{where}, {n} {band}, with ΔNLL: {', '.join(parts)}"
+    else:
+        text = f"{where}, no score beats {band}"
+    if worse:
+        text += f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse than random"
+    return text + "."
+
+
+def inverse_methods(pred: pd.DataFrame) -> pd.DataFrame:
+    """The importance rows of ``predictiveness`` with Spearman ρ < 0 or ROC-AUC < 0.5."""
+    if pred.empty:
+        return pred
+    rows = pred[~pred["method"].isin(DESCRIPTIVE)]
+    return rows[(rows["spearman_rho"] < 0) | (rows["roc_auc_top10"] < 0.5)]
+
+
+def inverse_sentence(pred: pd.DataFrame) -> str | None:
+    if pred.empty:
+        return None
+    inverse = inverse_methods(pred)
+    if inverse.empty:
+        return f"No score ranks heads inversely to {TRUTH}: every Spearman ρ ≥ 0 and every ROC-AUC ≥ 0.5."
+    test = "Spearman ρ < 0 or ROC-AUC for the top heads < 0.5"
+    if len(inverse) <= INVERSE_DETAIL:
+        parts = [f"{r.method} (ρ {r.spearman_rho:.2f}, ROC-AUC {r.roc_auc_top10:.2f})" for r in inverse.itertuples()]
+        verb, them = ("ranks", "it") if len(parts) == 1 else ("rank", "them")
+        return f"{_names(parts)} {verb} heads inversely to {TRUTH} ({test}): pruning by {them} removes important " \
+               "heads early."
+    rho, auc = inverse["spearman_rho"], inverse["roc_auc_top10"]
+    return (f"{_names(list(inverse['method']))} rank heads inversely to {TRUTH} ({test}; here ρ {_span(rho)}, "
+            f"ROC-AUC {_span(auc)}): pruning by them removes important heads early.")
+
+
+def _span(values: pd.Series) -> str:
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
+
+
+def compensation_sentences(curves: pd.DataFrame) -> list[str]:
+    out = []
+    for method in dict.fromkeys(curves.loc[curves["compensation"] == "mean", "method"]):
+        plain = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
+        comp = curves[(curves["method"] == method) & (curves["compensation"] == "mean")]
+        if plain.empty:
+            continue
+        parts = []
+        for target in FINDING_FRACTIONS:
+            a, b = float(_at(plain, target)["delta_nll"]), float(_at(comp, target)["delta_nll"])
+            saves = a - b
+            change = "no change" if nats(abs(saves)) == nats(0.0) else \
+                f"{'saves' if saves > 0 else 'costs'} {nats(abs(saves))}"
+            parts.append(f"at {target:.0%} {nats(a)} → {nats(b)} nats/token ({change})")
+        out.append(f"Mean compensation (the pruned heads' mean output folded into the bias) changes {method}'s "
+                   f"ΔNLL {' and '.join(parts)}.")
+    return out
+
+
+def findings(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame) -> list[str]:
+    """The headline sentences, in order (validated tables; ``pred`` from :func:`predictiveness`)."""
+    sentences = [layer_sentence(scores), *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
+                 inverse_sentence(pred), *compensation_sentences(curves)]
+    return [s for s in sentences if s]

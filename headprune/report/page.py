@@ -1,0 +1,79 @@
+"""report.html: the sections of :func:`.render.sections` as one self-contained page.
+
+Works offline and on a phone: a viewport meta tag, a table of contents, every table in a horizontally
+scrolling box, pictures as data: URIs, and a few lines of inline JavaScript (no CDN) that sort a table by the
+column whose header is clicked (numbers numerically, text alphabetically; again: reversed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+
+import pandas as pd
+
+from .plots import Picture
+from .render import Block, Facts, Findings, Note, Paragraph, Section, Table
+
+CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222;
+line-height:1.45}
+.scroll{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
+table{border-collapse:collapse;font-size:.85em}
+th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}th{background:#f3f3f3}
+table.sortable th{cursor:pointer}table.sortable th:hover{background:#e4e4e4}
+td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%;height:auto}
+figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
+.findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
+.findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
+details summary{cursor:pointer}details summary h2{display:inline}"""
+
+SORT_JS = """document.querySelectorAll("table.sortable").forEach(function(t){
+t.querySelectorAll("thead th").forEach(function(th,i){th.title="click to sort";th.addEventListener("click",function(){
+var up=th.dataset.dir!=="up";th.dataset.dir=up?"up":"down";var body=t.tBodies[0];
+var key=function(r){var s=r.cells[i].textContent.trim(),n=parseFloat(s.replace(/,/g,""));return isNaN(n)?s:n;};
+Array.from(body.rows).sort(function(a,b){var x=key(a),y=key(b),c=typeof x===typeof y?(x<y?-1:x>y?1:0):
+(typeof x==="number"?-1:1);return up?c:-c;}).forEach(function(r){body.appendChild(r);});});});});"""
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    table = df.to_html(index=False, border=0, na_rep="n/a", float_format=lambda v: f"{v:.6g}", classes="sortable")
+    return f'<div class="scroll">\n{table}\n</div>'
+
+
+def _html_block(block: Block) -> str:
+    e = html.escape
+    if isinstance(block, Findings):
+        items = "\n".join(f"<li>{e(s)}</li>" for s in block.sentences)
+        return f'<div class="findings"><ul>\n{items}\n</ul></div>'
+    if isinstance(block, Facts):
+        return "<ul>\n" + "\n".join(f"<li><b>{e(label)}</b>: {e(value)}</li>" for label, value in block.items) + "\n</ul>"
+    if isinstance(block, Note):
+        return f'<p class="note">Note: {e(block.text)}</p>'
+    if isinstance(block, Table):
+        return _html_table(block.df)
+    if isinstance(block, Paragraph):
+        return f"<p>{e(block.text)}</p>"
+    assert isinstance(block, Picture)
+    uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
+    return (f'<figure><img src="{uri}" alt="{e(block.name)}"><figcaption>{e(block.name)}: {e(block.caption)}'
+            "</figcaption></figure>")
+
+
+def _section(i: int, sec: Section) -> list[str]:
+    title = html.escape(sec.title)
+    body = [_html_block(block) for block in sec.blocks]
+    if sec.collapsed:
+        return [f'<details id="s{i}"><summary><h2>{title}</h2></summary>', *body, "</details>"]
+    return [f'<section id="s{i}">', f"<h2>{title}</h2>", *body, "</section>"]
+
+
+def render_html(secs: list[Section]) -> str:
+    toc = "\n".join(f'<li><a href="#s{i}">{html.escape(sec.title)}</a></li>' for i, sec in enumerate(secs))
+    body = ["<h1>headprune report</h1>", f'<nav aria-label="contents"><ol>\n{toc}\n</ol></nav>']
+    for i, sec in enumerate(secs):
+        body += _section(i, sec)
+    head = ('<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>headprune report</title><style>{CSS}</style>")
+    page = "\n".join(body)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>{head}</head>\n<body>\n{page}\n<script>{SORT_JS}</script>\n'
+            "</body>\n</html>\n")

@@ -1,0 +1,60 @@
+"""report.html in headless Chromium at 1400 px and 400 px: no broken image, no table past the page, the page
+no wider than the screen, tables sort on a header click. Skipped where no Chromium is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from test_report import BASELINE, SETTINGS, make_curves, make_scores
+
+from headprune.report import build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("screenshot_report", ROOT / "scripts" / "screenshot_report.py")
+assert spec is not None and spec.loader is not None
+shots = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shots)
+
+BROWSER = shots.find_browser()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    BROWSER is None, reason="no headless Chromium on PATH (apt-get install -y chromium); the page is unchecked")]
+WIDTHS = [1400, 400]
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    out = tmp_path_factory.mktemp("browser")
+    wide = make_scores(layers=4, heads=16)  # a wide scores table: 16 heads, many columns
+    return build_report(wide, make_curves(), out, SETTINGS | {"nested": {"a": 1}}, BASELINE)
+
+
+def test_page_fits_every_width_with_working_images_and_sorting(page):
+    found = shots.measure(page, WIDTHS, BROWSER)
+    n_images, n_tables = page.read_text().count("<img "), page.read_text().count("<table")
+    for width in WIDTHS:
+        r = found[width]
+        assert r["viewport"] == width
+        assert r["page_width"] <= width, f"the page scrolls sideways at {width} px"
+        assert r["images"] == n_images and r["broken_images"] == []
+        assert r["tables"] == n_tables and r["tables_past_page"] == 0
+        assert r["sorted"] is True
+
+
+def test_probe_sees_an_overflowing_table_and_a_broken_image(tmp_path):
+    bad = tmp_path / "bad.html"
+    cells = "".join(f"<td>{'x' * 40}</td>" for _ in range(30))
+    bad.write_text('<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width"></head><body>'
+                   f'<div><table><tr>{cells}</tr></table></div><img src="missing.png" alt="gone"></body></html>')
+    r = shots.measure(bad, [400], BROWSER)[400]
+    assert r["tables_past_page"] == 1 and r["page_width"] > 400 and r["broken_images"] == ["gone"]
+
+
+def test_screenshots_are_cropped_to_the_width(page, tmp_path):
+    from PIL import Image
+
+    for width in WIDTHS:
+        png = shots.screenshot(page, width, tmp_path / f"r{width}.png", 1200, BROWSER)
+        with Image.open(png) as image:
+            assert image.size == (width, 1200)
