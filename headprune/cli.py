@@ -109,49 +109,6 @@ def cmd_eval(args) -> None:
 # ---------------------------------------------------------------- sweeps: score, curve
 
 
-def table_output(args):
-    """``--out`` of a sweep: a .csv/.parquet path that can be written (checked before any work)."""
-    from pathlib import Path
-
-    from .outputs import check_table_suffix, check_writable
-
-    out = Path(args.out)
-    check_table_suffix(out)
-    check_writable(out, file=True)
-    return out
-
-
-def sweep_progress(args, out, settings: dict):
-    """The sweep's progress file beside ``out`` (one per process under torchrun)."""
-    from .distributed import shard_name
-    from .outputs import Progress
-
-    return Progress(out.with_name(shard_name(out.name + ".progress.jsonl")), settings, overwrite=args.overwrite)
-
-
-def finish_sweep(progress, table, out) -> bool:
-    """Rank 0 writes ``table`` to ``out`` atomically, then the progress file goes (only once the result is safe).
-    True where this process wrote."""
-    from .distributed import is_main
-    from .outputs import write_table
-
-    if is_main():
-        write_table(table, out)
-    progress.remove()
-    return is_main()
-
-
-def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
-    """What makes a sweep's results what they are: resuming requires all of it to be equal."""
-    from .corpus import token_digest
-    from .loading import model_fingerprint
-
-    return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
-            "data": args.data, "split": args.split, "tokens": token_digest(ids),
-            "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
-            "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}
-
-
 def _configure_score(p):
     add_model_args(p)
     add_data_args(p, "validation")
@@ -168,6 +125,7 @@ def cmd_score(args) -> None:
 
     from .schema import parse_methods
     from .scoring import score_heads
+    from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
     out = table_output(args)
     methods = parse_methods(args.methods)
@@ -204,6 +162,7 @@ def cmd_curve(args) -> None:
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
     from .scoring import head_means
     from .selection import check_scores_match
+    from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
     out = table_output(args)
     fractions = parse_fractions(args.fractions)

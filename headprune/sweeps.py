@@ -1,0 +1,41 @@
+"""What the ``score`` and ``curve`` commands share: the output table, its progress file, the settings that
+must match to resume, and the finish (write the table, then drop the progress)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .corpus import token_digest
+from .distributed import is_main, shard_name
+from .loading import model_fingerprint
+from .outputs import Progress, check_table_suffix, check_writable, write_table
+
+
+def table_output(args):
+    """``--out`` of a sweep: a .csv/.parquet path that can be written (checked before any work)."""
+    out = Path(args.out)
+    check_table_suffix(out)
+    check_writable(out, file=True)
+    return out
+
+
+def sweep_progress(args, out, settings: dict):
+    """The sweep's progress file beside ``out`` (one per process under torchrun)."""
+    return Progress(out.with_name(shard_name(out.name + ".progress.jsonl")), settings, overwrite=args.overwrite)
+
+
+def finish_sweep(progress, table, out) -> bool:
+    """Rank 0 writes ``table`` to ``out`` atomically, then the progress file goes (only once the result is safe).
+    True where this process wrote."""
+    if is_main():
+        write_table(table, out)
+    progress.remove()
+    return is_main()
+
+
+def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
+    """What makes a sweep's results what they are: resuming requires all of it to be equal."""
+    return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
+            "data": args.data, "split": args.split, "tokens": token_digest(ids),
+            "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
+            "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}
