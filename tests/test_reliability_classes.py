@@ -89,7 +89,7 @@ def test_a_run_refused_before_any_work_does_not_block_the_corrected_rerun(tiny_d
 def test_progress_survives_an_output_that_cannot_be_written(tiny_dir, corpus, tmp_path, capsys, monkeypatch):
     import errno
 
-    from headprune import outputs
+    from headprune import sweeps
 
     out = tmp_path / "s.csv"
     progress = tmp_path / "s.csv.progress.jsonl"
@@ -99,7 +99,7 @@ def test_progress_survives_an_output_that_cannot_be_written(tiny_dir, corpus, tm
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(out))
 
-    monkeypatch.setattr(outputs, "write_table", full)
+    monkeypatch.setattr(sweeps, "write_table", full)  # where finish_sweep looks it up
     assert main(args) == 2
     _one_line_error(capsys, "No space left on device")
     assert progress.is_file() and not out.exists()  # the work is kept
