@@ -116,6 +116,11 @@ def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int) -> l
     return batches
 
 
+def window_sums(nll: Tensor, mask: Tensor) -> list[float]:
+    """Σ of the scored NLLs of each window: nll and mask (b, L-1) -> [b] (float64 sums, as a list)."""
+    return (nll.double() * mask).sum(1).tolist()
+
+
 def batch_nll_sum(model: GPT2, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
     """Sum of scored next-token NLLs (fp64 scalar) and their count for one batch."""
     batch = batch.to(model.device)

@@ -23,6 +23,7 @@ ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
 ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
+DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # measured on data: bootstrap intervals
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
 RANDOM = "random"  # the baseline ranking: needs no column
@@ -98,6 +99,11 @@ def parse_fractions(spec: str) -> list[float]:
 def method_columns(scores: pd.DataFrame) -> list[str]:
     """The scoring-method columns of ``scores``, in the canonical order."""
     return [m for m in METHODS if m in scores.columns]
+
+
+def ci_columns(method: str) -> tuple[str, str]:
+    """The 95% bootstrap interval columns of a data method's score: ``<method>_ci_lo``, ``<method>_ci_hi``."""
+    return f"{method}_ci_lo", f"{method}_ci_hi"
 
 
 def method_key(method: str) -> tuple:

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
 from ..distributed import run_units
 from ..heads import head_id
 from ..interventions import Head
@@ -62,8 +63,13 @@ def score_heads(
     ablation_rows: int | None = None,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    bootstrap: int = DEFAULT_REPLICATES,
+    seed: int = 0,
 ) -> HeadScores:
     """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``.
+
+    Every data-dependent method ``m`` also gets its 95% percentile interval ``m_ci_lo``, ``m_ci_hi`` from
+    ``bootstrap`` replicates that resample the scoring windows (seeded by ``seed``; 0 replicates: none).
 
     ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
     ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches
@@ -81,12 +87,14 @@ def score_heads(
     progress = progress or NoProgress()
     columns: dict[str, torch.Tensor] = {}
     seconds: dict[str, float] = {}
+    replicates: dict[str, Replicate] = {}  # method -> its bootstrap replicates from window counts
     for family in families:
         t0 = time.perf_counter()
         results = run_units(family.units(ctx), progress, _bar(show_progress, family.name))
         out = family.combine(ctx, results)
         columns |= {m: v for m, v in out.items() if m in methods}
-        ctx.outputs |= {k: v for k, v in out.items() if k not in METHODS}
+        replicates |= {k[len("boot:"):]: v for k, v in out.items() if k.startswith("boot:") and k[5:] in methods}
+        ctx.outputs |= {k: v for k, v in out.items() if k not in METHODS and not k.startswith("boot:")}
         seconds[family.name] = time.perf_counter() - t0
 
     heads = model.head_ids
@@ -94,6 +102,10 @@ def score_heads(
                           "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
     for m in methods:
         table[m] = columns[m].tolist()
+    if bootstrap and replicates:
+        counts = window_counts(sum(len(b.tokens) for b in batches), bootstrap, seed)
+        for m, replicate in replicates.items():
+            table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
     means = by_head(model, ctx.outputs["mean_z"].to(model.dtype)) if "mean_z" in ctx.outputs else None
     baseline = None
     if "baseline_nll" in ctx.outputs:

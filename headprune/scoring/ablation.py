@@ -18,20 +18,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..bootstrap import ratio
 from ..interventions import fill_tensors
 from ..model import GPT2, Capture, token_nll
-from ..perplexity import Batch
+from ..perplexity import Batch, window_sums
 from ..schema import ABLATION_METHODS
 from .base import Family, ScoringContext, Unit, by_head
 
 
 @torch.no_grad()
-def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], float]:
-    """resid_pre of every layer and the batch's baseline NLL sum."""
+def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], list[float]]:
+    """resid_pre of every layer and the baseline NLL sum of each window of the batch."""
     batch = batch.to(model.device)
     capture = Capture()
     logits = model.unembed(model.run_blocks(model.embed(batch.tokens), capture=capture))
-    return capture.resid_pre, (token_nll(logits, batch.tokens).double() * batch.mask).sum().item()
+    return capture.resid_pre, window_sums(token_nll(logits, batch.tokens), batch.mask)
 
 
 @torch.no_grad()
@@ -42,8 +43,8 @@ def ablate_layer(
     layer: int,
     fill: Tensor | None = None,  # [n_heads_l, d_head] for mean ablation, None for zero
     rows: int = 8,
-) -> list[float]:
-    """Ablated NLL sum of the batch for each head of ``layer`` (one head at a time)."""
+) -> list[list[float]]:
+    """Ablated NLL sum of each window of the batch, for each head of ``layer`` (one head at a time): [h][b]."""
     batch = batch.to(model.device)
     tokens, mask = batch.tokens, batch.mask
     b = tokens.shape[0]
@@ -52,7 +53,7 @@ def ablate_layer(
     gates: list[Tensor | None] = [None] * model.cfg.n_layers
     fills: list[Tensor | None] = [None] * model.cfg.n_layers
     fills[layer] = fill
-    sums: list[float] = []
+    sums: list[list[float]] = []
     for first in range(0, n_heads, copies):
         heads = torch.arange(first, min(first + copies, n_heads), device=model.device)
         c = len(heads)
@@ -61,7 +62,7 @@ def ablate_layer(
         gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j ablates head first+j
         resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)  # (c·b, T, d)
         for copy in resid.split(b):  # the LM head one copy at a time: logits stay (b, T, vocab)
-            sums.append((token_nll(model.unembed(copy), tokens).double() * mask).sum().item())
+            sums.append(window_sums(token_nll(model.unembed(copy), tokens), mask))
     return sums
 
 
@@ -74,9 +75,9 @@ class AblationScores(Family):
     def units(self, ctx: ScoringContext) -> list[Unit]:
         """A batch's residual-stream cache is computed once, when its first unit runs, and kept until the next."""
         model, batches = ctx.model, ctx.batches
-        memo: dict[int, tuple[dict[int, Tensor], float]] = {}
+        memo: dict[int, tuple[dict[int, Tensor], list[float]]] = {}
 
-        def cache(k: int) -> tuple[dict[int, Tensor], float]:
+        def cache(k: int) -> tuple[dict[int, Tensor], list[float]]:
             if k not in memo:
                 memo.clear()
                 memo[k] = cache_batch(model, batches[k])
@@ -90,29 +91,30 @@ class AblationScores(Family):
             fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
         methods = [m for m in self.methods if m in ctx.methods]
 
-        def base(k: int) -> float:
+        def base(k: int) -> list[float]:
             return cache(k)[1]
 
-        def ablate(k: int, m: str, l: int) -> list[float]:
+        def ablate(k: int, m: str, l: int) -> list[list[float]]:
             return ablate_layer(model, batches[k], cache(k)[0][l], l, fills[m][l], ctx.ablation_rows)
 
         units: list[Unit] = []
         for k in range(len(batches)):
-            units.append((f"base/b{k}", partial(base, k)))
-            units += [(f"{m}/b{k}/L{l}", partial(ablate, k, m, l)) for m in methods for l in model.active_layers]
+            units.append((f"base/w/b{k}", partial(base, k)))
+            units += [(f"{m}/w/b{k}/L{l}", partial(ablate, k, m, l)) for m in methods for l in model.active_layers]
         return units
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
-        """ΔNLL per head = (Σ_batches ablated NLL sum − Σ_batches baseline NLL sum) / scored tokens."""
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+        """ΔNLL per head = Σ_w (ablated NLL sum_w − baseline NLL sum_w) / Σ_w n_w, and its bootstrap replicates."""
         n_batches = len(ctx.batches)
-        base = sum(results[f"base/b{k}"] for k in range(n_batches))
-        n = sum(int(b.mask.sum()) for b in ctx.batches)
-        out = {"baseline_nll": torch.tensor(base / n, dtype=torch.float64),
-               "baseline_tokens": torch.tensor(n)}
+        base = torch.tensor([s for k in range(n_batches) for s in results[f"base/w/b{k}"]], dtype=torch.float64)  # [W]
+        n = torch.cat([b.mask.sum(1) for b in ctx.batches]).double()  # [W] scored tokens
+        out: dict[str, Any] = {"baseline_nll": base.sum() / n.sum(), "baseline_tokens": n.sum().long()}
         for m in self.methods:
             if m in ctx.methods:
-                per_batch = [[s for l in ctx.model.active_layers for s in results[f"{m}/b{k}/L{l}"]]
-                             for k in range(n_batches)]
-                out[m] = (torch.tensor(per_batch, dtype=torch.float64).sum(0) - base) / n
+                per_batch = [[row for l in ctx.model.active_layers for row in results[f"{m}/w/b{k}/L{l}"]]
+                             for k in range(n_batches)]  # [batches][H][b]
+                ablated = torch.cat([torch.tensor(rows, dtype=torch.float64).T for rows in per_batch])  # [W, H]
+                delta = ablated - base.unsqueeze(1)  # [W, H] per-window NLL change (sums)
+                out[m] = delta.sum(0) / n.sum()
+                out[f"boot:{m}"] = ratio(delta, n)
         return out
-

@@ -9,7 +9,8 @@ position counts once), with z_i ∈ R^{d_k} the output of head i before W_O:
     entropy  = mean_t −Σ_s A_i(t,s) log A_i(t,s)          (attention entropy in nats: a description)
     mean_z   = mean_t z_i(t)                               (the fill of mean ablation and compensation)
 
-Each batch yields sums (float64) that are recorded as one unit, so a killed pass resumes where it stopped.
+Each batch yields per-window sums (float64), recorded as one unit, so a killed pass resumes where it stopped;
+per-window sums also give every score's bootstrap interval over windows (:mod:`headprune.bootstrap`).
 """
 
 from __future__ import annotations
@@ -20,51 +21,68 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..bootstrap import ratio
 from ..model import GPT2, Capture
 from ..perplexity import Batch
 from ..schema import ACTIVATION_METHODS
 from .base import Family, ScoringContext, Unit
 
 
-def _scored(t: Tensor, mask: Tensor) -> Tensor:
-    """(b,h,L,...) -> (n,h,...) at the scored input positions; mask (b,L-1)."""
-    return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
+def _per_window(t: Tensor, mask: Tensor) -> Tensor:
+    """(b,h,L,...) summed over each window's scored input positions -> (b,h,...); mask (b,L-1)."""
+    t = t[:, :, : mask.shape[1]]
+    m = mask.to(t.dtype).view(*mask.shape[:1], 1, mask.shape[1], *([1] * (t.dim() - 3)))
+    return (t * m).sum(2)
 
 
 @torch.no_grad()
 def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
-    """Per-head sums over one batch's scored tokens: n, Σz, Σz², Σ‖z W_O‖, Σ entropy (lists, layer-major)."""
+    """Per window of the batch and head: n, Σz, Σz², Σ‖z W_O‖, Σ entropy over its scored tokens (lists [b][H...])."""
     batch = batch.to(model.device)
     mask = batch.mask
     capture = Capture()
     model(batch.tokens, capture=capture, need_weights=entropy)
-    out: dict[str, Any] = {"n": int(mask.sum()), "sum_z": [], "sum_z2": [], "sum_norm": [], "sum_entropy": []}
+    sums: dict[str, list[Tensor]] = {"sum_z": [], "sum_z2": [], "sum_norm": [], "sum_entropy": []}
     for layer in model.active_layers:
-        z = _scored(capture.z[layer], mask).double()  # (n, h, d_k)
+        z = capture.z[layer].double()  # (b, h, L, d_k)
         W_O = model.h[layer].attn.W_O.double()  # [h, d_k, d]
         G = W_O @ W_O.transpose(1, 2)  # [h, d_k, d_k]
-        sq_norm = torch.einsum("nhk,hkl,nhl->nh", z, G, z).clamp_min(0)
-        out["sum_z"] += z.sum(0).tolist()
-        out["sum_z2"] += (z * z).sum(0).tolist()
-        out["sum_norm"] += sq_norm.sqrt().sum(0).tolist()
+        norm = torch.einsum("bhtk,hkl,bhtl->bht", z, G, z).clamp_min(0).sqrt()
+        sums["sum_z"].append(_per_window(z, mask))  # (b, h, d_k)
+        sums["sum_z2"].append(_per_window(z * z, mask))
+        sums["sum_norm"].append(_per_window(norm, mask))  # (b, h)
         if entropy:
             probs = capture.attn[layer].double()  # (b, h, L, L)
-            ent = -torch.special.xlogy(probs, probs).sum(-1)  # (b, h, L), 0·log 0 = 0
-            out["sum_entropy"] += _scored(ent.unsqueeze(-1), mask).squeeze(-1).sum(0).tolist()
+            sums["sum_entropy"].append(_per_window(-torch.special.xlogy(probs, probs).sum(-1), mask))  # 0·log 0 = 0
+    out: dict[str, Any] = {"n": mask.sum(1).tolist()}
+    out |= {key: torch.cat(parts, dim=1).tolist() if parts else [] for key, parts in sums.items()}
     return out
 
 
-def combine(model: GPT2, units: list[dict]) -> dict[str, Tensor]:
-    """Scores from the per-batch sums: out_norm, fluct, entropy [H] and mean_z [H, d_k], H = all heads."""
-    n = sum(u["n"] for u in units)
-    total = lambda key: torch.tensor([u[key] for u in units], dtype=torch.float64).sum(0)
-    sum_z, sum_z2 = total("sum_z"), total("sum_z2")  # [H, d_k]
-    row_sq = torch.cat([(model.h[l].attn.W_O.double() ** 2).sum(-1) for l in model.active_layers])  # [H, d_k]
-    var = (sum_z2 - sum_z**2 / n) / max(n - 1, 1)
-    scores = {"out_norm": total("sum_norm") / n, "fluct": (var.clamp_min(0) * row_sq.cpu()).sum(-1), "mean_z": sum_z / n}
+def combine(model: GPT2, units: list[dict]) -> dict[str, Any]:
+    """Scores from the per-window sums: out_norm, fluct, entropy [H], mean_z [H, d_k] and their bootstrap replicates.
+
+    Over windows w with n_w scored tokens, S1 = Σ_w Σz, S2 = Σ_w Σz², N = Σ_w n_w:
+    Var = (S2 − S1²/N)/(N − 1) per channel, fluct = Σ_j Var_j ‖W_O^(i)[j,:]‖².
+    """
+    windows = lambda key: torch.tensor([row for u in units for row in u[key]], dtype=torch.float64)  # [W, ...]
+    n, sum_z, sum_z2 = windows("n"), windows("sum_z"), windows("sum_z2")  # [W], [W, H, d_k] x2
+    row_sq = torch.cat([(model.h[l].attn.W_O.double() ** 2).sum(-1) for l in model.active_layers]).cpu()  # [H, d_k]
+
+    def fluct(counts: Tensor) -> Tensor:  # counts [B, W] -> [B, H]
+        N = (counts @ n).view(-1, 1, 1)
+        S1, S2 = (torch.einsum("bw,whk->bhk", counts, s) for s in (sum_z, sum_z2))
+        var = (S2 - S1**2 / N) / (N - 1).clamp_min(1)
+        return (var.clamp_min(0) * row_sq).sum(-1)
+
+    ones = torch.ones(1, len(n), dtype=torch.float64)
+    out: dict[str, Any] = {"out_norm": windows("sum_norm").sum(0) / n.sum(), "fluct": fluct(ones)[0],
+                           "mean_z": sum_z.sum(0) / n.sum(), "boot:out_norm": ratio(windows("sum_norm"), n),
+                           "boot:fluct": fluct}
     if units[0]["sum_entropy"]:
-        scores["entropy"] = total("sum_entropy") / n
-    return scores
+        out["entropy"] = windows("sum_entropy").sum(0) / n.sum()
+        out["boot:entropy"] = ratio(windows("sum_entropy"), n)
+    return out
 
 
 class ActivationScores(Family):
@@ -78,7 +96,7 @@ class ActivationScores(Family):
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
         entropy = "entropy" in ctx.methods
-        return [(f"act/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
+        return [(f"act/w/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
         return combine(ctx.model, list(results.values()))

@@ -3,7 +3,8 @@
 A family turns a :class:`ScoringContext` into **units** — ``(key, fn)`` pairs, each a piece of work whose
 JSON-serialisable result is recorded in a :class:`~headprune.outputs.Progress` (so a killed sweep resumes,
 and torchrun shares the units among processes) — and **combines** all unit results into one score per head
-and method: ``{method: Tensor[H]}`` in ``model.head_ids`` order. A new family is one module with one
+and method: ``{method: Tensor[H]}`` in ``model.head_ids`` order (data methods keep per-window sums, so
+each also gets bootstrap replicates over windows). A new family is one module with one
 subclass of :class:`Family`, plus one line in :data:`headprune.scoring.FAMILIES`.
 """
 
@@ -46,8 +47,10 @@ class Family:
     def units(self, ctx: ScoringContext) -> list[Unit]:
         raise NotImplementedError
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
-        """Scores ``{method: Tensor[H]}`` (and any named outputs for later families) from the unit results."""
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+        """Scores ``{method: Tensor[H]}`` from the unit results, with any named outputs for later families and,
+        for each data-dependent method, ``"boot:<method>"``: a function from bootstrap window counts [B, W]
+        to replicate scores [B, H] (:mod:`headprune.bootstrap`)."""
         raise NotImplementedError
 
 

@@ -18,8 +18,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor
 
+from ..bootstrap import ratio
 from ..model import GPT2, token_nll
 from ..perplexity import Batch
 from ..schema import GRADIENT_METHODS
@@ -40,11 +40,13 @@ def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
     return {"n": n.tolist(), "dL_dg": torch.cat(grads, dim=1).double().tolist()}  # [b], [b][H]
 
 
-def combine(units: list[dict]) -> dict[str, Tensor]:
-    n = torch.tensor([n_w for u in units for n_w in u["n"]], dtype=torch.float64)  # [windows]
-    weights = (n / n.sum()).unsqueeze(1)  # [windows, 1]
-    d = torch.tensor([row for u in units for row in u["dL_dg"]], dtype=torch.float64)  # [windows, H]
-    return {"grad": (weights * d.abs()).sum(0), "taylor": -(weights * d).sum(0)}
+def combine(units: list[dict]) -> dict[str, Any]:
+    """grad and taylor [H], and their bootstrap replicates over windows."""
+    n = torch.tensor([n_w for u in units for n_w in u["n"]], dtype=torch.float64)  # [W]
+    d = torch.tensor([row for u in units for row in u["dL_dg"]], dtype=torch.float64)  # [W, H]
+    weighted_abs, weighted = n.unsqueeze(1) * d.abs(), -n.unsqueeze(1) * d  # per-window numerators [W, H]
+    return {"grad": weighted_abs.sum(0) / n.sum(), "taylor": weighted.sum(0) / n.sum(),
+            "boot:grad": ratio(weighted_abs, n), "boot:taylor": ratio(weighted, n)}
 
 
 class GradientScores(Family):
@@ -56,5 +58,5 @@ class GradientScores(Family):
     def units(self, ctx: ScoringContext) -> list[Unit]:
         return [(f"grad/b{k}", partial(batch_gate_grad, ctx.model, b)) for k, b in enumerate(ctx.batches)]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
         return combine(list(results.values()))

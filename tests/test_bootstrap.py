@@ -1,0 +1,60 @@
+"""Bootstrap intervals: every replicate equals the score of the resampled corpus, computed from scratch."""
+
+import numpy as np
+import pytest
+import torch
+
+from headprune.bootstrap import interval, window_counts
+from headprune.interventions import fill_tensors, mask_gates
+from headprune.loading import load_model
+from headprune.perplexity import Windowing, evaluate
+from headprune.schema import DATA_METHODS, ci_columns
+from headprune.scoring import score_heads
+
+from helpers import TINY
+
+SEQ, WINDOWS, REPLICATES = 16, 5, 6
+
+
+def test_window_counts_are_seeded_multinomial_draws():
+    a, b = window_counts(7, 50, seed=3), window_counts(7, 50, seed=3)
+    assert torch.equal(a, b) and not torch.equal(a, window_counts(7, 50, seed=4))
+    assert (a.sum(1) == 7).all() and a.shape == (50, 7)
+
+
+def test_interval_is_the_percentile_interval():
+    x = np.arange(201, dtype=float)  # percentiles 2.5 and 97.5 of 0..200 are 5 and 195
+    lo, hi = interval(x)
+    assert (float(lo), float(hi)) == pytest.approx((5.0, 195.0), abs=1e-12)
+    lo, hi = interval(np.array([[1.0, np.nan], [3.0, np.nan]]))
+    assert lo[0] == pytest.approx(1.05) and np.isnan(hi[1])
+
+
+def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora(tiny_dir):
+    """Non-overlapping full windows: a replicate drawing window w c_w times is the corpus made of c_w copies of
+    each window, so scoring that corpus from scratch must give the replicate's score for every data method
+    (abl_mean with its fill held at the full-data mean, as its interval is defined)."""
+    model = load_model(tiny_dir)
+    ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=torch.Generator().manual_seed(5))
+    windowing = Windowing(SEQ, SEQ, 2)
+    methods = list(DATA_METHODS)
+    scored = score_heads(model, ids, methods, windowing, show_progress=False, bootstrap=REPLICATES, seed=9)
+    table = scored.table
+    assert scored.means is not None
+    fills = fill_tensors(model, scored.means)  # abl_mean's fill stays the full-data mean in every replicate
+    counts = window_counts(WINDOWS, REPLICATES, seed=9)
+    windows = ids.view(WINDOWS, SEQ)
+    replicates, mean_ablated = [], []
+    for row in counts.long():
+        resampled = torch.cat([windows[w] for w in range(WINDOWS) for _ in range(int(row[w]))])
+        replicates.append(score_heads(model, resampled, methods, windowing, show_progress=False, bootstrap=0).table)
+        base = evaluate(model, resampled, SEQ, SEQ, progress=False).nll
+        mean_ablated.append([evaluate(model, resampled, SEQ, SEQ, progress=False, gates=mask_gates(model, [head]),
+                                      fills=fills).nll - base for head in model.head_ids])
+    for m in methods:
+        values = mean_ablated if m == "abl_mean" else [r[m].to_numpy() for r in replicates]
+        lo, hi = interval(np.stack(values))
+        np.testing.assert_allclose(table[ci_columns(m)[0]], lo, rtol=1e-5, atol=1e-7, err_msg=m)
+        np.testing.assert_allclose(table[ci_columns(m)[1]], hi, rtol=1e-5, atol=1e-7, err_msg=m)
+        assert (table[ci_columns(m)[0]] <= table[ci_columns(m)[1]]).all()
+    assert (table["abl_zero_ci_hi"] - table["abl_zero_ci_lo"]).max() > 1e-4  # the intervals are not degenerate
