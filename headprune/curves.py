@@ -6,6 +6,8 @@ the pruned model is evaluated with the sliding-window perplexity, and
     delta_nll = NLL(pruned) − NLL(unpruned),     delta_ppl = ppl(pruned) − ppl(unpruned).
 
 ``random`` is evaluated for K seeds and reported as mean and standard deviation (ddof=1; 0 for K=1).
+A ranking ``<method>@layer`` divides each layer's scores by their layer's norm first (Michel et al. 2019).
+Every point carries a 95% paired-bootstrap interval of its ΔNLL over the evaluation windows.
 With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
 into b_O. Every (method, compensation, fraction, seed) point is one progress unit.
 """
@@ -18,31 +20,74 @@ from functools import partial
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
+from .bootstrap import DEFAULT_REPLICATES, interval, window_counts
 from .distributed import run_units
 from .errors import HeadpruneError
 from .interventions import Head
 from .ledger import param_table
 from .loading import model_fingerprint
-from .model import GPT2
+from .model import GPT2, token_nll
 from .outputs import NoProgress, Progress
-from .perplexity import Windowing, evaluate
+from .perplexity import Batch, Windowing, window_sums
 from .pruning import prune_model
-from .schema import CURVE_COLUMNS, RANDOM
+from .schema import CURVE_COLUMNS, RANDOM, split_ranking
+from .scoring.ablation import cache_batch
 from .selection import select_heads
+
+CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation starts up to this size
 
 
 def _key(job: tuple) -> str:
     method, comp, fraction, seed = job
-    return f"curve/{method}/{comp}/{fraction!r}/s{seed}"
+    return f"curve/w/{method}/{comp}/{fraction!r}/s{seed}"
+
+
+class Evaluator:
+    """Per-window NLL sums of pruned models on fixed batches, each started from the unpruned model's residual
+    stream entering the first layer that lost a head (layers before it are identical, so is their output)."""
+
+    def __init__(self, model: GPT2, batches: list[Batch]):
+        self.model, self.batches = model, batches
+        per_batch = [cache_batch(model, b) for b in batches]
+        self.base = [s for _, sums in per_batch for s in sums]  # [W] unpruned NLL sums
+        size = sum(t.numel() * t.element_size() for cache, _ in per_batch for t in cache.values())
+        self.resid_pre = [cache for cache, _ in per_batch] if size <= CACHE_BYTES else None
+
+    @torch.no_grad()
+    def __call__(self, pruned: GPT2, start: int) -> list[float]:
+        """[W] NLL sums of ``pruned`` (which equals the unpruned model in layers < ``start``)."""
+        sums: list[float] = []
+        for k, batch in enumerate(self.batches):
+            batch = batch.to(pruned.device)
+            if self.resid_pre is not None:
+                logits = pruned.unembed(pruned.run_blocks(self.resid_pre[k][start], start=start))
+            else:
+                logits = pruned(batch.tokens)
+            sums += window_sums(token_nll(logits, batch.tokens), batch.mask)
+        return sums
+
+
+def delta_interval(pruned: list[list[float]], base: list[float], n: Tensor, counts: Tensor, seed: int
+                   ) -> tuple[float, float]:
+    """95% paired-bootstrap interval of ΔNLL = Σ_w (pruned_w − base_w) / Σ_w n_w.
+
+    ``pruned``: one [W] list per seed; with several (random), each replicate also draws a seed, so the
+    interval shows the spread over seeds and windows together."""
+    diff = torch.tensor(pruned, dtype=torch.float64) - torch.tensor(base, dtype=torch.float64)  # [S, W]
+    replicates = (counts @ diff.T) / (counts @ n).unsqueeze(1)  # [B, S]
+    pick = torch.from_numpy(np.random.default_rng(seed).integers(len(pruned), size=len(counts)))
+    lo, hi = interval(replicates[torch.arange(len(counts)), pick])
+    return float(lo), float(hi)
 
 
 def pruning_curves(
     model: GPT2,
     ids: torch.Tensor,
     scores: pd.DataFrame,
-    variants: list[tuple[str, str]],  # (method or "random", "none" | "mean")
+    variants: list[tuple[str, str]],  # (ranking, "none" | "mean"); ranking: a method, "<method>@layer" or "random"
     fractions: list[float],
     windowing: Windowing | None = None,
     seeds: int = 3,
@@ -53,49 +98,65 @@ def pruning_curves(
     seed: int = 0,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    bootstrap: int = DEFAULT_REPLICATES,
 ) -> pd.DataFrame:
-    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction).
+
+    ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``bootstrap``
+    replicates, seeded by ``seed``; NaN with 0 replicates).
+    """
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
     if any(comp == "mean" for _, comp in variants) and means is None:
         raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
+    batches = w.batches(ids)
+    n = torch.cat([b.mask.sum(1) for b in batches]).double()  # [W] scored tokens per window
+    params = int(param_table(model).params.sum())
+    evaluator: Evaluator | None = None
 
-    baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size,
-                                                              progress=False).as_dict())], progress)["curve/baseline"]
+    def evaluator_() -> Evaluator:
+        nonlocal evaluator
+        evaluator = evaluator or Evaluator(model, batches)
+        return evaluator
+
+    base = run_units([("curve/w/baseline", lambda: evaluator_().base)], progress)["curve/w/baseline"]
     # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
     # baseline. The same model gives bit-identical numbers, so sharing changes no value.
-    evaluated: dict[tuple, dict] = {(frozenset(), "none"): {"nll": baseline["nll"], "tokens": baseline["tokens"],
-                                                            "params": int(param_table(model).params.sum())}}
+    evaluated: dict[tuple, dict] = {(frozenset(), "none"): {"sums": base, "params": params}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
-        heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
-                             standardize=standardize, seed=s)
+        name, by_layer = split_ranking(method)
+        heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
+                             normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
         fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
         key = (frozenset(heads), "mean" if fills else "none")
         if key not in evaluated:
             pruned = prune_model(model, heads, fills)
-            result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
-            evaluated[key] = {"nll": result.nll, "tokens": result.tokens, "params": int(param_table(pruned).params.sum())}
+            evaluated[key] = {"sums": evaluator_()(pruned, min(l for l, _ in heads)),
+                              "params": int(param_table(pruned).params.sum())}
         return {**evaluated[key], "heads_pruned": len(heads)}
 
-    base = baseline["nll"]
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
     results = run_units([(_key(job), partial(point, *job)) for job in jobs], progress, bar)
-    points = {job: results[_key(job)] for job in jobs}
+    counts = window_counts(len(base), bootstrap, seed) if bootstrap else None
+    base_nll = sum(base) / float(n.sum())
     rows = []
     for m, c in variants:
         for f in fractions:
-            runs = [v for (jm, jc, jf, _), v in points.items() if (jm, jc, jf) == (m, c, f)]
-            nll = np.array([r["nll"] for r in runs])
+            runs = [results[_key(job)] for job in jobs if job[:3] == (m, c, f)]
+            nll = np.array([sum(r["sums"]) for r in runs]) / float(n.sum())
             ppl = np.exp(nll)
             std = (lambda x, m=m: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
+            lo, hi = (delta_interval([r["sums"] for r in runs], base, n, counts, seed + 1) if counts is not None
+                      else (math.nan, math.nan))
             rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
                          "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
-                         "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),
-                         "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs)})
+                         "delta_nll": float(nll.mean() - base_nll), "delta_ppl": float(ppl.mean() - math.exp(base_nll)),
+                         "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
+                         "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
-    df.attrs["baseline"] = baseline
+    df.attrs["baseline"] = {"tokens": int(n.sum()), "nll": base_nll, "ppl": math.exp(base_nll)}
     return df

@@ -34,8 +34,20 @@ FAMILIES = {"weights": WEIGHT_METHODS, "activations": ACTIVATION_METHODS, "gradi
 _FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
 
 
+LAYER_NORMALIZED = "@layer"  # a ranking suffix: the method's scores divided by their layer's norm
+
+
+def split_ranking(ranking: str) -> tuple[str, bool]:
+    """``"wo_fro@layer"`` -> ``("wo_fro", True)``; ``"wo_fro"`` -> ``("wo_fro", False)``."""
+    if ranking.endswith(LAYER_NORMALIZED):
+        return ranking[: -len(LAYER_NORMALIZED)], True
+    return ranking, False
+
+
 def method_family(method: str) -> str:
-    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), random, or other for an unknown name."""
+    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), random, or other for an unknown name;
+    a layer-normalized ranking (``<method>@layer``) belongs to its method's family."""
+    method = split_ranking(method)[0]
     if method == RANDOM:
         return RANDOM
     for family, members in FAMILIES.items():
@@ -64,8 +76,10 @@ METHOD_LABELS = {
 HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
 COMPENSATIONS = ("none", "mean")
+CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap over windows (absent before 0.14)
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
-                 "delta_ppl", "nll_std", "ppl_std", "n_seeds", "model_fingerprint"]
+                 "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_INTERVAL, "model_fingerprint"]
+CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_INTERVAL and c != "model_fingerprint"]
 CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 TEXT_COLUMNS = ("head_id", "model_fingerprint")  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
@@ -110,7 +124,8 @@ def method_key(method: str) -> tuple:
     """Sort order of methods: known methods in canonical order, then others by name, random last."""
     if method == RANDOM:
         return (2, "")
-    return (0, f"{METHODS.index(method):02d}") if method in METHODS else (1, method)
+    name, by_layer = split_ranking(method)
+    return (0, f"{METHODS.index(name):02d}{'n' if by_layer else ''}") if name in METHODS else (1, method)
 
 
 # ---------------------------------------------------------------- validation
@@ -171,8 +186,11 @@ def check_scores(scores: pd.DataFrame, required: tuple[str, ...] = ID_COLUMNS, n
 
 def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
     """A validated, typed copy of ``curves`` sorted by (method, compensation, fraction)."""
-    _require_columns(curves, CURVE_COLUMNS[:-1], "curves")  # model_fingerprint: absent in tables of before 0.13
+    _require_columns(curves, CURVE_REQUIRED, "curves")  # model_fingerprint: absent in tables of before 0.13
     df = curves.copy()
+    for column in CURVE_INTERVAL:
+        if column not in df.columns:
+            df[column] = np.nan
     if "model_fingerprint" in df.columns:
         df["model_fingerprint"] = df["model_fingerprint"].astype(str)
         if (n := df["model_fingerprint"].nunique()) > 1:
@@ -192,4 +210,5 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
     keys = df["method"].map(method_key)
     df = df.assign(_key=keys, _comp=df["compensation"].map(COMPENSATIONS.index))
     df = df.sort_values(["_key", "_comp", "fraction"], kind="stable").drop(columns=["_key", "_comp"])
-    return df.reset_index(drop=True)
+    order = [c for c in CURVE_COLUMNS if c in df.columns] + [c for c in df.columns if c not in CURVE_COLUMNS]
+    return df[order].reset_index(drop=True)
