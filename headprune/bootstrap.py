@@ -14,25 +14,29 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # torch-free at import: ``headprune report`` uses :func:`interval` without torch
+    from torch import Tensor
 
 DEFAULT_REPLICATES = 200
 LEVEL = 0.95
 
-Replicate = Callable[[Tensor], Tensor]  # counts [B, W] (float64) -> replicate scores [B, ...]
+Replicate = Callable[["Tensor"], "Tensor"]  # counts [B, W] (float64) -> replicate scores [B, ...]
 
 
 def window_counts(n_windows: int, replicates: int = DEFAULT_REPLICATES, seed: int = 0) -> Tensor:
     """[replicates, n_windows] float64: how often each window is drawn in each replicate."""
+    import torch
+
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(n_windows, np.full(n_windows, 1.0 / n_windows), size=replicates)
     return torch.from_numpy(counts).double()
 
 
-def interval(replicates: Tensor | np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+def interval(replicates: Tensor | np.ndarray | list, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval over the first axis (NaN replicates ignored): (lo, hi), each of the remaining shape."""
     x = np.asarray(replicates, dtype=np.float64)
     tail = (1 - level) / 2 * 100

@@ -16,6 +16,7 @@ from .cli_options import (
     DESCRIPTION,
     EPILOG,
     HelpFormatter,
+    add_bootstrap_arg,
     add_data_args,
     add_fraction_args,
     add_model_args,
@@ -31,7 +32,7 @@ from .schema import IMPORTANCE_METHODS, METHODS
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
-         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq"}
+         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap"}
 
 
 def command(name: str, help: str, configure):
@@ -116,6 +117,8 @@ def _configure_score(p):
     add_run_flags(p, "output table, .csv or .parquet")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
+    add_bootstrap_arg(p)
+    add_seed_arg(p, "seed of the bootstrap resampling")
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
 
 
@@ -133,7 +136,8 @@ def cmd_score(args) -> None:
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
-    scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet)
+    scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet,
+                         bootstrap=args.bootstrap, seed=args.seed)
     if not finish_sweep(progress, scored.table, out):
         return
     summary = {"out": str(out), "heads": len(scored.table), "fold_value_bias": args.fold_value_bias,
@@ -151,6 +155,7 @@ def _configure_curve(p):
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
     add_selection_args(p)
+    add_bootstrap_arg(p)
     add_run_flags(p, "output table, .csv or .parquet")
 
 
@@ -189,7 +194,8 @@ def cmd_curve(args) -> None:
     progress = sweep_progress(args, out, settings)
     means = head_means(model, score_ids, w, progress, not args.quiet) if score_ids is not None else None  # resumable
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
-                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet)
+                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
+                            bootstrap=args.bootstrap)
     if not finish_sweep(progress, curves, out):
         return
     print(curves.to_string(index=False, float_format="%.4f"))
@@ -291,8 +297,9 @@ def _configure_run(p):
     add_data_args(p, "test", max_tokens=8192)
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")
-    add_fraction_args(p)
-    add_seed_arg(p)
+    add_fraction_args(p, seeds=10)
+    add_seed_arg(p, "seed of the random baseline and the bootstrap")
+    add_bootstrap_arg(p)
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -307,7 +314,8 @@ def cmd_run(args) -> None:
                            device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
                            batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
-                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
+                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
+                           bootstrap=args.bootstrap)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

@@ -77,14 +77,19 @@ def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--score-data", default="default", help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
 
 
-def add_seed_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline and the bootstrap") -> None:
+    p.add_argument("--seed", type=int, default=0, help=help)
 
 
-def add_fraction_args(p: argparse.ArgumentParser) -> None:
+def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap replicates (resampled windows) for the 95%% intervals; 0: no intervals")
+
+
+def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3) -> None:
     p.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
                    help="comma-separated fractions of all heads to prune, each in [0, 1]")
-    p.add_argument("--seeds", type=int, default=3, help="random-baseline seeds (its curve is their mean and std)")
+    p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
 
 
 def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None) -> None:
@@ -104,9 +109,10 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 
 #: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
 MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
-            "seed": 0, "batch": 1, "seq": 1}
+            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0}
 #: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
-MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000}
+MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
+            "bootstrap": 100_000}
 
 
 def check_counts(args) -> None:

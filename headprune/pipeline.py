@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from . import __version__
+from .bootstrap import DEFAULT_REPLICATES
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, shard_name
@@ -22,7 +23,7 @@ from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import Windowing, sliding_windows
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
-from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM
+from .schema import ACTIVATION_METHODS, DEFAULT_FRACTIONS, IMPORTANCE_METHODS, LAYER_NORMALIZED, RANDOM, WEIGHT_METHODS
 from .scoring import score_heads
 
 
@@ -40,9 +41,10 @@ class RunSettings:
     stride: int | None = None
     max_tokens: int | None = 8192
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
-    seeds: int = 3
+    seeds: int = 10  # random-baseline seeds: its band shows seed and data spread
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
+    bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
 
 
 def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
@@ -78,19 +80,23 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet)
+    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet,
+                         bootstrap=s.bootstrap, seed=s.seed)
     scores = scored.table
     t_score = time.perf_counter() - t0
 
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: "
-        f"{', '.join(IMPORTANCE_METHODS)} + random")
+    # every importance score, weight and activation scores also normalized per layer (Michel et al.), and random
+    rankings = [*IMPORTANCE_METHODS, *(m + LAYER_NORMALIZED for m in IMPORTANCE_METHODS
+                                       if m in WEIGHT_METHODS + ACTIVATION_METHODS), RANDOM]
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {len(rankings) - 1} rankings "
+        f"+ random ({s.seeds} seeds)")
     t0 = time.perf_counter()
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet)
+                              seed=s.seed, progress=progress, show_progress=not quiet, bootstrap=s.bootstrap)
 
-    curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
+    curves = curves_of([(m, "none") for m in rankings])
     best = best_method(curves)
     compensated = curves_of([(best, "mean")])
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
@@ -100,6 +106,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
+                "compensation_fills": f"each head's mean output on the scoring data ({s.score_data}, validation "
+                                      f"split, {len(score_ids):,} tokens)",
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():

@@ -120,6 +120,12 @@ def ci_columns(method: str) -> tuple[str, str]:
     return f"{method}_ci_lo", f"{method}_ci_hi"
 
 
+def score_columns(methods=METHODS) -> list[str]:
+    """The columns of a scores table of ``methods``: id columns, the methods, then each data method's interval."""
+    methods = [m for m in METHODS if m in methods]
+    return [*ID_COLUMNS, *methods, *(c for m in methods if m in DATA_METHODS for c in ci_columns(m))]
+
+
 def method_key(method: str) -> tuple:
     """Sort order of methods: known methods in canonical order, then others by name, random last."""
     if method == RANDOM:

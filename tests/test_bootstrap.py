@@ -58,3 +58,42 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
         np.testing.assert_allclose(table[ci_columns(m)[1]], hi, rtol=1e-5, atol=1e-7, err_msg=m)
         assert (table[ci_columns(m)[0]] <= table[ci_columns(m)[1]]).all()
     assert (table["abl_zero_ci_hi"] - table["abl_zero_ci_lo"]).max() > 1e-4  # the intervals are not degenerate
+
+
+def test_head_bootstrap_matches_scipy_percentile_bootstrap():
+    """Our paired percentile bootstrap over heads and scipy.stats.bootstrap (independent draws) agree to Monte-Carlo
+    error with many replicates; perfect and reversed rankings give degenerate intervals and the inverse flag."""
+    from scipy import stats
+
+    from headprune.report.tables import head_bootstrap
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=60)
+    y = 0.6 * x + 0.8 * rng.normal(size=60)
+    positive = y >= np.sort(y)[-6]
+    ours = head_bootstrap(x, y, positive, replicates=4000)
+    ref = stats.bootstrap((x, y), lambda a, b: stats.spearmanr(a, b).statistic, paired=True, vectorized=False,
+                          n_resamples=4000, method="percentile", random_state=1).confidence_interval
+    assert ours["spearman_ci_lo"] == pytest.approx(ref.low, abs=0.02)
+    assert ours["spearman_ci_hi"] == pytest.approx(ref.high, abs=0.02)
+    same = head_bootstrap(y, y, positive, replicates=50)
+    assert (same["spearman_ci_lo"], same["spearman_ci_hi"]) == pytest.approx((1.0, 1.0))
+    assert same["roc_auc_ci_lo"] == pytest.approx(1.0)
+    reversed_ = head_bootstrap(-y, y, positive, replicates=50)
+    assert reversed_["roc_auc_ci_hi"] == pytest.approx(0.0) and reversed_["kendall_ci_hi"] == pytest.approx(-1.0)
+
+
+def test_predictiveness_flags_an_inverse_ranking():
+    import pandas as pd
+
+    from headprune.report.tables import predictiveness
+
+    rng = np.random.default_rng(3)
+    truth = rng.gamma(2.0, size=48)
+    layer, head = np.repeat(np.arange(4), 12), np.tile(np.arange(12), 4)
+    scores = pd.DataFrame({"layer": layer, "head": head, "head_id": [f"L{a}H{b}" for a, b in zip(layer, head)],
+                           "model_fingerprint": "f", "abl_zero": truth, "wo_fro": -truth + 0.01 * rng.normal(size=48),
+                           "grad": truth + 0.3 * rng.normal(size=48)})
+    pred = predictiveness(scores).set_index("method")
+    assert bool(pred.loc["wo_fro", "inverse"]) and not bool(pred.loc["grad", "inverse"])
+    assert pred.loc["grad", "spearman_ci_lo"] < pred.loc["grad", "spearman_rho"] < pred.loc["grad", "spearman_ci_hi"]

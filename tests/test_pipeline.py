@@ -15,7 +15,7 @@ from headprune.cli import main
 from headprune.interventions import mask_gates
 from headprune.loading import load_model
 from headprune.outputs import read_scores
-from headprune.schema import CURVE_COLUMNS, METHODS
+from headprune.schema import CURVE_COLUMNS, METHODS, score_columns
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_run_writes_every_report_file(run_dir):
 
 def test_run_tables(run_dir):
     scores = read_scores(run_dir / "scores.parquet")
-    assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + list(METHODS)
+    assert list(scores.columns) == score_columns()
     assert len(scores) == 12 and scores[list(METHODS)].notna().all().all()
     curves = pd.read_parquet(run_dir / "curves.parquet")
     assert list(curves.columns) == CURVE_COLUMNS

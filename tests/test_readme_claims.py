@@ -35,7 +35,7 @@ from headprune.loading import load_model, load_tokenizer
 from headprune.outputs import read_scores
 from headprune.perplexity import Windowing
 from headprune.report.tables import rank_correlations
-from headprune.schema import METHODS
+from headprune.schema import METHODS, score_columns
 from headprune.scoring import head_means
 
 from helpers import TINY, guide_loop, save_hf_gpt2
@@ -94,7 +94,7 @@ def test_pruned_model_scores_keep_original_head_names(pruned_scores):
     assert native.head_id.tolist() == KEPT_IDS
     assert list(zip(native.layer, native["head"])) == [(0, 0), (0, 2), (2, 0), (2, 1), (2, 3)]
     assert load_model(root / "native").cfg.kept_heads == [[0, 2], [], [0, 1, 3]]
-    assert list(native.columns) == ["layer", "head", "head_id", "model_fingerprint"] + list(METHODS)
+    assert list(native.columns) == score_columns()
     assert native[list(METHODS)].notna().all().all()
 
 

@@ -9,7 +9,7 @@ from headprune.errors import HeadpruneError
 from headprune.folding import fold_value_biases, has_value_biases
 from headprune.loading import load_model
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
-from headprune.schema import DATA_METHODS, METHODS, ci_columns, parse_methods
+from headprune.schema import DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
 from headprune.scoring import score_heads
 
 from helpers import TINY, guide_loop, save_hf_gpt2
@@ -51,6 +51,7 @@ def hf_scored_z(hf, ids, seq_len=SEQ, stride=STRIDE):
 def test_columns_and_order(scores):
     intervals = [c for m in DATA_METHODS for c in ci_columns(m)]
     assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + list(METHODS) + intervals
+    assert list(scores.columns) == score_columns()
     assert scores.head_id.tolist() == [f"L{l}H{h}" for l in range(3) for h in range(4)]
 
 

@@ -3,7 +3,8 @@
 1. which layer matters most (``abl_zero`` summed over each layer's heads);
 2. at 30% and at 50% of heads pruned: which scores beat the random band (ΔNLL below the random mean minus one
    standard deviation over seeds) and by how much, which are worse than it;
-3. which scores rank heads inversely to ``abl_zero`` (Spearman ρ < 0 or ROC-AUC < 0.5);
+3. which scores rank heads inversely to ``abl_zero`` (the 95% interval of Spearman ρ below 0 or of the ROC-AUC
+   below 0.5);
 4. what mean compensation buys (ΔNLL with and without, same method and fraction).
 
 A sentence whose numbers are missing (no ``abl_zero``, no random curve, no compensated curve) is left out.
@@ -100,11 +101,14 @@ def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
 
 
 def inverse_methods(pred: pd.DataFrame) -> pd.DataFrame:
-    """The importance rows of ``predictiveness`` with Spearman ρ < 0 or ROC-AUC < 0.5."""
+    """The importance rows of ``predictiveness`` that rank heads inversely: the 95% interval of Spearman ρ below
+    0 or of the ROC-AUC below 0.5 (point estimates where a table has no intervals)."""
     if pred.empty:
         return pred
     rows = pred[~pred["method"].isin(DESCRIPTIVE)]
-    return rows[(rows["spearman_rho"] < 0) | (rows["roc_auc_top10"] < 0.5)]
+    rho = rows["spearman_ci_hi"] if "spearman_ci_hi" in rows else rows["spearman_rho"]
+    auc = rows["roc_auc_ci_hi"] if "roc_auc_ci_hi" in rows else rows["roc_auc_top10"]
+    return rows[(rho < 0) | (auc < 0.5)]
 
 
 def inverse_sentence(pred: pd.DataFrame) -> str | None:
@@ -112,8 +116,9 @@ def inverse_sentence(pred: pd.DataFrame) -> str | None:
         return None
     inverse = inverse_methods(pred)
     if inverse.empty:
-        return f"No score ranks heads inversely to {TRUTH}: every Spearman ρ ≥ 0 and every ROC-AUC ≥ 0.5."
-    test = "Spearman ρ < 0 or ROC-AUC for the top heads < 0.5"
+        return (f"No score ranks heads inversely to {TRUTH}: no 95% interval of Spearman ρ lies below 0 and none of "
+                "the ROC-AUC below 0.5.")
+    test = "95% interval of Spearman ρ below 0 or of the ROC-AUC for the top heads below 0.5"
     if len(inverse) <= INVERSE_DETAIL:
         parts = [f"{r.method} (ρ {r.spearman_rho:.2f}, ROC-AUC {r.roc_auc_top10:.2f})" for r in inverse.itertuples()]
         verb, them = ("ranks", "it") if len(parts) == 1 else ("rank", "them")

@@ -39,7 +39,9 @@ SCORE_DATA_KEYS = ("score_data", "scoring_data", "data_score")
 EVAL_DATA_KEYS = ("eval_data", "evaluation_data", "data_eval")
 PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "
              f"roc_auc_top10: ROC-AUC of the score for the top {TOP_PERCENT}% heads by {TRUTH} (ceil, ties to the "
-             "smaller layer/head). kind=description: not an importance, read its sign as a finding.")
+             "smaller layer/head); *_ci_lo/hi: 95% intervals from 200 bootstrap resamplings of the heads; inverse: "
+             "the ROC-AUC interval lies below 0.5 (the score ranks heads inversely). kind=description: not an "
+             "importance, read its sign as a finding.")
 
 
 @dataclass

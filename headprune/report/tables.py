@@ -14,11 +14,17 @@ from scipy import stats
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import roc_auc_score
 
+from ..bootstrap import interval
 from ..errors import HeadpruneError
 from ..schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
 from ..selection import rank_heads, select_heads
 
-PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "kendall_tau", "roc_auc_top10")
+PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
+                          "kendall_tau", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_top10", "roc_auc_ci_lo",
+                          "roc_auc_ci_hi", "inverse")
+INTERVAL_COLUMNS = ("spearman_ci_lo", "spearman_ci_hi", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_ci_lo",
+                    "roc_auc_ci_hi")
+HEAD_REPLICATES, HEAD_SEED = 200, 0  # the predictiveness intervals: bootstrap over heads
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
 BEST_MAX_FRACTION = 0.5
 TOP_PERCENT = 10  # the ROC-AUC positives: the ceil(10%) heads with the largest abl_zero
@@ -163,10 +169,30 @@ def rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(stats.spearmanr(x, y).statistic), float(stats.kendalltau(x, y).statistic)
 
 
+def roc_auc(x: np.ndarray, positive: np.ndarray) -> float:
+    """ROC-AUC of score ``x`` for the ``positive`` heads (ties count half); NaN when one class is missing."""
+    return float(roc_auc_score(positive, x)) if positive.any() and not positive.all() else math.nan
+
+
+def head_bootstrap(x: np.ndarray, y: np.ndarray, positive: np.ndarray, replicates: int = HEAD_REPLICATES,
+                   seed: int = HEAD_SEED) -> dict[str, float]:
+    """95% percentile intervals of Spearman ρ, Kendall τ-b and ROC-AUC over ``replicates`` resamplings of the
+    heads with replacement (a replicate where a statistic is undefined is left out)."""
+    rng = np.random.default_rng(seed)
+    draws = np.full((replicates, 3), np.nan)
+    for b in range(replicates):
+        i = rng.integers(len(x), size=len(x))
+        rho, tau = rank_stats(x[i], y[i])
+        draws[b] = rho, tau, roc_auc(x[i], positive[i])
+    lo, hi = interval(draws)
+    return {"spearman_ci_lo": lo[0], "spearman_ci_hi": hi[0], "kendall_ci_lo": lo[1], "kendall_ci_hi": hi[1],
+            "roc_auc_ci_lo": lo[2], "roc_auc_ci_hi": hi[2]}
+
+
 def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray) -> dict:
     ok = np.isfinite(x) & np.isfinite(truth)
     x, y, pos = x[ok], truth[ok], positive[ok]
-    row: dict[str, str | int | float] = {
+    row: dict[str, str | int | float | bool] = {
         "method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())
     }
     if _varies(x) and _varies(y):
@@ -174,7 +200,10 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
     else:
         row["r2"] = math.nan
     row["spearman_rho"], row["kendall_tau"] = rank_stats(x, y)
-    row["roc_auc_top10"] = float(roc_auc_score(pos, x)) if pos.any() and not pos.all() else math.nan
+    row["roc_auc_top10"] = roc_auc(x, pos)
+    intervals = head_bootstrap(x, y, pos) if _varies(x) and _varies(y) else dict.fromkeys(INTERVAL_COLUMNS, math.nan)
+    row |= intervals
+    row["inverse"] = bool(intervals["roc_auc_ci_hi"] < 0.5)  # the whole interval below chance: ranks heads inversely
     return row
 
 
@@ -182,8 +211,10 @@ def predictiveness(scores: pd.DataFrame) -> pd.DataFrame:
     """How well each score predicts abl_zero, one row per method column but abl_zero (empty without abl_zero).
 
     r2: R^2 of the least-squares line abl_zero ~ score; spearman_rho, kendall_tau (tau-b): rank agreement;
-    roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). Rows use the heads
-    where both values are finite; entropy is marked kind=description (its sign carries no importance claim).
+    roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). ``*_ci_lo/hi``:
+    95% bootstrap intervals over heads (:func:`head_bootstrap`); ``inverse``: the ROC-AUC interval lies below
+    0.5. Rows use the heads where both values are finite; entropy is marked kind=description (its sign carries
+    no importance claim).
     """
     scores = check_scores(scores)
     if TRUTH not in scores.columns:
