@@ -201,13 +201,17 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     """Everything the report says, in order: the headline first, settings and timings last."""
     by_name = {p.name: p for p in pictures}
     curves_pic, order_pic = by_name.get("curves.png"), by_name.get("pruning_order.png")
-    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic)]
+    normalized_pic = by_name.get("curves_layer_normalized.png")
+    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic, normalized_pic)]
     headline: list[Block] = [Findings(c.findings)] if c.findings else [Paragraph("No finding: see the tables.")]
     headline += [*map(Note, c.notes)]
     curves: list[Block] = [Paragraph(f"Unpruned: {baseline_text(c.baseline)}. Best method: {_best_text(c)}.")]
     curves += [curves_pic] if curves_pic else []
     curves += [Table(c.summary)]
     curves += [Paragraph(c.fraction_note)] if c.fraction_note else []
+    curves += [Paragraph("Rankings named <method>@layer divide each layer's scores by their layer's norm "
+                         "first (Michel et al. 2019): does a score fail within layers, or only across them?"),
+               normalized_pic] if normalized_pic else []
     order: list[Block] = [order_pic] if order_pic else []
     fractions = " / ".join(f"{f:.0%}" for f in SUMMARY_FRACTIONS)
     order += ([Paragraph(f"Heads removed from each layer at {fractions} of all heads pruned:"), Table(c.layer_counts)]
