@@ -28,6 +28,7 @@ from ..heads import head_id
 from ..model import GPT2
 
 MODES = ("q_comp", "k_comp", "v_comp")
+CHUNK_HEADS = 256  # reading heads per core matmul
 
 
 def _r(x: Tensor) -> Tensor:
@@ -99,9 +100,12 @@ def composition_from_weights(weights: dict[int, HeadWeights], dtype: torch.dtype
         left = stacked["left"][a0 * k:a1 * k]  # [h_a·d_k, d]
         cols = {}
         for mode in MODES:
-            right = stacked[mode][a1 * k:]  # [H_b·d_k, d]: every head of a later layer
-            cores = (left @ right.T).view(ha, k, hb, k)  # [h_a, d_k, H_b, d_k]
-            num = cores.double().square().sum((1, 3)).sqrt()  # [h_a, H_b]
+            num = torch.empty(ha, hb, dtype=torch.float64, device=device)
+            for b0 in range(0, hb, CHUNK_HEADS):  # at most CHUNK_HEADS reading heads at once: bounded memory
+                b1 = min(hb, b0 + CHUNK_HEADS)
+                right = stacked[mode][(a1 + b0) * k:(a1 + b1) * k]  # [n·d_k, d]: heads of later layers
+                cores = (left @ right.T).view(ha, k, b1 - b0, k)  # [h_a, d_k, n, d_k]
+                num[:, b0:b1] = torch.linalg.vector_norm(cores, dim=(1, 3), dtype=torch.float64)
             reader = stacked["ov_norm" if mode == "v_comp" else "qk_norm"][a1:]
             cols[mode] = (num / (stacked["ov_norm"][a0:a1, None] * reader[None, :])).cpu().reshape(-1).numpy()
         a_heads, b_heads = heads[a0:a1], heads[a1:]
