@@ -26,6 +26,7 @@ from headprune.errors import HeadpruneError
 from headprune.loading import load_model
 from headprune.model import GPT2, ModelConfig
 from headprune.pruning import prune_model
+
 from helpers import TINY, random_tokens, save_hf_gpt2
 
 SMALL_VOCAB = TINY | {"vocab_size": 40}
@@ -70,8 +71,8 @@ def reference_roles(attentions, tokens) -> dict[str, np.ndarray]:
         for layer, A in enumerate(attentions):
             for h in range(A.shape[1]):
                 a = A[b, h].double().numpy()
-                for r in out:
-                    out[r][layer, h] += (a * P[r]).sum() / a.sum() / B
+                for r, table in out.items():
+                    table[layer, h] += (a * P[r]).sum() / a.sum() / B
     return out
 
 

@@ -26,9 +26,21 @@ from .copying import copying_scores
 from .geometry import effective_rank, wo_geometry
 from .roles import ROLES, detect_heads, head_patterns, repeated_random_tokens
 
-__all__ = ["Anatomy", "composition_from_weights", "composition_scores", "copying_scores", "corpus_rows",
-           "detect_heads", "effective_rank", "head_anatomy", "head_patterns", "logit_attribution",
-           "repeated_random_tokens", "wo_geometry", "HEAD_COLUMNS"]
+__all__ = [
+    "HEAD_COLUMNS",
+    "Anatomy",
+    "composition_from_weights",
+    "composition_scores",
+    "copying_scores",
+    "corpus_rows",
+    "detect_heads",
+    "effective_rank",
+    "head_anatomy",
+    "head_patterns",
+    "logit_attribution",
+    "repeated_random_tokens",
+    "wo_geometry",
+]
 
 CORPUS_ROLES = ("previous_token", "duplicate_token")
 #: The per-head columns of :func:`head_anatomy`, after layer, head, head_id.

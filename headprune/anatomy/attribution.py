@@ -66,7 +66,7 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
         direction = model.ln_f.weight.float() * u
         direction = (direction - direction.mean(-1, keepdim=True)) / sigma  # c · direction = centred, scaled term
 
-        def term(c: Tensor) -> Tensor:  # c (b,T,d) -> (b,T-1)
+        def term(c: Tensor, direction: Tensor = direction) -> Tensor:  # c (b,T,d) -> (b,T-1)
             return (c[:, :-1].float() * direction).sum(-1)
 
         add("embed", term(embed))

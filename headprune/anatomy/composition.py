@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..heads import head_id
 from ..model import GPT2
+from .geometry import one_thread
 
 MODES = ("q_comp", "k_comp", "v_comp")
 CHUNK_HEADS = 256  # reading heads per core matmul
@@ -82,12 +83,18 @@ def composition_from_weights(weights: dict[int, HeadWeights], dtype: torch.dtype
     device = torch.device(device)
     layers = sorted(weights)
     k = weights[layers[0]].W_O.shape[1] if layers else 1
-    parts: dict[str, list[Tensor]] = {name: [] for name in ("left", *MODES, "ov_norm", "qk_norm")}
-    for layer in layers:  # one layer's float64 intermediates at a time
-        for name, t in _factors(weights[layer], dtype, device).items():
-            parts[name].append(t)
-    stacked = {name: torch.cat(ts) for name, ts in parts.items()}  # rows [H·d_k, d] / norms [H]
-    del parts
+    sizes = [len(weights[layer].heads) for layer in layers]
+    H, d = sum(sizes), (weights[layers[0]].W_O.shape[2] if layers else 1)
+    stacked = {name: torch.empty(H * k, d, dtype=dtype, device=device) for name in ("left", *MODES)}  # rows [H·d_k, d]
+    stacked |= {name: torch.empty(H, dtype=torch.float64, device=device) for name in ("ov_norm", "qk_norm")}
+    row = 0
+    for layer, n in zip(layers, sizes):  # one layer's float64 intermediates at a time, written in place
+        with one_thread():
+            factors = _factors(weights[layer], dtype, device)
+        for name, t in factors.items():
+            rows = slice(row, row + n) if t.dim() == 1 else slice(row * k, (row + n) * k)
+            stacked[name][rows] = t
+        row += n
     heads = [(layer, h) for layer in layers for h in weights[layer].heads]
     starts = [0]
     for layer in layers:

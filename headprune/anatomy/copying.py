@@ -21,6 +21,7 @@ from torch import Tensor
 from ..heads import head_id
 from ..model import GPT2
 from .attribution import unembedding
+from .geometry import one_thread
 
 
 def copying_score(eigenvalues: Tensor) -> Tensor:
@@ -42,7 +43,8 @@ def copying_scores(model: GPT2) -> pd.DataFrame:
     """layer, head, head_id, copying: Σλ/Σ|λ| of every head's full OV circuit W_E W_V^(i) W_O^(i) W_U."""
     rows = []
     for layer, cores in ov_circuit_cores(model).items():
-        scores = copying_score(torch.linalg.eigvals(cores))  # [h]
+        with one_thread():
+            scores = copying_score(torch.linalg.eigvals(cores))  # [h]
         rows += [{"layer": layer, "head": head, "head_id": head_id(layer, head), "copying": float(s)}
                  for head, s in zip(model.cfg.kept_heads[layer], scores)]
     return pd.DataFrame(rows)

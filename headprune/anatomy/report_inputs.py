@@ -14,7 +14,7 @@ from torch import Tensor
 from ..heads import parse_head_spec
 from ..model import GPT2
 from ..perplexity import Windowing
-from ..report.anatomy import AnatomyReport, Thumbnail
+from ..report.anatomy import AnatomyReport, Thumbnail, strongest
 from ..schema import TRUTH
 from . import corpus_rows, head_anatomy, head_patterns, repeated_random_tokens
 from .roles import induction_pattern
@@ -46,7 +46,7 @@ def anatomy_report(model: GPT2, score_ids: Tensor, windowing: Windowing, scores:
     example = score_ids[:min(EXAMPLE_TOKENS, model.cfg.n_positions)]
     picks: list[tuple[str, str, str]] = []  # (head_id, label, example)
     for role, where in (("induction", "probe"), ("duplicate_token", "probe"), ("previous_token_corpus", "corpus")):
-        best = a.heads.loc[a.heads[role].idxmax(), "head_id"]
+        best = str(a.heads["head_id"].iloc[strongest(a.heads, role)])
         picks.append((best, f"strongest {role.replace('_corpus', '')}", where))
     if TRUTH in scores.columns:
         ranked = scores.dropna(subset=[TRUTH]).sort_values([TRUTH, "layer", "head"], ascending=[False, True, True])

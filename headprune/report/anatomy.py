@@ -123,13 +123,18 @@ def top_table(j: pd.DataFrame, n: int = TOP_ANATOMY) -> pd.DataFrame:
     return out
 
 
+def strongest(df: pd.DataFrame, column: str) -> int:
+    """Position of the row with the largest finite ``column`` (the first of ties)."""
+    return int(np.nanargmax(df[column].to_numpy(float)))
+
+
 def anatomy_findings(j: pd.DataFrame, info: dict) -> list[str]:
     """Sentences from the numbers: induction heads or not, and where the role heads rank by importance."""
-    ranks = j[TRUTH].rank(ascending=False, method="min")
+    ranks = j[TRUTH].rank(ascending=False, method="min").to_numpy()
     out = []
     ideal, uniform = info.get("induction_ideal"), info.get("induction_uniform")
-    best = j.loc[j["induction"].idxmax()]
-    rank = int(ranks[best.name])
+    at = strongest(j, "induction")
+    best, rank = j.iloc[at], int(ranks[at])
     if ideal:
         share = best["induction"] / ideal
         verdict = ("has induction heads" if share >= 0.3 else "has no induction head (no head reaches 30% of it)")
@@ -138,9 +143,10 @@ def anatomy_findings(j: pd.DataFrame, info: dict) -> list[str]:
                    f"{uniform:.3f}): the model {verdict}. {best['head_id']} ranks #{rank} of {len(j)} heads by {TRUTH}.")
     for role in ("previous_token_corpus", "duplicate_token_corpus"):
         if role in j.columns:
-            b = j.loc[j[role].idxmax()]
+            at = strongest(j, role)
+            b = j.iloc[at]
             out.append(f"Strongest {role.replace('_corpus', '').replace('_', '-')} head on the corpus: {b['head_id']} "
-                       f"(score {b[role]:.3f}), #{int(ranks[b.name])} of {len(j)} by {TRUTH}.")
+                       f"(score {b[role]:.3f}), #{int(ranks[at])} of {len(j)} by {TRUTH}.")
     return out
 
 
