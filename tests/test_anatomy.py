@@ -307,3 +307,20 @@ def test_anatomy_command_writes_the_tables(tiny_dir, corpus, tmp_path, capsys):
     assert main([*argv[:-2], "--probe-length", "40", "--out", str(tmp_path / "x")]) == 2  # 2·40 > n_positions 64
     assert "--probe-length 40 is too long" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_bootstrap_spearman_interval():
+    """ρ equals scipy's; the interval holds it, and equals a loop of scipy.stats.spearmanr over the same resamples."""
+    from scipy.stats import spearmanr
+
+    from headprune.report.anatomy import bootstrap_spearman
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    rho, lo, hi = bootstrap_spearman(x, y, n=300, seed=5)
+    assert rho == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
+    idx = np.random.default_rng(5).integers(0, 40, size=(300, 40))
+    loop = [spearmanr(x[i], y[i]).statistic for i in idx]
+    assert (lo, hi) == pytest.approx((np.quantile(loop, 0.025), np.quantile(loop, 0.975)), abs=1e-12)
+    assert lo < rho < hi
