@@ -324,3 +324,36 @@ def test_bootstrap_spearman_interval():
     loop = [spearmanr(x[i], y[i]).statistic for i in idx]
     assert (lo, hi) == pytest.approx((np.quantile(loop, 0.025), np.quantile(loop, 0.975)), abs=1e-12)
     assert lo < rho < hi
+
+
+def test_report_section_from_saved_anatomy_without_torch_inputs(tmp_path):
+    """The report section from a hand-made AnatomyReport: the top-heads table follows abl_zero, the findings quote
+    the numbers, and the files round-trip through rebuild_report."""
+    import pandas as pd
+    from test_report import BASELINE, SETTINGS, make_curves, make_scores
+
+    from headprune.report import build_report, rebuild_report
+    from headprune.report.anatomy import AnatomyReport, Thumbnail
+
+    scores = make_scores()
+    heads = scores[["layer", "head", "head_id"]].copy()
+    rng = np.random.default_rng(0)
+    for col in ("previous_token", "duplicate_token", "induction", "previous_token_corpus", "duplicate_token_corpus",
+                "dla", "copying", "wo_eff_rank", "wo_overlap_rest"):
+        heads[col] = rng.uniform(0, 0.1, size=len(heads))
+    heads.loc[5, "induction"] = 0.4  # the strongest: 80% of an ideal 0.5
+    comp = pd.DataFrame([{"layer_a": 0, "head_a": 0, "layer_b": 1, "head_b": 1, "head_a_id": "L0H0", "head_b_id": "L1H1",
+                          "q_comp": 0.2, "k_comp": 0.3, "v_comp": 0.1}])
+    thumbs = [Thumbnail("L1H1", "strongest induction", "probe", [[1.0, 0.0], [0.5, 0.5]])]
+    anatomy = AnatomyReport(heads, comp, thumbs, {"induction_ideal": 0.5, "induction_uniform": 0.02})
+    build_report(scores, make_curves(), tmp_path / "r", SETTINGS, BASELINE, anatomy)
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    rank = int(scores["abl_zero"].rank(ascending=False, method="min")[5])
+    assert (f"strongest induction score is 0.400 ({heads.head_id[5]}, 80% of the 0.500 an ideal induction head scores"
+            in summary and "the model has induction heads" in summary and f"ranks #{rank} of 12" in summary)
+    top = scores.sort_values("abl_zero", ascending=False)["head_id"].head(10).tolist()
+    table = summary.split("with their anatomy")[1]
+    assert [line.split(" | ")[1] for line in table.splitlines() if line.startswith("| ") and "L" in line][:10] == top
+    rebuilt = rebuild_report(tmp_path / "r" / "scores.csv", tmp_path / "r" / "curves.csv", tmp_path / "again")
+    assert "strongest induction score is 0.400" in rebuilt.with_name("summary.md").read_text()
+    assert (tmp_path / "again" / "anatomy_attention.png").read_bytes()[:4] == b"\x89PNG"
