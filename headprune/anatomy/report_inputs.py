@@ -19,7 +19,7 @@ from ..schema import TRUTH
 from . import corpus_rows, head_anatomy, head_patterns, repeated_random_tokens
 from .roles import induction_pattern
 
-PROBE_LENGTH, PROBE_COUNT, CORPUS_ROWS, EXAMPLE_TOKENS, TOP_THUMBNAILS = 24, 4, 2, 32, 6
+PROBE_LENGTH, PROBE_COUNT, CORPUS_ROWS, EXAMPLE_TOKENS, TOP_THUMBNAILS = 24, 4, 1, 32, 6
 
 
 def induction_baselines(probe: Tensor) -> tuple[float, float]:
