@@ -16,6 +16,7 @@ from .cli_options import (
     DESCRIPTION,
     EPILOG,
     HelpFormatter,
+    add_anatomy_args,
     add_bootstrap_arg,
     add_data_args,
     add_fraction_args,
@@ -32,7 +33,8 @@ from .schema import IMPORTANCE_METHODS, METHODS
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
-         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap"}
+         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap",
+         "probe_length": "--probe-length", "probe_count": "--probe-count", "rows": "--rows"}
 
 
 def command(name: str, help: str, configure):
@@ -327,6 +329,37 @@ def cmd_run(args) -> None:
     print(f"best method: {result['best']}")
     print(result["table"].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"report: {result['report']}  ({result['seconds']:.0f} s)")
+
+
+# ---------------------------------------------------------------- anatomy
+
+
+def _configure_anatomy(p):
+    add_model_args(p)
+    add_data_args(p, "validation")
+    add_anatomy_args(p)
+    p.add_argument("--out", required=True, help="output directory (heads.csv, composition.csv, ...)")
+
+
+@command("anatomy", "what each head does: roles, composition, logit attribution, copying, W_O geometry",
+         _configure_anatomy)
+def cmd_anatomy(args) -> None:
+    from .anatomy.output import run_anatomy
+    from .outputs import check_writable
+
+    check_writable(args.out)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    if 2 * args.probe_length > model.cfg.n_positions:
+        raise HeadpruneError(f"--probe-length {args.probe_length} is too long: twice it must fit n_positions "
+                             f"{model.cfg.n_positions}")
+    out, anatomy = run_anatomy(model, ids, w, args.probe_length, args.probe_count, args.seed, args.rows, args.out,
+                               {"model": args.model, "data": args.data, "split": args.split})
+    top = anatomy.heads.sort_values("induction", ascending=False).head(5)
+    print(top[["head_id", "previous_token", "duplicate_token", "induction", "dla", "copying"]].to_string(
+        index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"{len(anatomy.heads)} heads, {len(anatomy.composition):,} composition pairs -> {out}")
 
 
 # ---------------------------------------------------------------- main

@@ -107,12 +107,22 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     add_score_data_arg(p, "mean compensation and re-scoring")
 
 
+def add_anatomy_args(p: argparse.ArgumentParser) -> None:
+    """The induction probe (random tokens repeated twice) and how much corpus text ``anatomy`` reads."""
+    p.add_argument("--probe-length", type=int, default=32,
+                   help="length of the random token sequence that the induction probe repeats twice")
+    p.add_argument("--probe-count", type=int, default=8, help="number of repeated random sequences in the probe")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe's random tokens")
+    p.add_argument("--rows", type=int, default=8,
+                   help="corpus windows (of --seq-len tokens) for the corpus roles and the logit attribution")
+
+
 #: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
 MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
-            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0}
+            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1}
 #: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
 MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
-            "bootstrap": 100_000}
+            "bootstrap": 100_000, "probe_count": 1 << 16, "rows": 1 << 16}
 
 
 def check_counts(args) -> None:

@@ -112,7 +112,12 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None
-    log("[4/4] report")
-    report = build_report(scores, curves, out, settings, baseline)
+    log("[4/4] report (with the head anatomy)")
+    from .anatomy.report_inputs import anatomy_report
+
+    t0 = time.perf_counter()
+    anatomy = anatomy_report(model, score_ids, windowing, scores, tokenizer.decode, s.seed)
+    settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
+    report = build_report(scores, curves, out, settings, baseline, anatomy)
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

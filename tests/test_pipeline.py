@@ -305,3 +305,28 @@ def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):
     assert not out.with_name("curves.csv.progress.jsonl").exists()
     assert main(args) == 0  # deterministic: the same seed gives bit-identical curves
     pd.testing.assert_frame_equal(curves, pd.read_csv(out), check_exact=True)
+
+
+def test_run_reports_head_anatomy(run_dir, tiny_dir, tmp_path):
+    """run adds the head-anatomy section: its tables equal the anatomy API on the same probe and windows, its
+    pictures are on the page, and ``headprune report`` rebuilds it from the saved files."""
+    from headprune.anatomy import copying_scores, detect_heads, repeated_random_tokens
+    from headprune.anatomy.report_inputs import PROBE_COUNT, PROBE_LENGTH
+
+    model = load_model(tiny_dir)
+    heads = pd.read_csv(run_dir / "anatomy.csv")
+    assert len(heads) == 12 and heads["head_id"].tolist() == read_scores(run_dir / "scores.csv")["head_id"].tolist()
+    probe = repeated_random_tokens(model.cfg.vocab_size, min(PROBE_LENGTH, 32), PROBE_COUNT, 0)  # n_positions 64
+    pd.testing.assert_series_equal(heads["induction"], detect_heads(model, probe)["induction"], rtol=1e-5)
+    pd.testing.assert_series_equal(heads["copying"], copying_scores(model)["copying"], rtol=1e-6)
+    html = (run_dir / "report.html").read_text()
+    summary = (run_dir / "summary.md").read_text()
+    assert "Head anatomy" in html and "Head anatomy" in summary
+    for name in ("anatomy_roles.png", "anatomy_composition.png", "anatomy_attention.png"):
+        assert (run_dir / name).is_file() and name in html
+    assert "seconds_anatomy" in json.loads((run_dir / "settings.json").read_text())
+    again = tmp_path / "again"
+    assert main(["report", "--scores", str(run_dir / "scores.csv"), "--curves", str(run_dir / "curves.csv"),
+                 "--out", str(again)]) == 0
+    assert (again / "anatomy.csv").read_bytes() == (run_dir / "anatomy.csv").read_bytes()
+    assert "Head anatomy" in (again / "summary.md").read_text()

@@ -37,6 +37,7 @@ import pandas as pd
 from ..errors import HeadpruneError
 from ..outputs import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
 from ..schema import check_curves, check_scores
+from .anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
 from .page import render_html
 from .plots import make_pictures
 from .render import make_content, markdown_table, render_markdown, sections
@@ -55,8 +56,9 @@ __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_tabl
 
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
-                 baseline: dict) -> Path:
+                 baseline: dict, anatomy: AnatomyReport | None = None) -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
+    With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`).
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
@@ -66,11 +68,11 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     content = make_content(scores, curves, settings, baseline)
     pictures = make_pictures(scores, curves, baseline, content.predictiveness)
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
-        _write_report(out, scores, curves, content, settings, baseline, pictures)
+        _write_report(out, scores, curves, content, settings, baseline, pictures, anatomy)
     return Path(out_dir).absolute() / "report.html"
 
 
-def _write_report(out: Path, scores, curves, content, settings, baseline, pictures) -> None:
+def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None) -> None:
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -80,6 +82,12 @@ def _write_report(out: Path, scores, curves, content, settings, baseline, pictur
     for pic in pictures:
         write_bytes(out / pic.name, pic.png)
     secs = sections(content, pictures)
+    if anatomy is not None:
+        write_anatomy_files(out, anatomy)
+        section, anatomy_pictures = anatomy_parts(anatomy, scores)
+        for pic in anatomy_pictures:
+            write_bytes(out / pic.name, pic.png)
+        secs = with_anatomy(secs, section)
     write_text(out / "summary.md", render_markdown(secs))
     write_text(out / "report.html", render_html(secs))
 
@@ -109,4 +117,4 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
         raise HeadpruneError(f"{scores_path} and {curves_path} come from runs with different settings (their "
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
-    return build_report(scores, curves, out_dir, settings, baseline)
+    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder))

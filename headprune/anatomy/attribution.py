@@ -1,0 +1,98 @@
+"""Direct logit attribution (DLA) of every head to the correct next token, through the final LayerNorm with its
+scale frozen (Elhage et al., 2021, "A Mathematical Framework for Transformer Circuits"; nostalgebraist's logit lens).
+
+The final residual stream at a position is a sum of components c: the embeddings (token + position), each
+head's z_i W_O^(i), each layer's b_O and each MLP's output. The final LayerNorm is
+ln_f(x) = γ ⊙ (x − mean(x)) / σ(x) + β; freezing σ at the full stream's value makes it linear, so the logit of the
+correct next token t (unembedding column u_t) splits exactly:
+
+    logit_t = Σ_c (c − mean(c)) · (γ ⊙ u_t) / σ  +  β · u_t.
+
+A head's DLA is the mean of its term over the scored positions (every position but the last of each row);
+the terms of all components plus the LN bias term average to the mean correct-token logit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..errors import HeadpruneError
+from ..heads import head_id
+from ..model import GPT2, Capture
+
+
+@dataclass
+class Attribution:
+    """heads: layer, head, head_id, dla (nats... logits, mean over positions); components: every residual
+    component's mean term (component, value); logit: the mean correct-token logit; positions: how many."""
+
+    heads: pd.DataFrame
+    components: pd.DataFrame
+    logit: float
+    positions: int
+
+
+def unembedding(model: GPT2) -> Tensor:
+    """[vocab, d]: row t is u_t (the tied token embedding, or the LM head's row)."""
+    return model.lm_head.weight if model.lm_head is not None else model.wte.weight
+
+
+@torch.no_grad()
+def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attribution:
+    """DLA of every head (and of every other residual component) on ``tokens`` (B,T), rows scored independently."""
+    if tokens.dim() != 2 or tokens.shape[1] < 2:
+        raise HeadpruneError(f"logit attribution needs (batch, T) tokens with T >= 2, got shape {tuple(tokens.shape)}")
+    model.require_heads("logit attribution")
+    L = model.cfg.n_layers
+    sums: dict[str, Tensor] = {}
+
+    def add(name: str, term: Tensor) -> None:  # term (b, T-1) or (b, h, T-1): summed over rows and positions
+        total = term.double().sum(dim=(0, -1)).cpu()
+        sums[name] = sums[name] + total if name in sums else total
+
+    logit_sum = 0.0
+    for start in range(0, len(tokens), batch_size):
+        chunk = tokens[start:start + batch_size].to(model.device)
+        capture = Capture()
+        embed = model.embed(chunk)  # (b,T,d)
+        final = model.run_blocks(embed, capture=capture)  # (b,T,d)
+        x = final[:, :-1].float()
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + model.ln_f.eps).sqrt()  # (b,T-1,1), frozen
+        u = unembedding(model)[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
+        direction = model.ln_f.weight.float() * u
+        direction = (direction - direction.mean(-1, keepdim=True)) / sigma  # c · direction = centred, scaled term
+
+        def term(c: Tensor, direction: Tensor = direction) -> Tensor:  # c (b,T,d) -> (b,T-1)
+            return (c[:, :-1].float() * direction).sum(-1)
+
+        add("embed", term(embed))
+        add("ln_bias", (model.ln_f.bias.float() * u).sum(-1))
+        for layer in range(L):
+            blk = model.h[layer]
+            attn_out = blk.attn.b_O.expand_as(embed)
+            if blk.attn.n_heads:
+                z = capture.z[layer]  # (b,h,T,d_k)
+                W_O = blk.attn.W_O.float()  # [h,d_k,d]
+                read = torch.einsum("bpd,hkd->bhpk", direction, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
+                add(f"heads.{layer}", (z[:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
+                attn_out = blk.attn.c_proj(z.transpose(1, 2).reshape(*embed.shape[:2], -1))
+            add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed)))
+            add(f"mlp.{layer}", term(blk.mlp(blk.ln_2(capture.resid_pre[layer] + attn_out))))
+        logits = model.unembed(final)[:, :-1].float()  # (b,T-1,V)
+        logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())
+    n = tokens.shape[0] * (tokens.shape[1] - 1)
+    rows = []
+    for layer, head in model.head_ids:
+        i = model.cfg.kept_heads[layer].index(head)
+        rows.append({"layer": layer, "head": head, "head_id": head_id(layer, head),
+                     "dla": float(sums[f"heads.{layer}"][i]) / n})
+    components = [("embed", float(sums["embed"]) / n)]
+    for layer in range(L):
+        components += [(f"L{layer}.heads", float(sums[f"heads.{layer}"].sum()) / n)] if f"heads.{layer}" in sums else []
+        components += [(f"L{layer}.b_O", float(sums[f"b_O.{layer}"]) / n), (f"L{layer}.mlp", float(sums[f"mlp.{layer}"]) / n)]
+    components.append(("ln_bias", float(sums["ln_bias"]) / n))
+    return Attribution(pd.DataFrame(rows), pd.DataFrame(components, columns=["component", "value"]), logit_sum / n, n)
