@@ -17,6 +17,7 @@ from .cli_options import (
     EPILOG,
     HelpFormatter,
     add_data_args,
+    add_finetune_args,
     add_fraction_args,
     add_model_args,
     add_run_flags,
@@ -31,7 +32,9 @@ from .schema import IMPORTANCE_METHODS, METHODS
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
-         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq"}
+         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "train_steps": "--steps",
+         "lr": "--lr", "warmup": "--warmup", "distill_weight": "--distill-weight", "temperature": "--temperature",
+         "checkpoint_every": "--checkpoint-every", "max_train_tokens": "--max-train-tokens", "recover": "--recover"}
 
 
 def command(name: str, help: str, configure):
@@ -267,6 +270,36 @@ def cmd_prune(args) -> None:
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
     print(f"saved {args.format} checkpoint -> {args.out}")
+
+
+# ---------------------------------------------------------------- finetune
+
+
+def _configure_finetune(p):
+    p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
+    p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
+    p.add_argument("--out", required=True, help="output directory for the recovered checkpoint")
+    p.add_argument("--format", choices=["native", "hf"], default=None,
+                   help="native or hf (default: the format of PRUNED_DIR)")
+    add_finetune_args(p)
+    p.add_argument("--data", default="default", help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
+    p.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first K tokens only (default: all)")
+    p.add_argument("--device", default="auto", help="where to compute: auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+    p.add_argument("--overwrite", action="store_true", help="discard the checkpoint of a different earlier fine-tune "
+                                                            "and replace --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
+
+
+@command("finetune", "recover a pruned model: fine-tune or distil it, perplexity before and after", _configure_finetune)
+def cmd_finetune(args) -> None:
+    import json
+
+    from .recovery import format_summary, run_finetune
+
+    summary = run_finetune(args)
+    print(json.dumps(summary) if args.json else format_summary(summary))
 
 
 # ---------------------------------------------------------------- report, run
