@@ -154,6 +154,10 @@ def _configure_curve(p):
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
     add_selection_args(p)
+    p.add_argument("--recover", type=int, default=0, metavar="STEPS",
+                   help="also fine-tune every pruned point STEPS steps (headprune finetune's recipe) and add the "
+                        "recovered points (column recover_steps; random left out)")
+    p.add_argument("--train-data", default="default", help="corpus --recover trains on, its train split")
     add_run_flags(p, "output table, .csv or .parquet")
 
 
@@ -162,6 +166,7 @@ def cmd_curve(args) -> None:
     from .corpus import token_digest
     from .curves import pruning_curves
     from .outputs import read_scores
+    from .recovery import curve_train_ids, recovered_curves
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
     from .scoring import head_means
     from .selection import check_scores_match
@@ -184,7 +189,9 @@ def cmd_curve(args) -> None:
     score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
     variants += [(m, "mean") for m in methods] if compensate else []
+    train_ids = curve_train_ids(args, model, ids) if args.recover else None
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
+                              recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
                               score_data=args.score_data if compensate else None,
@@ -193,6 +200,14 @@ def cmd_curve(args) -> None:
     means = head_means(model, score_ids, w, progress, not args.quiet) if score_ids is not None else None  # resumable
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
                             args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet)
+    if args.recover:
+        import pandas as pd
+
+        recovered = recovered_curves(model, train_ids, args.recover, not args.quiet, ids=ids, scores=scores,
+                                     variants=variants, fractions=fractions, windowing=w, seeds=args.seeds, means=means,
+                                     per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
+                                     seed=args.seed, progress=progress)
+        curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     if not finish_sweep(progress, curves, out):
         return
     print(curves.to_string(index=False, float_format="%.4f"))

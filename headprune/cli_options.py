@@ -136,7 +136,7 @@ def add_finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distill-weight", type=float, default=None,
                    help="alpha in (1-alpha) CE + alpha T^2 KL(teacher || student), in [0, 1] (default: 0.5 with --teacher)")
     p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the distillation KL")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of AdamW")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
     p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "
                                                             "(default: 10%% of --steps)")
     p.add_argument("--seq-len", type=int, default=None, help="training window length in tokens (default: the model's "

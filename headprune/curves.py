@@ -13,6 +13,7 @@ into b_O. Every (method, compensation, fraction, seed) point is one progress uni
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -29,13 +30,13 @@ from .model import GPT2
 from .outputs import NoProgress, Progress
 from .perplexity import Windowing, evaluate
 from .pruning import prune_model
-from .schema import CURVE_COLUMNS, RANDOM
+from .schema import CURVE_COLUMNS, RANDOM, RECOVER_COLUMN
 from .selection import select_heads
 
 
-def _key(job: tuple) -> str:
+def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
-    return f"curve/{method}/{comp}/{fraction!r}/s{seed}"
+    return f"curve/{f'recover{recover_steps}/' if recover_steps else ''}{method}/{comp}/{fraction!r}/s{seed}"
 
 
 def pruning_curves(
@@ -53,8 +54,14 @@ def pruning_curves(
     seed: int = 0,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    recover: Callable[[GPT2], object] | None = None,
+    recover_steps: int = 0,
 ) -> pd.DataFrame:
-    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction).
+
+    ``recover``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
+    the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the untrained
+    unpruned model."""
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
@@ -65,8 +72,9 @@ def pruning_curves(
                                                               progress=False).as_dict())], progress)["curve/baseline"]
     # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
     # baseline. The same model gives bit-identical numbers, so sharing changes no value.
-    evaluated: dict[tuple, dict] = {(frozenset(), "none"): {"nll": baseline["nll"], "tokens": baseline["tokens"],
-                                                            "params": int(param_table(model).params.sum())}}
+    evaluated: dict[tuple, dict] = {} if recover is not None else {
+        (frozenset(), "none"): {"nll": baseline["nll"], "tokens": baseline["tokens"],
+                                "params": int(param_table(model).params.sum())}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
         heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
@@ -74,7 +82,9 @@ def pruning_curves(
         fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
         key = (frozenset(heads), "mean" if fills else "none")
         if key not in evaluated:
-            pruned = prune_model(model, heads, fills)
+            pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
+            if recover is not None:
+                recover(pruned)
             result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
             evaluated[key] = {"nll": result.nll, "tokens": result.tokens, "params": int(param_table(pruned).params.sum())}
         return {**evaluated[key], "heads_pruned": len(heads)}
@@ -83,8 +93,8 @@ def pruning_curves(
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
-    results = run_units([(_key(job), partial(point, *job)) for job in jobs], progress, bar)
-    points = {job: results[_key(job)] for job in jobs}
+    results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
+    points = {job: results[_key(job, recover_steps)] for job in jobs}
     rows = []
     for m, c in variants:
         for f in fractions:
@@ -97,5 +107,7 @@ def pruning_curves(
                          "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),
                          "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs)})
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
+    if recover is not None:
+        df[RECOVER_COLUMN] = recover_steps
     df.attrs["baseline"] = baseline
     return df

@@ -46,7 +46,7 @@ class Recipe:
     """How to fine-tune: steps, schedule, batches, distillation. :meth:`resolve` fills defaults and checks."""
 
     steps: int
-    lr: float = 3e-4
+    lr: float = 1e-4
     warmup: int | None = None  # default: 10% of steps
     batch_size: int = 8
     seq_len: int | None = None  # default: the model's n_positions

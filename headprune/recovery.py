@@ -103,3 +103,32 @@ def format_summary(s: dict) -> str:
                      f"{100 * s['gap_recovered']:.1f}% of the pruning gap recovered")
     lines.append(f"saved {s['format']} checkpoint -> {s['out']}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- curve --recover
+
+
+def curve_train_ids(args, model, eval_ids):
+    """The training tokens of ``curve --recover`` (``--train-data``, train split), refused where they are the
+    evaluation data; checked before any work."""
+    from .corpus import corpus_ids
+    from .loading import model_tokenizer
+
+    train_ids = corpus_ids(args.train_data, "train", model_tokenizer(model))
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    return train_ids
+
+
+def recovered_curves(model, train_ids, steps: int, show_progress: bool, **curve_args):
+    """:func:`headprune.curves.pruning_curves` with every pruned model fine-tuned ``steps`` steps (the default
+    :class:`headprune.finetune.Recipe`, seeded) before it is evaluated; random is left out (one ranking per
+    fraction and method is enough to compare before and after). Training is seeded by ``curve_args["seed"]``."""
+    from .curves import pruning_curves
+    from .finetune import Recipe, finetune
+    from .schema import RANDOM
+
+    recipe = Recipe(steps=steps, seed=curve_args.get("seed", 0))
+    variants = [v for v in curve_args.pop("variants") if v[0] != RANDOM]
+    train = lambda pruned: finetune(pruned, train_ids, recipe, show_progress=False)
+    return pruning_curves(model, variants=variants, recover=train, recover_steps=steps, show_progress=show_progress,
+                          **curve_args)
