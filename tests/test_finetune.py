@@ -253,3 +253,80 @@ def test_sigkilled_finetune_resumes_to_bit_identical_weights(tiny_dir, corpus, e
     a, b = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not (tmp_path / "resumed.finetune-checkpoint.pt").exists()
+
+
+# ---------------------------------------------------------------- curve --recover and the report
+
+
+def test_curve_recover_adds_recovered_points_and_the_report_shows_them(tiny_dir, corpus, eval_corpus, tmp_path, capsys):
+    import pandas as pd
+
+    from headprune.outputs import read_scores, read_table
+    from headprune.selection import select_heads
+
+    scores, curves, report = tmp_path / "s.csv", tmp_path / "c.csv", tmp_path / "report"
+    common = ["--model", str(tiny_dir), "--device", "cpu", "--quiet", "--max-tokens", "400"]
+    assert main(["score", *common, "--data", str(corpus), "--methods", "wo_fro", "--out", str(scores)]) == 0
+    assert main(["curve", *common, "--data", str(eval_corpus), "--scores", str(scores), "--methods", "wo_fro",
+                 "--fractions", "0,0.5", "--seeds", "2", "--recover", "2", "--train-data", str(corpus),
+                 "--out", str(curves)]) == 0
+    table = read_table(curves)
+    rec = table[table.recover_steps == 2]
+    assert sorted(table.recover_steps.unique()) == [0, 2] and set(rec.method) == {"wo_fro"} and len(rec) == 2
+    # an independent reproduction of the 50% point: prune, fine-tune 2 default steps (seed 0), evaluate
+    model = load_model(tiny_dir)
+    tok = model_tokenizer(model)
+    ids = tokenize_corpus(load_texts(str(eval_corpus)), tok, limit=400)
+    pruned = prune_model(model, select_heads(read_scores(scores), "wo_fro", fraction=0.5))
+    finetune(pruned, tokenize_corpus(load_texts(str(corpus)), tok), Recipe(steps=2), show_progress=False)
+    expected = evaluate(pruned, ids, 64, 64, progress=False).ppl
+    assert float(rec[rec.fraction == 0.5].ppl.iloc[0]) == pytest.approx(expected, rel=1e-9)
+    before = table[(table.recover_steps == 0) & (table.method == "wo_fro")]
+    assert float(rec[rec.fraction == 0].ppl.iloc[0]) != float(before[before.fraction == 0].ppl.iloc[0])
+    capsys.readouterr()
+    assert main(["report", "--scores", str(scores), "--curves", str(curves), "--out", str(report)]) == 0
+    shown = pd.read_csv(report / "recovery.csv")
+    p0 = float(before[before.fraction == 0].ppl.iloc[0])
+    p_pruned = float(before[before.fraction == 0.5].ppl.iloc[0])
+    share = float(shown[shown.fraction == 0.5].gap_recovered.iloc[0])
+    if p_pruned > p0:
+        assert share == pytest.approx((p_pruned - expected) / (p_pruned - p0), rel=1e-6)
+    else:  # a random-init model can get better by losing heads: no gap to recover
+        assert math.isnan(share)
+    assert float(shown[shown.fraction == 0.5].ppl_recovered.iloc[0]) == pytest.approx(expected, rel=1e-9)
+    assert "Recovery after pruning" in (report / "summary.md").read_text()
+    assert (report / "recovery.png").is_file() and len(read_table(report / "curves.csv")) == len(table)
+    # the same corpus to train and to evaluate on is refused
+    assert main(["curve", *common, "--data", str(eval_corpus), "--scores", str(scores), "--methods", "wo_fro",
+                 "--fractions", "0,0.5", "--recover", "2", "--train-data", str(eval_corpus),
+                 "--out", str(tmp_path / "c2.csv")]) == 2
+    assert "is the evaluation data" in capsys.readouterr().err and not (tmp_path / "c2.csv").exists()
+
+
+def test_check_curves_keeps_recovered_rows_apart():
+    import pandas as pd
+
+    from headprune.errors import HeadpruneError
+    from headprune.schema import CURVE_COLUMNS, check_curves
+
+    row = dict.fromkeys(CURVE_COLUMNS, 0.0) | {"method": "grad", "compensation": "none", "fraction": 0.5,
+                                              "heads_pruned": 2, "params": 10, "n_seeds": 1, "model_fingerprint": "ab"}
+    both = pd.DataFrame([row | {"recover_steps": 5}, row | {"recover_steps": 0}])
+    assert check_curves(both).recover_steps.tolist() == [0, 5]
+    with pytest.raises(HeadpruneError, match="two rows"):
+        check_curves(pd.DataFrame([row | {"recover_steps": 5}, row | {"recover_steps": 5}]))
+
+
+def test_recovery_table_share_of_the_gap_by_hand():
+    import pandas as pd
+
+    from headprune.report.recovery import recovery_sentence, recovery_table
+
+    base = {"method": "grad", "compensation": "none", "heads_pruned": 4}
+    before = pd.DataFrame([base | {"fraction": 0.0, "ppl": 100.0}, base | {"fraction": 0.5, "ppl": 140.0}])
+    rec = pd.DataFrame([base | {"fraction": 0.0, "ppl": 98.0, "recover_steps": 7},
+                        base | {"fraction": 0.5, "ppl": 110.0, "recover_steps": 7}])
+    table = recovery_table(before, rec, {"ppl": 100.0})
+    assert math.isnan(table.gap_recovered[0]) and table.gap_recovered[1] == pytest.approx(30 / 40)
+    assert recovery_sentence(table) == ("7 fine-tuning steps recover this share of the perplexity gap at 50% of heads "
+                                        "pruned: grad 75%.")
