@@ -60,6 +60,8 @@ def run_finetune(args) -> dict:
     if args.distill_weight is not None and args.teacher is None:
         raise HeadpruneError("--distill-weight needs --teacher ORIGINAL (the unpruned model to distil from)")
     out = check_writable(args.out)
+    if Path(args.pruned).expanduser().is_dir() and out.resolve() == Path(args.pruned).expanduser().resolve():
+        raise HeadpruneError(f"--out {args.out} is PRUNED_DIR itself; write the recovered model to another folder")
     _check_target(out, args.overwrite)
     ckpt = checkpoint_path(args.out)
     check_writable(ckpt, file=True)

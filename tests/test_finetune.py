@@ -234,6 +234,18 @@ def test_finetune_bad_input_one_line_exit_2_nothing_written(extra, message, tiny
     assert not out.exists() and not list(tmp_path.glob("*.finetune-checkpoint.pt"))
 
 
+def test_finetune_command_on_a_model_without_heads(tiny_dir, corpus, eval_corpus, tmp_path, capsys):
+    every = ",".join(f"L{layer}H{head}" for layer in range(3) for head in range(4))
+    pruned = _prune(tiny_dir, tmp_path / "bare", "native", every)
+    capsys.readouterr()
+    assert main(_ft_args(pruned, tmp_path / "out", corpus, eval_corpus, "--json")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["after"]["nll"] < summary["before"]["nll"]
+    assert load_model(tmp_path / "out").head_ids == []
+    assert main(_ft_args(pruned, pruned, corpus, eval_corpus)) == 2  # never over its own input
+    assert "PRUNED_DIR itself" in capsys.readouterr().err
+
+
 def test_finetune_missing_model_is_one_line(tmp_path, corpus, eval_corpus, capsys):
     assert main(_ft_args(tmp_path / "nope", tmp_path / "out", corpus, eval_corpus)) == 2
     assert capsys.readouterr().err.count("\n") == 1
