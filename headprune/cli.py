@@ -19,6 +19,7 @@ from .cli_options import (
     add_anatomy_args,
     add_bootstrap_arg,
     add_data_args,
+    add_finetune_args,
     add_fraction_args,
     add_model_args,
     add_run_flags,
@@ -34,7 +35,9 @@ COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
          "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap",
-         "probe_length": "--probe-length", "probe_count": "--probe-count", "rows": "--rows"}
+         "probe_length": "--probe-length", "probe_count": "--probe-count", "rows": "--rows", "train_steps": "--steps",
+         "lr": "--lr", "warmup": "--warmup", "distill_weight": "--distill-weight", "temperature": "--temperature",
+         "checkpoint_every": "--checkpoint-every", "max_train_tokens": "--max-train-tokens", "recover": "--recover"}
 
 
 def command(name: str, help: str, configure):
@@ -158,6 +161,10 @@ def _configure_curve(p):
     p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
     add_selection_args(p)
     add_bootstrap_arg(p)
+    p.add_argument("--recover", type=int, default=0, metavar="STEPS",
+                   help="also fine-tune every pruned point STEPS steps (headprune finetune's recipe) and add the "
+                        "recovered points (column recover_steps; random left out)")
+    p.add_argument("--train-data", default="default", help="corpus --recover trains on, its train split")
     add_run_flags(p, "output table, .csv or .parquet")
 
 
@@ -166,6 +173,7 @@ def cmd_curve(args) -> None:
     from .corpus import token_digest
     from .curves import pruning_curves
     from .outputs import read_scores
+    from .recovery import curve_train_ids, recovered_curves
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
     from .scoring import head_means
     from .selection import check_scores_match
@@ -188,7 +196,9 @@ def cmd_curve(args) -> None:
     score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
     variants += [(m, "mean") for m in methods] if compensate else []
+    train_ids = curve_train_ids(args, model, ids) if args.recover else None
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
+                              recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
                               score_data=args.score_data if compensate else None,
@@ -198,6 +208,14 @@ def cmd_curve(args) -> None:
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
                             args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
                             bootstrap=args.bootstrap)
+    if args.recover:
+        import pandas as pd
+
+        recovered = recovered_curves(model, train_ids, args.recover, not args.quiet, ids=ids, scores=scores,
+                                     variants=variants, fractions=fractions, windowing=w, seeds=args.seeds, means=means,
+                                     per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
+                                     seed=args.seed, progress=progress)
+        curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     if not finish_sweep(progress, curves, out):
         return
     print(curves.to_string(index=False, float_format="%.4f"))
@@ -275,6 +293,36 @@ def cmd_prune(args) -> None:
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
     print(f"saved {args.format} checkpoint -> {args.out}")
+
+
+# ---------------------------------------------------------------- finetune
+
+
+def _configure_finetune(p):
+    p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
+    p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
+    p.add_argument("--out", required=True, help="output directory for the recovered checkpoint")
+    p.add_argument("--format", choices=["native", "hf"], default=None,
+                   help="native or hf (default: the format of PRUNED_DIR)")
+    add_finetune_args(p)
+    p.add_argument("--data", default="default", help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
+    p.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first K tokens only (default: all)")
+    p.add_argument("--device", default="auto", help="where to compute: auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+    p.add_argument("--overwrite", action="store_true", help="discard the checkpoint of a different earlier fine-tune "
+                                                            "and replace --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
+
+
+@command("finetune", "recover a pruned model: fine-tune or distil it, perplexity before and after", _configure_finetune)
+def cmd_finetune(args) -> None:
+    import json
+
+    from .recovery import format_summary, run_finetune
+
+    summary = run_finetune(args)
+    print(json.dumps(summary) if args.json else format_summary(summary))
 
 
 # ---------------------------------------------------------------- report, run

@@ -119,7 +119,8 @@ def add_anatomy_args(p: argparse.ArgumentParser) -> None:
 
 #: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
 MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
-            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1}
+            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1,
+            "train_steps": 1, "checkpoint_every": 1, "max_train_tokens": 2, "recover": 0}
 #: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
 MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
             "bootstrap": 100_000, "probe_count": 1 << 16, "rows": 1 << 16}
@@ -139,3 +140,23 @@ def check_counts(args) -> None:
     if max_tokens is not None and max_tokens < 2 and not (max_tokens == 0 and args.command == "run"):
         raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2" + (" (or 0: all)" if args.command == "run"
                                                                                else ""), "max_tokens")
+
+
+def add_finetune_args(p: argparse.ArgumentParser) -> None:
+    """The recipe of ``headprune finetune`` (see headprune.finetune.Recipe)."""
+    p.add_argument("--train-data", default="default",
+                   help=f"training corpus (train split of the default corpus): {CORPUS_FORMS}")
+    p.add_argument("--max-train-tokens", type=int, default=None, help="use only the first K training tokens (default: all)")
+    p.add_argument("--teacher", default=None,
+                   help="the unpruned model to distil from: zoo name, directory or hub id (without it: plain fine-tuning)")
+    p.add_argument("--distill-weight", type=float, default=None,
+                   help="alpha in (1-alpha) CE + alpha T^2 KL(teacher || student), in [0, 1] (default: 0.5 with --teacher)")
+    p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the distillation KL")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
+    p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "
+                                                            "(default: 10%% of --steps)")
+    p.add_argument("--seq-len", type=int, default=None, help="training window length in tokens (default: the model's "
+                                                             "n_positions; evaluation always uses n_positions)")
+    p.add_argument("--batch-size", type=int, default=8, help="training windows per step (and evaluation windows per forward)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training batches (which windows each step sees)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="write the resumable checkpoint every N steps")

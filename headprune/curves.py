@@ -15,6 +15,7 @@ into b_O. Every (method, compensation, fraction, seed) point is one progress uni
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -33,16 +34,16 @@ from .model import GPT2, token_nll
 from .outputs import NoProgress, Progress
 from .perplexity import Batch, Windowing, window_sums
 from .pruning import prune_model
-from .schema import CURVE_COLUMNS, RANDOM, split_ranking
+from .schema import CURVE_COLUMNS, RANDOM, RECOVER_COLUMN, split_ranking
 from .scoring.ablation import cache_batch
 from .selection import select_heads
 
 CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation starts up to this size
 
 
-def _key(job: tuple) -> str:
+def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
-    return f"curve/w/{method}/{comp}/{fraction!r}/s{seed}"
+    return f"curve/w/{f'recover{recover_steps}/' if recover_steps else ''}{method}/{comp}/{fraction!r}/s{seed}"
 
 
 class Evaluator:
@@ -57,12 +58,12 @@ class Evaluator:
         self.resid_pre = [cache for cache, _ in per_batch] if size <= CACHE_BYTES else None
 
     @torch.no_grad()
-    def __call__(self, pruned: GPT2, start: int) -> list[float]:
-        """[W] NLL sums of ``pruned`` (which equals the unpruned model in layers < ``start``)."""
+    def __call__(self, pruned: GPT2, start: int = 0) -> list[float]:
+        """[W] NLL sums of ``pruned``, which equals the unpruned model in layers < ``start`` (0: a whole forward)."""
         sums: list[float] = []
         for k, batch in enumerate(self.batches):
             batch = batch.to(pruned.device)
-            if self.resid_pre is not None:
+            if self.resid_pre is not None and start > 0:
                 logits = pruned.unembed(pruned.run_blocks(self.resid_pre[k][start], start=start))
             else:
                 logits = pruned(batch.tokens)
@@ -99,11 +100,16 @@ def pruning_curves(
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
     bootstrap: int = DEFAULT_REPLICATES,
+    recover: Callable[[GPT2], object] | None = None,
+    recover_steps: int = 0,
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction).
 
     ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``bootstrap``
     replicates, seeded by ``seed``; NaN with 0 replicates).
+    ``recover``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
+    the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the untrained
+    unpruned model.
     """
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
@@ -123,7 +129,8 @@ def pruning_curves(
     base = run_units([("curve/w/baseline", lambda: evaluator_().base)], progress)["curve/w/baseline"]
     # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
     # baseline. The same model gives bit-identical numbers, so sharing changes no value.
-    evaluated: dict[tuple, dict] = {(frozenset(), "none"): {"sums": base, "params": params}}
+    evaluated: dict[tuple, dict] = {} if recover is not None else {(frozenset(), "none"): {"sums": base,
+                                                                                           "params": params}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
         name, by_layer = split_ranking(method)
@@ -132,21 +139,24 @@ def pruning_curves(
         fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
         key = (frozenset(heads), "mean" if fills else "none")
         if key not in evaluated:
-            pruned = prune_model(model, heads, fills)
-            evaluated[key] = {"sums": evaluator_()(pruned, min(l for l, _ in heads)),
+            pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
+            if recover is not None:
+                recover(pruned)  # every layer may change: evaluated from the embeddings on
+            start = min((l for l, _ in heads), default=0) if recover is None else 0
+            evaluated[key] = {"sums": evaluator_()(pruned, start),
                               "params": int(param_table(pruned).params.sum())}
         return {**evaluated[key], "heads_pruned": len(heads)}
 
     jobs = [(m, c, f, s) for m, c in variants for f in fractions
             for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
-    results = run_units([(_key(job), partial(point, *job)) for job in jobs], progress, bar)
+    results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
     counts = window_counts(len(base), bootstrap, seed) if bootstrap else None
     base_nll = sum(base) / float(n.sum())
     rows = []
     for m, c in variants:
         for f in fractions:
-            runs = [results[_key(job)] for job in jobs if job[:3] == (m, c, f)]
+            runs = [results[_key(job, recover_steps)] for job in jobs if job[:3] == (m, c, f)]
             nll = np.array([sum(r["sums"]) for r in runs]) / float(n.sum())
             ppl = np.exp(nll)
             std = (lambda x, m=m: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
@@ -158,5 +168,7 @@ def pruning_curves(
                          "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
                          "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
+    if recover is not None:
+        df[RECOVER_COLUMN] = recover_steps
     df.attrs["baseline"] = {"tokens": int(n.sum()), "nll": base_nll, "ppl": math.exp(base_nll)}
     return df

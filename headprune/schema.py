@@ -81,6 +81,9 @@ CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_INTERVAL, "model_fingerprint"]
 CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_INTERVAL and c != "model_fingerprint"]
 CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
+#: Optional curves column (``curve --recover STEPS``): 0 for a pruned point as measured, STEPS for the same point after
+#: STEPS fine-tuning steps (headprune.finetune); a table without it holds only unrecovered points.
+RECOVER_COLUMN = "recover_steps"
 TEXT_COLUMNS = ("head_id", "model_fingerprint")  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
@@ -209,12 +212,15 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
         df[column] = _as_int(df, column, "curves") if column in CURVE_INTS else _as_float(df, column, "curves")
     if not df["fraction"].between(0, 1).all():
         raise HeadpruneError("curves column fraction must lie in [0, 1]")
-    if (dup := df.duplicated(["method", "compensation", "fraction"])).any():
+    recover = [RECOVER_COLUMN] if RECOVER_COLUMN in df.columns else []
+    if recover:
+        df[RECOVER_COLUMN] = _as_int(df, RECOVER_COLUMN, "curves")
+    if (dup := df.duplicated(["method", "compensation", "fraction", *recover])).any():
         row = df[dup].iloc[0]
         where = f"{row.method}/{row.compensation} at fraction {row.fraction}"
         raise HeadpruneError(f"curves table has two rows for {where}")
     keys = df["method"].map(method_key)
     df = df.assign(_key=keys, _comp=df["compensation"].map(COMPENSATIONS.index))
-    df = df.sort_values(["_key", "_comp", "fraction"], kind="stable").drop(columns=["_key", "_comp"])
+    df = df.sort_values([*recover, "_key", "_comp", "fraction"], kind="stable").drop(columns=["_key", "_comp"])
     order = [c for c in CURVE_COLUMNS if c in df.columns] + [c for c in df.columns if c not in CURVE_COLUMNS]
     return df[order].reset_index(drop=True)

@@ -40,6 +40,7 @@ from ..schema import check_curves, check_scores
 from .anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
 from .page import render_html
 from .plots import make_pictures
+from .recovery import recovery_parts, split_recovered
 from .render import make_content, markdown_table, render_markdown, sections
 from .tables import (
     baseline_from_curves,
@@ -62,17 +63,20 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
-    scores, curves = check_scores(scores), check_curves(curves)
+    scores, full = check_scores(scores), check_curves(curves)
+    curves, recovered = split_recovered(full)  # curve --recover: the recovered points get their own section
     settings, baseline = jsonable(settings), check_baseline(baseline)
     check_together(scores, curves, baseline)
     content = make_content(scores, curves, settings, baseline)
     pictures = make_pictures(scores, curves, baseline, content.predictiveness)
+    recovery = recovery_parts(curves, recovered, baseline) if recovered is not None else None
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
-        _write_report(out, scores, curves, content, settings, baseline, pictures, anatomy)
+        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery)
     return Path(out_dir).absolute() / "report.html"
 
 
-def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None) -> None:
+def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None, recovery=None
+                  ) -> None:
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -88,6 +92,11 @@ def _write_report(out: Path, scores, curves, content, settings, baseline, pictur
         for pic in anatomy_pictures:
             write_bytes(out / pic.name, pic.png)
         secs = with_anatomy(secs, section)
+    if recovery is not None:  # after "Perplexity after pruning"
+        section, pic, table = recovery
+        write_bytes(out / pic.name, pic.png)
+        write_table(table, out / "recovery.csv")
+        secs.insert(2, section)
     write_text(out / "summary.md", render_markdown(secs))
     write_text(out / "report.html", render_html(secs))
 
