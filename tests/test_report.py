@@ -330,3 +330,16 @@ def test_run_report_command_from_bare_csv_derives_baseline(report, tmp_path):
     assert "fingerprint 0123456789" in (tmp_path / "rebuilt" / "summary.md").read_text()
     with pytest.raises(HeadpruneError, match="does not exist"):
         rebuild_report(bare / "missing.csv", bare / "curves.csv", tmp_path / "x")
+
+
+def test_layer_normalized_rankings_get_their_own_small_multiples(tmp_path):
+    """<method>@layer curves: kept out of curves.png's lines, drawn beside their global ranking in
+    curves_layer_normalized.png, and linked from the curves section of the page."""
+    curves = make_curves()
+    normalized = curves[curves["method"] == "wo_fro"].assign(method="wo_fro@layer")
+    html_path = build_report(make_scores(), pd.concat([curves, normalized], ignore_index=True), tmp_path, SETTINGS,
+                             BASELINE)
+    assert (tmp_path / "curves_layer_normalized.png").read_bytes().startswith(PNG)
+    html = html_path.read_text()
+    assert html.index('alt="curves_layer_normalized.png"') < html.index('alt="pruning_order.png"')
+    assert "wo_fro@layer" in (tmp_path / "summary.md").read_text()
