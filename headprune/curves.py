@@ -7,7 +7,10 @@ the pruned model is evaluated with the sliding-window perplexity, and
 
 ``random`` is evaluated for K seeds and reported as mean and standard deviation (ddof=1; 0 for K=1).
 With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
-into b_O. Every (method, compensation, fraction, seed) point is one progress unit.
+into b_O; with ``optimal`` their optimal-ablation constants c_i* (Li & Janson 2024, each fitted with that head
+alone ablated, :func:`headprune.scoring.optimal_constants`). Compensated rows name the data the fills came
+from (column ``fill_data``; empty for ``none``). Every (method, compensation, fraction, seed) point is one
+progress unit.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from .model import GPT2
 from .outputs import NoProgress, Progress
 from .perplexity import Windowing, evaluate
 from .pruning import prune_model
-from .schema import CURVE_COLUMNS, RANDOM
+from .schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM
 from .selection import select_heads
 
 
@@ -42,7 +45,7 @@ def pruning_curves(
     model: GPT2,
     ids: torch.Tensor,
     scores: pd.DataFrame,
-    variants: list[tuple[str, str]],  # (method or "random", "none" | "mean")
+    variants: list[tuple[str, str]],  # (method or "random", "none" | "mean" | "optimal")
     fractions: list[float],
     windowing: Windowing | None = None,
     seeds: int = 3,
@@ -53,13 +56,19 @@ def pruning_curves(
     seed: int = 0,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    optimal: dict[Head, torch.Tensor] | None = None,  # {(layer, head): c*} for compensation "optimal"
+    fill_data: str = "",  # where ``means`` / ``optimal`` were measured, e.g. "default (validation split), 8,192 tokens"
 ) -> pd.DataFrame:
-    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction)."""
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
-    if any(comp == "mean" for _, comp in variants) and means is None:
-        raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
+    constants = {"none": None, "mean": means, "optimal": optimal}
+    for _, comp in variants:
+        if comp not in constants:
+            raise HeadpruneError(f"compensation {comp!r} is not one of none, mean, optimal")
+        if comp != "none" and constants[comp] is None:
+            raise HeadpruneError(f"{comp} compensation needs the heads' {'mean outputs' if comp == 'mean' else 'optimal-ablation constants'}; give the scoring data")
 
     baseline = run_units([("curve/baseline", lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size,
                                                               progress=False).as_dict())], progress)["curve/baseline"]
@@ -71,8 +80,9 @@ def pruning_curves(
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
         heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
                              standardize=standardize, seed=s)
-        fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
-        key = (frozenset(heads), "mean" if fills else "none")
+        source = constants[comp]
+        fills = {h: source[h] for h in heads} if source is not None and heads else None
+        key = (frozenset(heads), comp if fills else "none")
         if key not in evaluated:
             pruned = prune_model(model, heads, fills)
             result = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=False)
@@ -97,5 +107,6 @@ def pruning_curves(
                          "delta_nll": float(nll.mean() - base), "delta_ppl": float(ppl.mean() - math.exp(base)),
                          "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs)})
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
+    df[FILL_COLUMN] = [fill_data if c != "none" else "" for c in df["compensation"]]
     df.attrs["baseline"] = baseline
     return df

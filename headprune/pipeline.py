@@ -22,7 +22,7 @@ from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import Windowing, sliding_windows
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
-from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM
+from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, METHODS, RANDOM
 from .scoring import score_heads
 
 
@@ -43,6 +43,7 @@ class RunSettings:
     seeds: int = 3
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
+    optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
 
 
 def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
@@ -78,21 +79,26 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet)
+    methods = [m for m in METHODS if s.optimal or m != "abl_opt"]
+    scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet)
     scores = scored.table
     t_score = time.perf_counter() - t0
 
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: "
-        f"{', '.join(IMPORTANCE_METHODS)} + random")
+    importance = [m for m in IMPORTANCE_METHODS if m in methods]
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {', '.join(importance)} + random")
     t0 = time.perf_counter()
+    fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet)
+                              seed=s.seed, progress=progress, show_progress=not quiet, optimal=scored.optimal,
+                              fill_data=fill_data)
 
-    curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
+    curves = curves_of([(m, "none") for m in importance] + [(RANDOM, "none")])
     best = best_method(curves)
-    compensated = curves_of([(best, "mean")])
+    t_opt = time.perf_counter()
+    compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
+    t_opt = time.perf_counter() - t_opt
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
@@ -100,7 +106,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
+                "compensation_fills": fill_data,
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
+                "seconds_compensated_curves": round(t_opt, 1),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None

@@ -21,7 +21,7 @@ DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
 ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
-ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean")
+ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
@@ -56,17 +56,19 @@ METHOD_LABELS = {
     "abl_zero": "NLL increase when zero-ablated (nats/token)",
     "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
+    "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
 }
 
 # ---------------------------------------------------------------- columns
 
 HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
-COMPENSATIONS = ("none", "mean")
+COMPENSATIONS = ("none", "mean", "optimal")
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds", "model_fingerprint"]
 CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
-TEXT_COLUMNS = ("head_id", "model_fingerprint")  # kept as text when read from csv (a hex id may look numeric)
+FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
+TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN)  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 
@@ -173,6 +175,8 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
             raise HeadpruneError(f"curves table mixes {n} models (model_fingerprint); use one model at a time")
     df["method"] = df["method"].astype(str)
     df["compensation"] = df["compensation"].astype(str)
+    if FILL_COLUMN in df.columns:
+        df[FILL_COLUMN] = df[FILL_COLUMN].fillna("").astype(str)
     if bad := sorted(set(df["compensation"]) - set(COMPENSATIONS)):
         raise HeadpruneError(f"curves compensation {bad[0]!r} is not one of {', '.join(COMPENSATIONS)}")
     for column in CURVE_NUMBERS:

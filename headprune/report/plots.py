@@ -108,7 +108,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
     seen: list[float] = []
     for (method, comp), g in groups(curves):
         x, ppl, dnll = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float), g["delta_nll"].to_numpy(float)
-        suffix = "" if comp == "none" else " (mean-compensated)"
+        suffix = "" if comp == "none" else f" ({comp}-compensated)"
         if method == RANDOM:
             std_ppl = np.nan_to_num(g["ppl_std"].to_numpy(float))
             std_nll = np.nan_to_num(g["nll_std"].to_numpy(float))
@@ -124,7 +124,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
         else:
             st = dict(styles[method])
             if comp != "none":
-                st.update(ls=COMPENSATED_STYLE, marker="*")
+                st.update(ls=COMPENSATED_STYLE, marker="*" if comp == "mean" else "P")
             kw = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "ms": 4, "lw": 1.5}
             ax_ppl.plot(x, ppl, label=f"{method}{suffix}", **kw)
             ax_nll.plot(x, dnll, **kw)
@@ -238,7 +238,7 @@ class Picture:
 
 def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame) -> list[Picture]:
     pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
-                    "family, Okabe-Ito; dash-dot-dot with stars: mean-compensated; grey band: random ± 1 std over "
+                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; grey band: random ± 1 std over "
                     "seeds; top axis: heads removed).", plot_curves(curves, baseline, len(scores)))]
     order = plot_pruning_order(scores)
     if order is not None:

@@ -74,7 +74,7 @@ class ActivationScores(Family):
     methods = ACTIVATION_METHODS
 
     def wanted(self, methods: list[str]) -> bool:
-        return super().wanted(methods) or "abl_mean" in methods  # abl_mean's fill is mean_z
+        return super().wanted(methods) or bool({"abl_mean", "abl_opt"} & set(methods))  # fill / start: mean_z
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
         entropy = "entropy" in ctx.methods

@@ -1,0 +1,138 @@
+"""Optimal ablation (Li & Janson, 2024, "Optimal ablation for interpretability"): the constants it fills in.
+
+A head is optimally ablated by replacing its output z_i with the constant that hurts the loss least,
+
+    c_i* = argmin_{c ∈ R^{d_k}} L(z_i := c),        abl_opt_i = L(z_i := c_i*) − L,
+
+L the mean NLL over the scoring windows' scored tokens. No constant does better, so abl_opt measures what a
+head contributes beyond any fixed vector; mean ablation (c = z̄_i) is one candidate, so abl_opt ≤ abl_mean.
+
+The fit, per layer l (one resumable unit; the result is the fitted constants as lists):
+  * the residual stream entering l is computed once per batch and kept; every step runs layers l..L−1 only,
+    with one ablated copy per head of l (copy j gates head j to 0 and fills c_j), copies batched;
+  * Σ_j L_j(c_j) separates by head, so one backward of the sum gives every head its own gradient ∂L_j/∂c_j;
+  * c_j = z̄_j + σ_j u_j with u_j = 0 at the start (σ_j: the RMS of z_j − z̄_j over the scored tokens, so
+    one learning rate fits heads of any scale), u updated by Adam: its update is coordinate-wise, hence
+    per head exactly what Adam on that head alone would do, and it needs no line search (each step is one
+    full-data forward and backward, every head at once); L-BFGS would couple the heads' line searches.
+  * every iterate's full-data loss is measured (the step's forward), and each head keeps its best iterate;
+    the first is z̄_j, so on the fit data abl_opt ≤ abl_mean by construction.
+
+Default budget (:data:`STEPS`, :data:`LR`): 16 Adam steps at 0.1 σ per coordinate and step, then one
+forward-only evaluation of the last iterate; each step costs about 3 ablation sweeps of one method (forward
+and backward), so the fit costs ≈ 3·STEPS + 1 abl_mean sweeps. See benchmarks/bench_optimal.py.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..model import GPT2, Capture, token_nll
+from ..perplexity import Batch
+from .activations import _scored
+from .base import Family, ScoringContext, Unit, by_head
+
+STEPS = 16  # Adam steps per layer (each: one forward and backward over the fit data, all heads of the layer)
+LR = 0.1  # Adam learning rate on u (c = z̄ + σ u): about 0.1 σ per coordinate and step
+
+
+def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer: int, positions: list[int],
+                  fill: Tensor, rows: int, grad: bool) -> tuple[Tensor, Tensor | None]:
+    """NLL sums [p] (float64) of the copies ablating ``positions`` of ``layer`` with ``fill`` [n_heads, d_k]
+    over all batches, and (``grad``) their gradient with respect to ``fill``."""
+    n_heads, p = model.h[layer].attn.n_heads, len(positions)
+    sums = torch.zeros(p, dtype=torch.float64)
+    total_grad = torch.zeros_like(fill) if grad else None
+    gates: list[Tensor | None] = [None] * model.cfg.n_layers
+    fills: list[Tensor | None] = [None] * model.cfg.n_layers
+    for batch, resid_pre in zip(batches, resid):
+        tokens, mask = batch.tokens, batch.mask
+        b = tokens.shape[0]
+        copies = max(1, min(p, rows // b))
+        for first in range(0, p, copies):
+            chunk = positions[first:first + copies]
+            gate = torch.ones(len(chunk), n_heads, device=model.device)
+            gate[torch.arange(len(chunk)), chunk] = 0
+            gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j ablates positions[first + j]
+            with torch.set_grad_enabled(grad):
+                leaf = fill.detach().requires_grad_(grad)
+                fills[layer] = leaf
+                out = model.run_blocks(resid_pre.repeat(len(chunk), 1, 1), start=layer, gates=gates, fills=fills)
+                loss = [(token_nll(model.unembed(copy), tokens).double() * mask).sum() for copy in out.split(b)]
+                if grad:
+                    assert total_grad is not None
+                    total_grad += torch.autograd.grad(torch.stack(loss).sum(), leaf)[0]
+            sums[first:first + len(chunk)] = torch.stack(loss).detach().cpu()
+    return sums, total_grad
+
+
+def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
+              steps: int = STEPS, lr: float = LR, rows: int = 8) -> dict[str, Any]:
+    """Optimal constants of the heads at ``positions`` of ``layer`` (default: all), starting at ``init``
+    ([n_heads, d_k], the mean outputs z̄). Returns lists: ``c`` [p][d_k] (the best iterate of each head),
+    ``nll_init`` and ``nll_best`` [p] (NLL sums over the fit data), ``best_step`` [p] (0: z̄ itself)."""
+    batches = [b.to(model.device) for b in batches]
+    n_heads = model.h[layer].attn.n_heads
+    positions = list(range(n_heads)) if positions is None else list(positions)
+    init = init.to(model.device, torch.float32)
+    with torch.no_grad():  # the residual stream entering `layer`, and σ_j from the head outputs there
+        resid = [model.run_blocks(model.embed(b.tokens), stop=layer) for b in batches]  # (b, T, d) each
+        sq = torch.zeros(n_heads, dtype=torch.float64)
+        n = 0
+        for batch, r in zip(batches, resid):
+            z = Capture()
+            model.run_blocks(r, start=layer, stop=layer + 1, capture=z)
+            dev = _scored(z.z[layer], batch.mask).double() - init.double()  # (tokens, h, d_k)
+            sq += (dev ** 2).mean(-1).sum(0).cpu()
+            n += dev.shape[0]
+        sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-8).to(init)[positions].unsqueeze(1)  # [p, 1]
+    u = torch.zeros(len(positions), init.shape[1], device=model.device, requires_grad=True)
+    adam = torch.optim.Adam([u], lr=lr)
+    index = torch.tensor(positions, device=model.device)
+    best = init[positions].clone()
+    best_nll = torch.full((len(positions),), float("inf"), dtype=torch.float64)
+    best_step = [0] * len(positions)
+    nll_init = None
+    for step in range(steps + 1):
+        c = init[positions] + sigma * u.detach()  # [p, d_k]
+        fill = init.clone().index_copy(0, index, c)  # [n_heads, d_k]
+        sums, g = _layer_losses(model, batches, resid, layer, positions, fill, rows, grad=step < steps)
+        nll_init = sums.clone() if step == 0 else nll_init
+        better = sums < best_nll
+        best[better.to(best.device)] = c[better.to(c.device)]
+        best_nll = torch.where(better, sums, best_nll)
+        best_step = [step if bt else s for s, bt in zip(best_step, better.tolist())]
+        if g is not None:
+            u.grad = g[index] * sigma  # ∂L/∂u = σ ∂L/∂c
+            adam.step()
+    assert nll_init is not None
+    return {"c": best.double().tolist(), "nll_init": nll_init.tolist(), "nll_best": best_nll.tolist(),
+            "best_step": best_step}
+
+
+class OptimalFit(Family):
+    """Fits abl_opt's constants: a unit per layer (after the activations family's ``mean_z``, before the
+    ablation family evaluates abl_opt); output ``opt_c`` [H, d_k], layer-major."""
+
+    name = "optimal fit"
+    methods = ()  # scores nothing itself: AblationScores evaluates abl_opt with these fills
+
+    def wanted(self, methods: list[str]) -> bool:
+        return "abl_opt" in methods
+
+    def units(self, ctx: ScoringContext) -> list[Unit]:
+        means = by_head(ctx.model, ctx.outputs["mean_z"])
+        model = ctx.model
+
+        def fit(layer: int) -> dict[str, Any]:
+            init = torch.stack([means[(layer, h)] for h in model.cfg.kept_heads[layer]]).float()
+            return fit_layer(model, ctx.batches, layer, init, None, ctx.optimal_steps, LR, ctx.ablation_rows)
+
+        return [(f"opt/s{ctx.optimal_steps}/L{l}", partial(fit, l)) for l in model.active_layers]
+
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
+        return {"opt_c": torch.tensor([row for r in results.values() for row in r["c"]], dtype=torch.float64)}
