@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 
 import pandas as pd
 import torch

@@ -36,8 +36,9 @@ from ..perplexity import Batch
 from .activations import _scored
 from .base import Family, ScoringContext, Unit, by_head
 
-STEPS = 16  # Adam steps per layer (each: one forward and backward over the fit data, all heads of the layer)
-LR = 0.1  # Adam learning rate on u (c = z̄ + σ u): about 0.1 σ per coordinate and step
+STEPS = 16  # passes over the fit data per layer after the one at z̄ (each a forward and backward, all heads)
+FIRST_STEP = 0.3  # length of the first (gradient) step: 0.3 σ per coordinate (RMS)
+MAX_STEP = 1.0  # no step longer than 1 σ per coordinate (RMS): a flat direction must not run off
 
 
 def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer: int, positions: list[int],
@@ -71,47 +72,71 @@ def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer:
 
 
 def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
-              steps: int = STEPS, lr: float = LR, rows: int = 8) -> dict[str, Any]:
+              steps: int = STEPS, lr: float = FIRST_STEP, rows: int = 8) -> dict[str, Any]:
     """Optimal constants of the heads at ``positions`` of ``layer`` (default: all), starting at ``init``
-    ([n_heads, d_k], the mean outputs z̄). Returns lists: ``c`` [p][d_k] (the best iterate of each head),
-    ``nll_init`` and ``nll_best`` [p] (NLL sums over the fit data), ``best_step`` [p] (0: z̄ itself)."""
+    ([n_heads, d_k], the mean outputs z̄), by per-head BFGS with backtracking (``steps`` passes over the fit
+    data after the one at z̄; ``lr``: the first step's RMS length per coordinate, in units of σ).
+
+    Returns lists: ``c`` [p][d_k] (each head's best point), ``nll_init`` and ``nll_best`` [p] (NLL sums
+    over the fit data), ``best_step`` [p] (the pass that found the best point; 0: z̄ itself)."""
     batches = [b.to(model.device) for b in batches]
     n_heads = model.h[layer].attn.n_heads
     positions = list(range(n_heads)) if positions is None else list(positions)
+    p, dk = len(positions), init.shape[1]
     init = init.to(model.device, torch.float32)
     with torch.no_grad():  # the residual stream entering `layer`, and σ_j from the head outputs there
         resid = [model.run_blocks(model.embed(b.tokens), stop=layer) for b in batches]  # (b, T, d) each
         sq = torch.zeros(n_heads, dtype=torch.float64)
         n = 0
         for batch, r in zip(batches, resid):
-            z = Capture()
-            model.run_blocks(r, start=layer, stop=layer + 1, capture=z)
-            dev = _scored(z.z[layer], batch.mask).double() - init.double()  # (tokens, h, d_k)
+            capture = Capture()
+            model.run_blocks(r, start=layer, stop=layer + 1, capture=capture)
+            dev = _scored(capture.z[layer], batch.mask).double() - init.double().to(r.device)  # (tokens, h, d_k)
             sq += (dev ** 2).mean(-1).sum(0).cpu()
             n += dev.shape[0]
-        sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-8).to(init)[positions].unsqueeze(1)  # [p, 1]
-    u = torch.zeros(len(positions), init.shape[1], device=model.device, requires_grad=True)
-    adam = torch.optim.Adam([u], lr=lr)
+        sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-6)[positions]  # [p]
     index = torch.tensor(positions, device=model.device)
-    best = init[positions].clone()
-    best_nll = torch.full((len(positions),), float("inf"), dtype=torch.float64)
-    best_step = [0] * len(positions)
-    nll_init = None
-    for step in range(steps + 1):
-        c = init[positions] + sigma * u.detach()  # [p, d_k]
-        fill = init.clone().index_copy(0, index, c)  # [n_heads, d_k]
-        sums, g = _layer_losses(model, batches, resid, layer, positions, fill, rows, grad=step < steps)
-        nll_init = sums.clone() if step == 0 else nll_init
-        better = sums < best_nll
-        best[better.to(best.device)] = c[better.to(c.device)]
-        best_nll = torch.where(better, sums, best_nll)
-        best_step = [step if bt else s for s, bt in zip(best_step, better.tolist())]
-        if g is not None:
-            u.grad = g[index] * sigma  # ∂L/∂u = σ ∂L/∂c
-            adam.step()
-    assert nll_init is not None
-    return {"c": best.double().tolist(), "nll_init": nll_init.tolist(), "nll_best": best_nll.tolist(),
-            "best_step": best_step}
+
+    def loss_and_grad(c: Tensor, grad: bool) -> tuple[Tensor, Tensor | None]:  # c [p, d_k] float64
+        fill = init.clone().index_copy(0, index, c.to(init))  # [n_heads, d_k]
+        sums, g = _layer_losses(model, batches, resid, layer, positions, fill, rows, grad)
+        return sums, (g[index].double().cpu() if g is not None else None)
+
+    x = init[positions].double().cpu()  # [p, d_k]: each head's current (and best) point
+    f, g = loss_and_grad(x, steps > 0)
+    nll_init, best_step = f.clone(), [0] * p
+    if steps > 0:
+        assert g is not None
+        scale = lr * sigma * dk**0.5 / g.norm(dim=1).clamp_min(1e-30)  # first step: lr·σ per coordinate (RMS)
+        H = scale.view(p, 1, 1) * torch.eye(dk, dtype=torch.float64).expand(p, dk, dk)  # inverse-Hessian estimate
+        d = -(H @ g.unsqueeze(2)).squeeze(2)  # [p, d_k] search directions
+        t = torch.ones(p, dtype=torch.float64)  # per-head step length along d
+        scaled = torch.zeros(p, dtype=torch.bool)  # whether H has had its first secant rescaling
+        for step in range(1, steps + 1):
+            step_len = t * d.norm(dim=1)  # trust region: at most MAX_STEP·σ per coordinate (RMS) in one step
+            t = torch.where(step_len > MAX_STEP * sigma * dk**0.5, MAX_STEP * sigma * dk**0.5 / step_len * t, t)
+            trial = x + t.unsqueeze(1) * d
+            f_t, g_t = loss_and_grad(trial, step < steps)
+            ok = f_t <= f + 1e-4 * t * (g * d).sum(1)  # Armijo: enough decrease
+            if g_t is not None:  # BFGS update of the heads that accept: s = trial − x, y = g_t − g
+                s_, y_ = trial - x, g_t - g
+                sy = (s_ * y_).sum(1)
+                upd = ok & (sy > 1e-12 * s_.norm(dim=1) * y_.norm(dim=1))
+                first = upd & ~scaled
+                H[first] = ((sy / (y_ * y_).sum(1).clamp_min(1e-30))[first].view(-1, 1, 1)
+                            * torch.eye(dk, dtype=torch.float64))
+                scaled |= upd
+                rho = torch.where(upd, 1 / sy.clamp_min(1e-300), torch.zeros_like(sy)).view(p, 1, 1)
+                V = torch.eye(dk, dtype=torch.float64) - rho * s_.unsqueeze(2) @ y_.unsqueeze(1)
+                H_new = V @ H @ V.transpose(1, 2) + rho * s_.unsqueeze(2) @ s_.unsqueeze(1)
+                H = torch.where(upd.view(p, 1, 1), H_new, H)
+                g = torch.where(ok.unsqueeze(1), g_t, g)
+            x = torch.where(ok.unsqueeze(1), trial, x)
+            f = torch.where(ok, f_t, f)
+            best_step = [step if a else b for a, b in zip(ok.tolist(), best_step)]
+            d = torch.where(ok.unsqueeze(1), -(H @ g.unsqueeze(2)).squeeze(2), d)
+            t = torch.where(ok, torch.ones_like(t), t / 2)  # backtrack the heads that did not decrease
+    return {"c": x.tolist(), "nll_init": nll_init.tolist(), "nll_best": f.tolist(), "best_step": best_step}
 
 
 class OptimalFit(Family):
@@ -130,7 +155,7 @@ class OptimalFit(Family):
 
         def fit(layer: int) -> dict[str, Any]:
             init = torch.stack([means[(layer, h)] for h in model.cfg.kept_heads[layer]]).float()
-            return fit_layer(model, ctx.batches, layer, init, None, ctx.optimal_steps, LR, ctx.ablation_rows)
+            return fit_layer(model, ctx.batches, layer, init, None, ctx.optimal_steps, FIRST_STEP, ctx.ablation_rows)
 
         return [(f"opt/s{ctx.optimal_steps}/L{l}", partial(fit, l)) for l in model.active_layers]
 
