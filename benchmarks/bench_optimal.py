@@ -4,7 +4,7 @@
 
 On the scoring split (the validation split of the default corpus), timed one after the other on the same data:
 a plain forward over the windows (the unit: one forward-equivalent), the abl_mean sweep (every head), the fit
-of every head's optimal constant (:mod:`headprune.scoring.optimal`, ``--steps`` Adam steps per layer), and the
+of every head's optimal constant (:mod:`headprune.scoring.optimal`, ``--steps`` BFGS passes per layer), and the
 abl_opt evaluation (the same sweep as abl_mean, with the fitted constants). The optimal-compensated curve of
 `headprune run` adds one pruned-model evaluation per fraction > 0 (at most one forward-equivalent of the
 evaluation split each; :data:`DEFAULT_FRACTIONS` has 9). Cost grows linearly with the tokens, so the seconds
@@ -44,7 +44,7 @@ def main() -> None:
     model = load_model(args.model, device="cpu")
     ids = corpus_ids("default", "validation", model_tokenizer(model), args.max_tokens)
     w = Windowing.resolve(model.cfg.n_positions)
-    print(f"{args.model}: {len(model.head_ids)} heads, {len(ids):,} scoring tokens, {args.steps} Adam steps, "
+    print(f"{args.model}: {len(model.head_ids)} heads, {len(ids):,} scoring tokens, {args.steps} BFGS passes, "
           f"{torch.get_num_threads()} threads")
     evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False)  # warm-up
     _, t_fwd = _timed(lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False))
@@ -68,7 +68,7 @@ def main() -> None:
     print(f"forward over the scoring windows: {t_fwd:.2f} s (= 1 forward-equivalent)")
     print(f"abl_mean sweep: {t_mean:.1f} s = {fe(t_mean):.1f} forward-equivalents")
     print(f"optimal fit ({args.steps} steps): {t_fit:.1f} s = {fe(t_fit):.1f} forward-equivalents "
-          f"= {t_fit / t_mean:.1f} abl_mean sweeps ({fe(t_fit) / (args.steps + 1):.1f} per step)")
+          f"= {t_fit / t_mean:.1f} abl_mean sweeps ({fe(t_fit) / (args.steps + 1):.1f} per pass)")
     print(f"abl_opt evaluation: {t_opt:.1f} s = {fe(t_opt):.1f} forward-equivalents")
     print(f"abl_mean - abl_opt over heads: min {gain.min():.2e}, median {gain.median():.2e}, max {gain.max():.2e} "
           f"nats/token; abl_opt/abl_mean median {(scores['abl_opt'] / scores['abl_mean']).median():.2f}")

@@ -266,9 +266,9 @@ def cmd_prune(args) -> None:
     if args.heads is not None:
         heads = parse_head_spec(args.heads, model)
         fills = None
-        if compensate == "mean":
+        if compensate == "mean" and score_ids is not None:
             fills = head_means(model, score_ids, w, show_progress=not args.quiet)
-        elif compensate == "optimal":
+        elif compensate == "optimal" and score_ids is not None:
             fills = optimal_constants(model, score_ids, heads, w, show_progress=not args.quiet)
         pruned = prune_model(model, heads, fills)
     else:
@@ -320,6 +320,9 @@ def _configure_run(p):
     add_score_data_arg(p, "scoring")
     add_fraction_args(p)
     add_seed_arg(p)
+    p.add_argument("--optimal", action="store_true",
+                   help="also score abl_opt (optimal ablation) and add the best method's optimal-compensated curve "
+                        "(the fit costs about 50 abl_mean sweeps: minutes more on a CPU)")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -334,7 +337,8 @@ def cmd_run(args) -> None:
                            device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
                            batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
-                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
+                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
+                           optimal=args.optimal)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

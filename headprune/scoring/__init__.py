@@ -33,7 +33,7 @@ from ..perplexity import Windowing
 from ..schema import METHODS, parse_methods
 from .ablation import AblationScores
 from .activations import ActivationScores
-from .base import Family, ScoringContext, by_head
+from .base import Family, ScoringContext, Unit, by_head
 from .gradients import GradientScores
 from .optimal import STEPS, OptimalFit, fit_layer
 from .weights import WeightScores
@@ -142,7 +142,8 @@ def optimal_constants(
     means = head_means(model, ids, windowing, progress, show_progress)
     batches = windowing.batches(ids)
     rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
-    jobs, fitted = [], []
+    jobs: list[Unit] = []
+    fitted: list[list[Head]] = []
     for layer in model.active_layers:
         kept = model.cfg.kept_heads[layer]
         positions = [p for p, h in enumerate(kept) if (layer, h) in wanted]
