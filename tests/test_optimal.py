@@ -136,6 +136,7 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, scored, tmp_path, monke
     assert all(torch.equal(again.optimal[h], first.optimal[h]) for h in first.optimal)
 
 
+@pytest.mark.slow  # fits 3, then all 12 heads of a model with GPT-2's 50257-token LM head
 def test_prune_compensate_optimal_export_equals_optimally_ablated_hf(tiny_dir, corpus, tmp_path):
     """The exported (HF format) model without L0H1, L1H2, L1H3 has the NLL of the original with those heads' z
     overwritten by their optimal constants (each fitted with that head alone ablated, on the scoring data),
