@@ -22,7 +22,7 @@ from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import Windowing, sliding_windows
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
-from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, METHODS, RANDOM
+from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM, parse_methods
 from .scoring import score_heads
 
 
@@ -79,7 +79,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    methods = [m for m in METHODS if s.optimal or m != "abl_opt"]
+    methods = parse_methods(["all", "abl_opt"] if s.optimal else ["all"])
     scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet)
     scores = scored.table
     t_score = time.perf_counter() - t0

@@ -23,6 +23,7 @@ ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
 ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
+COSTLY = ("abl_opt",)  # left out of "all": about 50 ablation sweeps (name it to get it)
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
 RANDOM = "random"  # the baseline ranking: needs no column
@@ -74,10 +75,11 @@ DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 
 
 
 def parse_methods(spec: str | list[str]) -> list[str]:
-    """``all`` or a comma-separated list of method names, in canonical order."""
+    """``all`` (every method but the :data:`COSTLY` ones) or a comma-separated list of method names (``all`` may
+    be one of them), in canonical order."""
     names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
-    if names == ["all"]:
-        return list(METHODS)
+    if "all" in names:
+        names = [m for m in names if m != "all"] + [m for m in METHODS if m not in COSTLY]
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
         raise HeadpruneError(f"unknown scoring method(s) {', '.join(unknown) or '(none)'}; choose from all, "
