@@ -62,7 +62,7 @@ def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer:
         for first in range(0, p, copies):
             chunk = positions[first:first + copies]
             gate = torch.ones(len(chunk), n_heads, device=model.device)
-            gate[torch.arange(len(chunk)), chunk] = 0
+            gate[torch.arange(len(chunk), device=model.device), torch.tensor(chunk, device=model.device)] = 0
             gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j ablates positions[first + j]
             with torch.set_grad_enabled(grad):
                 leaf = fill.detach().requires_grad_(grad)
