@@ -117,21 +117,21 @@ def test_fitted_constant_is_an_optimum(small_dir, ids, scored):
         assert worst <= 0.01 * (row.abl_mean - row.abl_opt) + 1e-6  # what is left is noise next to the fit's gain
 
 
-def test_fit_resumes_from_recorded_units(small_dir, ids, scored, tmp_path, monkeypatch):
+def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
     """Each layer's fit is one progress unit holding the constants: a rerun reads them and fits nothing."""
     model = load_model(small_dir)
     w = Windowing(SEQ, STRIDE, BATCH)
     settings = {"test": "optimal"}
-    first = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, STEPS)
+    steps = 3
+    first = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, steps)
     units = [json.loads(line)["unit"] for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:]]
-    assert [u for u in units if u.startswith("opt/")] == [f"opt/s{STEPS}/L{l}" for l in range(L)]
-    assert first.table.abl_opt.tolist() == scored.table.abl_opt.tolist()
+    assert [u for u in units if u.startswith("opt/")] == [f"opt/s{steps}/L{l}" for l in range(L)]
 
     def refuse(*args, **kwargs):
         raise AssertionError("refit although the unit is recorded")
 
     monkeypatch.setattr("headprune.scoring.optimal.fit_layer", refuse)
-    again = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, STEPS)
+    again = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, steps)
     assert again.table.abl_opt.tolist() == first.table.abl_opt.tolist()
     assert all(torch.equal(again.optimal[h], first.optimal[h]) for h in first.optimal)
 
