@@ -304,7 +304,7 @@ def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):
             "--out", str(out)]
     assert main(args) == 0
     curves = pd.read_csv(out)
-    assert list(curves.columns) == CURVE_COLUMNS
+    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN]
     assert curves.method.tolist() == ["wo_fro", "wo_fro", "taylor", "taylor", "random", "random"]
     assert not out.with_name("curves.csv.progress.jsonl").exists()
     assert main(args) == 0  # deterministic: the same seed gives bit-identical curves
