@@ -71,6 +71,15 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
     return corpus_ids(data or args.data, split or args.split, model_tokenizer(model), args.max_tokens or None)
 
 
+def fill_source(args, score_ids) -> str:
+    """Where compensation fills came from, said in the outputs: ``--score-data``'s validation split and its
+    token count (without ``--score-data``: the default corpus' scoring split), or "" without compensation."""
+    if score_ids is None:
+        return ""
+    given = "" if args.score_data != "default" else "; no --score-data given: the scoring split"
+    return f"{args.score_data} (validation split), {len(score_ids):,} tokens{given}"
+
+
 # ---------------------------------------------------------------- info, eval
 
 
@@ -118,7 +127,8 @@ def cmd_eval(args) -> None:
 def _configure_score(p):
     add_model_args(p)
     add_data_args(p, "validation")
-    p.add_argument("--methods", default="all", help=f"all, or a comma-separated list of: {', '.join(METHODS)}")
+    p.add_argument("--methods", default="all", help=f"all (every method but the slow abl_opt: all,abl_opt adds it), or a "
+                                                    f"comma-separated list of: {', '.join(METHODS)}")
     add_run_flags(p, "output table, .csv or .parquet")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
@@ -158,7 +168,9 @@ def _configure_curve(p):
     p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
                                                     f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}")
     add_fraction_args(p)
-    p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
+    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
+                   help="mean / optimal: also measure curves with the pruned heads' mean outputs / optimal-ablation "
+                        "constants (Li & Janson 2024) folded into b_O, both from --score-data")
     add_selection_args(p)
     add_bootstrap_arg(p)
     p.add_argument("--recover", type=int, default=0, metavar="STEPS",
@@ -175,7 +187,7 @@ def cmd_curve(args) -> None:
     from .outputs import read_scores
     from .recovery import curve_train_ids, recovered_curves
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
-    from .scoring import head_means
+    from .scoring import head_means, optimal_constants
     from .selection import check_scores_match
     from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
@@ -192,10 +204,10 @@ def cmd_curve(args) -> None:
     methods = [m for m in methods if m != RANDOM]
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
-    compensate = args.compensate == "mean"
+    compensate = args.compensate != "none"
     score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
-    variants += [(m, "mean") for m in methods] if compensate else []
+    variants += [(m, args.compensate) for m in methods] if compensate else []
     train_ids = curve_train_ids(args, model, ids) if args.recover else None
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
                               recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
@@ -204,10 +216,15 @@ def cmd_curve(args) -> None:
                               score_data=args.score_data if compensate else None,
                               score_tokens=token_digest(score_ids) if score_ids is not None else None)
     progress = sweep_progress(args, out, settings)
-    means = head_means(model, score_ids, w, progress, not args.quiet) if score_ids is not None else None  # resumable
+    means = optimal = None
+    if score_ids is not None and args.compensate == "mean":
+        means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable
+    if score_ids is not None and args.compensate == "optimal":
+        optimal = optimal_constants(model, score_ids, None, w, progress, not args.quiet)  # resumable
+    fill_data = fill_source(args, score_ids)
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
                             args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
-                            bootstrap=args.bootstrap)
+                            optimal=optimal, fill_data=fill_data, bootstrap=args.bootstrap)
     if args.recover:
         import pandas as pd
 
@@ -218,7 +235,9 @@ def cmd_curve(args) -> None:
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     if not finish_sweep(progress, curves, out):
         return
-    print(curves.to_string(index=False, float_format="%.4f"))
+    print(curves.drop(columns="fill_data").to_string(index=False, float_format="%.4f"))
+    if fill_data:
+        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"-> {out}")
 
 
@@ -238,8 +257,9 @@ def _configure_prune(p):
     p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
                    help="prune in STEPS steps, re-scoring the remaining heads between them")
     add_selection_args(p)
-    p.add_argument("--compensate", choices=["none", "mean"], default="none",
-                   help="mean: fold the pruned heads' mean output into b_O")
+    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
+                   help="mean: fold the pruned heads' mean outputs into b_O; optimal: their optimal-ablation constants "
+                        "(Li & Janson 2024), each fitted on --score-data with that head alone ablated")
     p.add_argument("--format", choices=["native", "hf"], default="native",
                    help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
     add_run_flags(p, "output directory for the pruned checkpoint")
@@ -254,7 +274,7 @@ def cmd_prune(args) -> None:
     from .outputs import check_writable, read_scores
     from .perplexity import evaluate
     from .pruning import prune_model
-    from .scoring import head_means
+    from .scoring import head_means, optimal_constants
     from .selection import check_scores_match
 
     if (args.heads is None) == (args.scores is None):
@@ -265,13 +285,17 @@ def cmd_prune(args) -> None:
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
-    compensate = args.compensate == "mean"
+    compensate = args.compensate
     score_ids = None
-    if compensate or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
+    if compensate != "none" or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
         score_ids = data_from_args(args, model, args.score_data, "validation")
     if args.heads is not None:
         heads = parse_head_spec(args.heads, model)
-        fills = head_means(model, score_ids, w, show_progress=not args.quiet) if score_ids is not None else None
+        fills = None
+        if compensate == "mean" and score_ids is not None:
+            fills = head_means(model, score_ids, w, show_progress=not args.quiet)
+        elif compensate == "optimal" and score_ids is not None:
+            fills = optimal_constants(model, score_ids, heads, w, show_progress=not args.quiet)
         pruned = prune_model(model, heads, fills)
     else:
         scores = read_scores(args.scores)
@@ -280,10 +304,13 @@ def cmd_prune(args) -> None:
                                           args.per_layer, args.normalize, args.standardize, args.seed, score_ids, w,
                                           compensate, show_progress=not args.quiet)
     stats = pruning_stats(model, pruned, w.seq_len)
-    meta = {"heads": format_heads(heads), "compensate": args.compensate, "stats": stats}
+    fill_data = fill_source(args, score_ids if compensate != "none" else None)
+    meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats}
     export = export_native if args.format == "native" else export_hf
     export(pruned, args.out, overwrite=args.overwrite, metadata=meta)
     print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
+    if fill_data:
+        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"parameters: {stats['params_before']:,} -> {stats['params_after']:,} (removed {stats['params_removed']:,})")
     print(f"attention FLOPs/token at T={w.seq_len}: {stats['attention_flops_per_token_before']:,} -> "
           f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
@@ -350,6 +377,9 @@ def _configure_run(p):
     add_fraction_args(p, seeds=10)
     add_seed_arg(p, "seed of the random baseline and the bootstrap")
     add_bootstrap_arg(p)
+    p.add_argument("--optimal", action="store_true",
+                   help="also score abl_opt (optimal ablation) and add the best method's optimal-compensated curve "
+                        "(the fit costs about 50 abl_mean sweeps: minutes more on a CPU)")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -365,7 +395,7 @@ def cmd_run(args) -> None:
                            batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
-                           bootstrap=args.bootstrap)
+                           bootstrap=args.bootstrap, optimal=args.optimal)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

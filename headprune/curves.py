@@ -9,7 +9,10 @@ the pruned model is evaluated with the sliding-window perplexity, and
 A ranking ``<method>@layer`` divides each layer's scores by their layer's norm first (Michel et al. 2019).
 Every point carries a 95% paired-bootstrap interval of its ΔNLL over the evaluation windows.
 With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
-into b_O. Every (method, compensation, fraction, seed) point is one progress unit.
+into b_O; with ``optimal`` their optimal-ablation constants c_i* (Li & Janson 2024, each fitted with that head
+alone ablated, :func:`headprune.scoring.optimal_constants`). Compensated rows name the data the fills came
+from (column ``fill_data``; empty for ``none``). Every (method, compensation, fraction, seed) point is one
+progress unit.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .model import GPT2, token_nll
 from .outputs import NoProgress, Progress
 from .perplexity import Batch, Windowing, window_sums
 from .pruning import prune_model
-from .schema import CURVE_COLUMNS, RANDOM, RECOVER_COLUMN, split_ranking
+from .schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN, split_ranking
 from .scoring.ablation import cache_batch
 from .selection import select_heads
 
@@ -88,7 +91,7 @@ def pruning_curves(
     model: GPT2,
     ids: torch.Tensor,
     scores: pd.DataFrame,
-    variants: list[tuple[str, str]],  # (ranking, "none" | "mean"); ranking: a method, "<method>@layer" or "random"
+    variants: list[tuple[str, str]],  # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"
     fractions: list[float],
     windowing: Windowing | None = None,
     seeds: int = 3,
@@ -102,8 +105,10 @@ def pruning_curves(
     bootstrap: int = DEFAULT_REPLICATES,
     recover: Callable[[GPT2], object] | None = None,
     recover_steps: int = 0,
+    optimal: dict[Head, torch.Tensor] | None = None,  # {(layer, head): c*} for compensation "optimal"
+    fill_data: str = "",  # where ``means`` / ``optimal`` were measured, e.g. "default (validation split), 8,192 tokens"
 ) -> pd.DataFrame:
-    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction).
+    """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction).
 
     ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``bootstrap``
     replicates, seeded by ``seed``; NaN with 0 replicates).
@@ -114,8 +119,13 @@ def pruning_curves(
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
-    if any(comp == "mean" for _, comp in variants) and means is None:
-        raise HeadpruneError("mean compensation needs the heads' mean outputs; give the scoring data")
+    constants = {"none": None, "mean": means, "optimal": optimal}
+    for _, comp in variants:
+        if comp not in constants:
+            raise HeadpruneError(f"compensation {comp!r} is not one of none, mean, optimal")
+        if comp != "none" and constants[comp] is None:
+            need = "mean outputs" if comp == "mean" else "optimal-ablation constants"
+            raise HeadpruneError(f"{comp} compensation needs the heads' {need}; give the scoring data")
     batches = w.batches(ids)
     n = torch.cat([b.mask.sum(1) for b in batches]).double()  # [W] scored tokens per window
     params = int(param_table(model).params.sum())
@@ -136,8 +146,9 @@ def pruning_curves(
         name, by_layer = split_ranking(method)
         heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
                              normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
-        fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
-        key = (frozenset(heads), "mean" if fills else "none")
+        source = constants[comp]
+        fills = {h: source[h] for h in heads} if source is not None and heads else None
+        key = (frozenset(heads), comp if fills else "none")
         if key not in evaluated:
             pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
             if recover is not None:
@@ -170,5 +181,6 @@ def pruning_curves(
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
     if recover is not None:
         df[RECOVER_COLUMN] = recover_steps
+    df[FILL_COLUMN] = [fill_data if c != "none" else "" for c in df["compensation"]]
     df.attrs["baseline"] = {"tokens": int(n.sum()), "nll": base_nll, "ppl": math.exp(base_nll)}
     return df

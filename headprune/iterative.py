@@ -3,7 +3,8 @@
 Iterative with S steps: after step s the model has lost round(k·(s+1)/S) of the k heads to prune
 (per layer: round(k_l·(s+1)/S)); before each step after the first the remaining heads are re-scored on
 the pruned model (with the same method, on the scoring data), so a head's importance is judged without
-the heads already gone. With mean compensation each step folds the means measured on the model of that step.
+the heads already gone. With mean (optimal) compensation each step folds the means (optimal-ablation constants)
+measured on the model of that step.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ from .model import GPT2
 from .perplexity import Windowing
 from .pruning import prune_model
 from .schema import RANDOM, WEIGHT_METHODS
-from .scoring import head_means, score_heads
+from .scoring import head_means, optimal_constants, score_heads
 from .selection import rank_heads, select_heads
 
 
-def needs_score_data(method: str, steps: int, compensate: bool) -> bool:
-    """Whether pruning needs scoring data: for the means (compensation) or to re-score by a data method."""
-    return compensate or (steps > 1 and method not in (*WEIGHT_METHODS, RANDOM))
+def _compensation(compensate: bool | str) -> str:
+    """``none``, ``mean`` or ``optimal`` (True means ``mean``, False ``none``)."""
+    comp = {True: "mean", False: "none"}.get(compensate, compensate) if isinstance(compensate, bool) else compensate
+    if comp not in ("none", "mean", "optimal"):
+        raise HeadpruneError(f"compensate {compensate!r} must be none, mean or optimal")
+    return comp
+
+
+def needs_score_data(method: str, steps: int, compensate: bool | str) -> bool:
+    """Whether pruning needs scoring data: for the fills (compensation) or to re-score by a data method."""
+    return _compensation(compensate) != "none" or (steps > 1 and method not in (*WEIGHT_METHODS, RANDOM))
 
 
 def prune_iteratively(
@@ -41,7 +50,7 @@ def prune_iteratively(
     seed: int = 0,
     score_ids: torch.Tensor | None = None,  # scoring data: see needs_score_data
     windowing: Windowing | None = None,
-    compensate: bool = False,  # fold each step's pruned heads' mean outputs into b_O
+    compensate: bool | str = False,  # "mean"/"optimal" (True: "mean"): fold each step's fills into b_O
     show_progress: bool = True,
 ) -> tuple[GPT2, list[Head]]:
     """The pruned model and the removed heads in removal order; ``steps == 1`` is one-shot pruning."""
@@ -49,7 +58,8 @@ def prune_iteratively(
     if steps < 1:
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
     if needs_score_data(method, steps, compensate) and score_ids is None:
-        raise HeadpruneError(f"re-scoring by {method} or mean compensation needs scoring data (score_ids)")
+        raise HeadpruneError(f"re-scoring by {method} or compensation needs scoring data (score_ids)")
+    comp = _compensation(compensate)
 
     def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
         if method == RANDOM:
@@ -73,10 +83,13 @@ def prune_iteratively(
         else:
             now = ranked[: round(len(target) * (step + 1) / steps) - len(removed)]
         fills = None
-        if compensate and now:
+        if comp != "none" and now:
             assert score_ids is not None
-            means = head_means(model, score_ids, windowing, show_progress=show_progress)
-            fills = {h: means[h] for h in now}
+            if comp == "mean":
+                means = head_means(model, score_ids, windowing, show_progress=show_progress)
+                fills = {h: means[h] for h in now}
+            else:  # each head's own optimal constant on the model of this step
+                fills = optimal_constants(model, score_ids, now, windowing, show_progress=show_progress)
         model = prune_model(model, now, fills)
         removed += now
     return model, removed

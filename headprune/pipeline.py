@@ -23,7 +23,15 @@ from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import Windowing, sliding_windows
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
-from .schema import ACTIVATION_METHODS, DEFAULT_FRACTIONS, IMPORTANCE_METHODS, LAYER_NORMALIZED, RANDOM, WEIGHT_METHODS
+from .schema import (
+    ACTIVATION_METHODS,
+    DEFAULT_FRACTIONS,
+    IMPORTANCE_METHODS,
+    LAYER_NORMALIZED,
+    RANDOM,
+    WEIGHT_METHODS,
+    parse_methods,
+)
 from .scoring import score_heads
 
 
@@ -45,6 +53,7 @@ class RunSettings:
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
     bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
+    optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
 
 
 def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
@@ -80,25 +89,31 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet,
+    methods = parse_methods(["all", "abl_opt"] if s.optimal else ["all"])
+    scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet,
                          bootstrap=s.bootstrap, seed=s.seed)
     scores = scored.table
     t_score = time.perf_counter() - t0
 
     # every importance score, weight and activation scores also normalized per layer (Michel et al.), and random
-    rankings = [*IMPORTANCE_METHODS, *(m + LAYER_NORMALIZED for m in IMPORTANCE_METHODS
-                                       if m in WEIGHT_METHODS + ACTIVATION_METHODS), RANDOM]
+    importance = [m for m in IMPORTANCE_METHODS if m in methods]
+    rankings = [*importance, *(m + LAYER_NORMALIZED for m in importance if m in WEIGHT_METHODS + ACTIVATION_METHODS),
+                RANDOM]
     log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {len(rankings) - 1} rankings "
         f"+ random ({s.seeds} seeds)")
     t0 = time.perf_counter()
+    fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet, bootstrap=s.bootstrap)
+                              seed=s.seed, progress=progress, show_progress=not quiet, optimal=scored.optimal,
+                              fill_data=fill_data, bootstrap=s.bootstrap)
 
     curves = curves_of([(m, "none") for m in rankings])
     best = best_method(curves)
-    compensated = curves_of([(best, "mean")])
+    t_opt = time.perf_counter()
+    compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
+    t_opt = time.perf_counter() - t_opt
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
@@ -106,9 +121,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
-                "compensation_fills": f"each head's mean output on the scoring data ({s.score_data}, validation "
-                                      f"split, {len(score_ids):,} tokens)",
+                "compensation_fills": fill_data,
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
+                "seconds_compensated_curves": round(t_opt, 1),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None

@@ -21,9 +21,10 @@ DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
 ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
-ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean")
+ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
 DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # measured on data: bootstrap intervals
+COSTLY = ("abl_opt",)  # left out of "all": about 50 ablation sweeps (name it to get it)
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
 RANDOM = "random"  # the baseline ranking: needs no column
@@ -69,13 +70,14 @@ METHOD_LABELS = {
     "abl_zero": "NLL increase when zero-ablated (nats/token)",
     "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
+    "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
 }
 
 # ---------------------------------------------------------------- columns
 
 HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
-COMPENSATIONS = ("none", "mean")
+COMPENSATIONS = ("none", "mean", "optimal")
 CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap over windows (absent before 0.14)
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_INTERVAL, "model_fingerprint"]
@@ -84,16 +86,18 @@ CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: Optional curves column (``curve --recover STEPS``): 0 for a pruned point as measured, STEPS for the same point after
 #: STEPS fine-tuning steps (headprune.finetune); a table without it holds only unrecovered points.
 RECOVER_COLUMN = "recover_steps"
-TEXT_COLUMNS = ("head_id", "model_fingerprint")  # kept as text when read from csv (a hex id may look numeric)
+FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
+TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN)  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 
 
 def parse_methods(spec: str | list[str]) -> list[str]:
-    """``all`` or a comma-separated list of method names, in canonical order."""
+    """``all`` (every method but the :data:`COSTLY` ones) or a comma-separated list of method names (``all`` may
+    be one of them), in canonical order."""
     names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
-    if names == ["all"]:
-        return list(METHODS)
+    if "all" in names:
+        names = [m for m in names if m != "all"] + [m for m in METHODS if m not in COSTLY]
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
         raise HeadpruneError(f"unknown scoring method(s) {', '.join(unknown) or '(none)'}; choose from all, "
@@ -206,6 +210,8 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
             raise HeadpruneError(f"curves table mixes {n} models (model_fingerprint); use one model at a time")
     df["method"] = df["method"].astype(str)
     df["compensation"] = df["compensation"].astype(str)
+    if FILL_COLUMN in df.columns:
+        df[FILL_COLUMN] = df[FILL_COLUMN].fillna("").astype(str)
     if bad := sorted(set(df["compensation"]) - set(COMPENSATIONS)):
         raise HeadpruneError(f"curves compensation {bad[0]!r} is not one of {', '.join(COMPENSATIONS)}")
     for column in CURVE_NUMBERS:

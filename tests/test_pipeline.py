@@ -15,7 +15,9 @@ from headprune.cli import main
 from headprune.interventions import mask_gates
 from headprune.loading import load_model
 from headprune.outputs import read_scores
-from headprune.schema import CURVE_COLUMNS, METHODS, score_columns
+from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
+
+RUN_METHODS = [m for m in METHODS if m != "abl_opt"]  # abl_opt only with RunSettings(optimal=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def test_run_writes_every_report_file(run_dir):
     for name in ["scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "summary.md", "report.html",
                  "curves.png", "rank_correlation.png", "predictiveness.csv", "ledger.txt"]:
         assert name in names
-    for m in METHODS:
+    for m in RUN_METHODS:
         assert f"heatmap_{m}.png" in names
         assert m == "abl_zero" or f"scatter_{m}.png" in names
     assert not [n for n in names if n.endswith(".tmp")]
@@ -67,10 +69,12 @@ def test_run_writes_every_report_file(run_dir):
 
 def test_run_tables(run_dir):
     scores = read_scores(run_dir / "scores.parquet")
-    assert list(scores.columns) == score_columns()
-    assert len(scores) == 12 and scores[list(METHODS)].notna().all().all()
+    assert list(scores.columns) == score_columns(RUN_METHODS)
+    assert len(scores) == 12 and scores[RUN_METHODS].notna().all().all()
     curves = pd.read_parquet(run_dir / "curves.parquet")
-    assert list(curves.columns) == CURVE_COLUMNS
+    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN]
+    assert (curves[FILL_COLUMN] == "").eq(curves.compensation == "none").all()
+    assert curves.loc[curves.compensation == "mean", FILL_COLUMN].str.contains("validation split").all()
     baseline = json.loads((run_dir / "baseline.json").read_text())
     zero = curves[curves.fraction == 0]
     assert (zero.nll == baseline["nll"]).all() and (zero.delta_nll == 0).all()
@@ -103,7 +107,7 @@ def test_scored_bytes_count_only_the_scored_tokens():
 def test_run_html_self_contained(run_dir):
     parser = _Images()
     parser.feed((run_dir / "report.html").read_text())
-    assert len(parser.srcs) >= 2 * len(METHODS)
+    assert len(parser.srcs) >= 2 * len(RUN_METHODS)
     for src in parser.srcs:
         assert src.startswith("data:image/png;base64,")
 
@@ -300,7 +304,7 @@ def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):
             "--out", str(out)]
     assert main(args) == 0
     curves = pd.read_csv(out)
-    assert list(curves.columns) == CURVE_COLUMNS
+    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN]
     assert curves.method.tolist() == ["wo_fro", "wo_fro", "taylor", "taylor", "random", "random"]
     assert not out.with_name("curves.csv.progress.jsonl").exists()
     assert main(args) == 0  # deterministic: the same seed gives bit-identical curves

@@ -119,7 +119,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
     for (method, comp), g in groups(curves):
         x, ppl, dnll = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float), g["delta_nll"].to_numpy(float)
         lo, hi = _delta_interval(g)
-        suffix = "" if comp == "none" else " (mean-compensated)"
+        suffix = "" if comp == "none" else f" ({comp}-compensated)"
         if method == RANDOM:
             std_ppl = np.nan_to_num(g["ppl_std"].to_numpy(float))
             seeds = int(g["n_seeds"].max())
@@ -134,7 +134,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
         else:
             st = dict(styles[method])
             if comp != "none":
-                st.update(ls=COMPENSATED_STYLE, marker="*")
+                st.update(ls=COMPENSATED_STYLE, marker="*" if comp == "mean" else "P")
             kw = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "ms": 4, "lw": 1.5}
             ax_ppl.plot(x, ppl, label=f"{method}{suffix}", **kw)
             ax_nll.plot(x, dnll, **kw)
@@ -296,7 +296,7 @@ class Picture:
 
 def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame) -> list[Picture]:
     pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
-                    "family, Okabe-Ito; dash-dot-dot with stars: mean-compensated; left, grey band: random ± 1 std "
+                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey band: random ± 1 std "
                     "over seeds; right, bands: 95% paired-bootstrap intervals over the evaluation windows, for "
                     "random over seeds and windows together; top axis: heads removed).",
                     plot_curves(curves, baseline, len(scores)))]

@@ -4,7 +4,8 @@ Methods (higher = more important for all but ``entropy``, which describes a head
   weights     wo_fro, wo_spec, ov_fro, ov_spec                      (see :mod:`.weights`)
   data        out_norm, fluct, entropy                              (see :mod:`.activations`)
   gradients   grad, taylor                                          (see :mod:`.gradients`)
-  ablation    abl_zero, abl_mean                                    (see :mod:`.ablation`)
+  ablation    abl_zero, abl_zero_folded, abl_mean, abl_opt          (see :mod:`.ablation`; abl_opt's constants
+              are fitted first, by :mod:`.optimal`)
 
 Every family implements :class:`~.base.Family` (units of work, then a combine); data methods run over
 sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.outputs.Progress`,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import pandas as pd
 import torch
@@ -32,12 +34,14 @@ from ..perplexity import Windowing
 from ..schema import METHODS, parse_methods
 from .ablation import AblationScores
 from .activations import ActivationScores
-from .base import Family, ScoringContext, by_head
+from .base import Family, ScoringContext, Unit, by_head
 from .gradients import GradientScores
+from .optimal import STEPS, OptimalFit, fit_layer
 from .weights import WeightScores
 
-# The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z).
-FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), AblationScores())
+# The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
+# optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c).
+FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores())
 assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
 
 
@@ -49,6 +53,7 @@ class HeadScores:
     means: dict[Head, torch.Tensor] | None = None  # z̄ [d_head] per head, where a data family ran
     baseline: dict | None = None  # {tokens, nll} of the unablated model, where ablation ran
     seconds: dict[str, float] = field(default_factory=dict)  # per family
+    optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
 
 
 def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
@@ -65,6 +70,7 @@ def score_heads(
     show_progress: bool = True,
     bootstrap: int = DEFAULT_REPLICATES,
     seed: int = 0,
+    optimal_steps: int = STEPS,
 ) -> HeadScores:
     """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``.
 
@@ -74,6 +80,7 @@ def score_heads(
     ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
     ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches
     only cost cache, 64 on a GPU, where batching copies is the win).
+    ``optimal_steps``: Adam steps of abl_opt's fit per layer (:mod:`.optimal`).
     """
     methods = parse_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
@@ -83,7 +90,7 @@ def score_heads(
     assert ids is not None or not needs_data, "data-based methods need token ids"
     batches = windowing.batches(ids) if ids is not None and needs_data else []
     rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
-    ctx = ScoringContext(model, batches, methods, rows)
+    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=optimal_steps)
     progress = progress or NoProgress()
     columns: dict[str, torch.Tensor] = {}
     seconds: dict[str, float] = {}
@@ -107,10 +114,11 @@ def score_heads(
         for m, replicate in replicates.items():
             table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
     means = by_head(model, ctx.outputs["mean_z"].to(model.dtype)) if "mean_z" in ctx.outputs else None
+    optimal = by_head(model, ctx.outputs["opt_c"].to(model.dtype)) if "opt_c" in ctx.outputs else None
     baseline = None
     if "baseline_nll" in ctx.outputs:
         baseline = {"tokens": int(ctx.outputs["baseline_tokens"]), "nll": float(ctx.outputs["baseline_nll"])}
-    return HeadScores(table, means, baseline, seconds)
+    return HeadScores(table, means, baseline, seconds, optimal)
 
 
 def head_means(
@@ -126,3 +134,36 @@ def head_means(
     ctx = ScoringContext(model, windowing.batches(ids), ["abl_mean"])
     results = run_units(family.units(ctx), progress or NoProgress(), _bar(show_progress, "head means"))
     return by_head(model, family.combine(ctx, results)["mean_z"].to(model.dtype))
+
+
+def optimal_constants(
+    model: GPT2,
+    ids: torch.Tensor,
+    heads: Iterable[Head] | None = None,
+    windowing: Windowing | None = None,
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+    steps: int = STEPS,
+    ablation_rows: int | None = None,
+) -> dict[Head, torch.Tensor]:
+    """{(layer, head): c* [d_head]}: each head's optimal-ablation constant (fitted with that head alone
+    ablated, as abl_opt defines it) on ``ids``, for ``heads`` (default: every head). Resumable: the mean
+    outputs per batch, then a unit per layer."""
+    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    wanted = model.head_ids if heads is None else sorted(set(heads))
+    means = head_means(model, ids, windowing, progress, show_progress)
+    batches = windowing.batches(ids)
+    rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
+    jobs: list[Unit] = []
+    fitted: list[list[Head]] = []
+    for layer in model.active_layers:
+        kept = model.cfg.kept_heads[layer]
+        positions = [p for p, h in enumerate(kept) if (layer, h) in wanted]
+        if positions:
+            init = torch.stack([means[(layer, h)] for h in kept]).float()  # [n_heads_l, d_head]
+            jobs.append((f"opt/s{steps}/L{layer}/{','.join(str(kept[p]) for p in positions)}",
+                         partial(fit_layer, model, batches, layer, init, positions, steps, rows=rows)))
+            fitted.append([(layer, kept[p]) for p in positions])
+    results = run_units(jobs, progress or NoProgress(), _bar(show_progress, "optimal ablation fit"))
+    return {head: torch.tensor(c, dtype=model.dtype, device=model.device)
+            for (key, _), layer_heads in zip(jobs, fitted) for head, c in zip(layer_heads, results[key]["c"])}

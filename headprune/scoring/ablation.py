@@ -4,6 +4,7 @@
     abl_zero_folded: z_i := b_V^(i)  (zero ablation after value-bias folding, see :mod:`headprune.folding`:
                                      only what the head computes goes, its constant b_V^(i) W_O^(i) stays)
     abl_mean:        z_i := z̄_i      (z̄_i: the head's mean output over the scoring windows' scored tokens)
+    abl_opt:         z_i := c_i*     (the loss-minimising constant, Li & Janson 2024; fitted in :mod:`.optimal`)
 
 Fast exact sweep: per batch, one forward caches the residual stream entering every layer. A head of
 layer l only changes layers l..L−1, so its ablated loss is computed from the cached resid_pre[l], and
@@ -67,7 +68,7 @@ def ablate_layer(
 
 
 class AblationScores(Family):
-    """abl_zero, abl_zero_folded, abl_mean: per batch a baseline unit and, per method and layer, a unit for its heads."""
+    """abl_zero, abl_zero_folded, abl_mean, abl_opt: per batch a baseline unit and, per method and layer, a unit for its heads."""
 
     name = "ablation"
     methods = ABLATION_METHODS
@@ -89,6 +90,8 @@ class AblationScores(Family):
         }
         if "abl_mean" in ctx.methods:
             fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
+        if "abl_opt" in ctx.methods:
+            fills["abl_opt"] = list(fill_tensors(model, by_head(model, ctx.outputs["opt_c"])))
         methods = [m for m in self.methods if m in ctx.methods]
 
         def base(k: int) -> list[float]:

@@ -28,6 +28,11 @@ from ..schema import ACTIVATION_METHODS
 from .base import Family, ScoringContext, Unit
 
 
+def _scored(t: Tensor, mask: Tensor) -> Tensor:
+    """(b,h,L,...) -> (n,h,...) at the scored input positions; mask (b,L-1)."""
+    return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
+
+
 def _per_window(t: Tensor, mask: Tensor) -> Tensor:
     """(b,h,L,...) summed over each window's scored input positions -> (b,h,...); mask (b,L-1)."""
     t = t[:, :, : mask.shape[1]]
@@ -92,7 +97,7 @@ class ActivationScores(Family):
     methods = ACTIVATION_METHODS
 
     def wanted(self, methods: list[str]) -> bool:
-        return super().wanted(methods) or "abl_mean" in methods  # abl_mean's fill is mean_z
+        return super().wanted(methods) or bool({"abl_mean", "abl_opt"} & set(methods))  # fill / start: mean_z
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
         entropy = "entropy" in ctx.methods
