@@ -83,7 +83,7 @@ def _write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], gen: to
             f.write(memoryview(make_tensor(name, shape, gen, cfg).contiguous().numpy()).cast("B"))
 
 
-def build_checkpoint(folder: Path, cfg: dict = XL, seed: int = 0) -> int:
+def build_checkpoint(folder: Path, cfg: dict = XL, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> int:
     """Write the sharded checkpoint into ``folder``; return its weight bytes (float32, mask buffers excluded)."""
     from safetensors import safe_open
 
@@ -93,7 +93,7 @@ def build_checkpoint(folder: Path, cfg: dict = XL, seed: int = 0) -> int:
     size = 0
     for name, shape in tensors:
         nbytes = 4 * math.prod(shape)
-        if shards[-1] and size + nbytes > SHARD_BYTES:
+        if shards[-1] and size + nbytes > shard_bytes:
             shards.append([])
             size = 0
         shards[-1].append((name, shape))
@@ -116,7 +116,8 @@ def build_checkpoint(folder: Path, cfg: dict = XL, seed: int = 0) -> int:
 
 
 def measure(cmd: list[str], env: dict) -> dict:
-    """Run ``cmd``; its wall seconds, peak resident memory (GiB, from wait4) and the last line of its stdout."""
+    """Run ``cmd``; its wall seconds, CPU seconds (user + system: the work itself, whatever else shares the
+    machine), peak resident memory (GiB) from wait4, and the last line of its stdout."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
@@ -129,7 +130,8 @@ def measure(cmd: list[str], env: dict) -> dict:
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-2000:]}")
     last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
-    return {"seconds": round(seconds, 1), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "stdout": last}
+    return {"seconds": round(seconds, 1), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "stdout": last}
 
 
 def child(args) -> None:
@@ -139,19 +141,19 @@ def child(args) -> None:
     from headprune.perplexity import Windowing
     from headprune.scoring.ablation import ablate_layer, cache_batch
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model = load_model(args.dir, dtype=args.dtype)
-    result: dict = {"load_s": round(time.perf_counter() - t0, 1)}
+    result: dict = {"load_s": round(time.perf_counter() - t0, 1), "load_cpu_s": round(time.process_time() - c0, 1)}
     if args.child == "ablate":
         ids = corpus_ids("default", "validation", model_tokenizer(model), TOKENS)
         (batch,) = Windowing.resolve(model.cfg.n_positions, batch_size=1).batches(ids)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         resid_pre, base = cache_batch(model, batch)
-        result["cache_s"] = round(time.perf_counter() - t0, 1)
-        t0 = time.perf_counter()
+        result |= {"forward_s": round(time.perf_counter() - t0, 1), "forward_cpu_s": round(time.process_time() - c0, 1)}
+        t0, c0 = time.perf_counter(), time.process_time()
         sums = ablate_layer(model, batch, resid_pre[args.layer], args.layer, rows=8)
         result |= {"layer": args.layer, "heads": len(sums), "ablate_s": round(time.perf_counter() - t0, 1),
-                   "baseline_nll_sum": base}
+                   "ablate_cpu_s": round(time.process_time() - c0, 1), "baseline_nll_sum": round(base, 3)}
     print(json.dumps(result))
 
 
@@ -159,6 +161,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/headprune-gpt2-xl"))
     p.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete it at the end)")
+    p.add_argument("--reuse", action="store_true", help="use the checkpoint already in --dir (a --keep run's)")
+    p.add_argument("--only", default=None, help="comma-separated measurement names to run (default: all)")
     p.add_argument("--out", type=Path, default=Path("reports/bench_xl.json"))
     p.add_argument("--child", choices=["load", "ablate"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
@@ -174,11 +178,15 @@ def main() -> None:
     results: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__}
     try:
         t0 = time.perf_counter()
-        weight_bytes = build_checkpoint(args.dir)
-        results["build_s"] = round(time.perf_counter() - t0, 1)
+        if args.reuse and (args.dir / "model.safetensors.index.json").is_file():
+            weight_bytes = sum(4 * math.prod(s) for n, s in hub_tensors(XL)
+                               if not n.endswith((".attn.bias", ".attn.masked_bias")))
+        else:
+            weight_bytes = build_checkpoint(args.dir)
+            results["build_s"] = round(time.perf_counter() - t0, 1)
         results["weights_gib"] = round(weight_bytes / 2**30, 2)
         results["files_gib"] = round(sum(f.stat().st_size for f in args.dir.glob("*.safetensors")) / 2**30, 2)
-        print(f"built {args.dir}: {results['files_gib']} GiB in {results['build_s']} s", flush=True)
+        print(f"built {args.dir}: {results['files_gib']} GiB in {results.get('build_s')} s", flush=True)
         runs = {
             "load fp32": me + ["--child", "load"],
             "load bf16": me + ["--child", "load", "--dtype", "bf16"],
@@ -190,10 +198,12 @@ def main() -> None:
             "ablate layer 0 (abl_zero)": me + ["--child", "ablate", "--layer", "0"],
             "ablate layer 47 (abl_zero)": me + ["--child", "ablate", "--layer", str(XL["n_layer"] - 1)],
         }
+        if args.only:
+            runs = {k: v for k, v in runs.items() if k.split()[0] in args.only.split(",")}
         for name, cmd in runs.items():
             results[name] = measure(cmd, env)
             r = results[name]
-            print(f"{name:32s} {r['seconds']:8.1f} s  peak RSS {r['peak_rss_gib']:6.2f} GiB "
+            print(f"{name:32s} {r['seconds']:8.1f} s ({r['cpu_seconds']:7.1f} s CPU)  peak RSS {r['peak_rss_gib']:6.2f} GiB "
                   f"({r['peak_rss_gib'] / results['weights_gib']:.2f}x fp32 weights)  {r['stdout'][:100]}", flush=True)
     finally:
         if not args.keep:

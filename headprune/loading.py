@@ -163,7 +163,7 @@ class CheckpointReader:
         with _read_errors(file), open(file, "rb") as f:  # plain reads, no memory map: the model owns its memory
             f.seek(offset)
             data = torch.empty(length, dtype=torch.uint8)
-            if f.readinto(memoryview(data.numpy())) != length:
+            if f.readinto(data.numpy().data) != length:
                 raise OSError("file ended early")
         shape = self.specs[name][0]
         return data.view(_SAFETENSORS_FLOATS.get(dtype, torch.uint8)).reshape(shape)

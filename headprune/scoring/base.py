@@ -46,6 +46,10 @@ class Family:
     def units(self, ctx: ScoringContext) -> list[Unit]:
         raise NotImplementedError
 
+    def costs(self, ctx: ScoringContext, units: list[Unit]) -> list[float] | None:
+        """Relative cost of each of ``units`` (for sharing them among processes), or None where they cost alike."""
+        return None
+
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
         """Scores ``{method: Tensor[H]}`` (and any named outputs for later families) from the unit results."""
         raise NotImplementedError
