@@ -94,6 +94,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_listening(port: int, seconds: float = 120) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
 def _node(tmp_path, args, port: int, nproc: int, **env):
     """One "machine" of a 2-node torchrun job: its own agent, the c10d rendezvous at localhost:port."""
     launcher = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(nproc), "--rdzv-backend",
@@ -131,6 +144,7 @@ def test_dead_node_fails_the_others_then_resume_with_other_count(reference, tiny
     out = tmp_path / "s.csv"
     args, port = SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(out)], _free_port()
     survivor = _node(tmp_path, args, port, 2, HEADPRUNE_DIST_TIMEOUT="5")
+    _wait_listening(port)  # the surviving node's agent hosts the rendezvous (as node 0 of a cluster would)
     dying = _node(tmp_path, args, port, 2, HEADPRUNE_DIST_TIMEOUT="5", HEADPRUNE_TEST_KILL_AFTER_UNITS="1")
     dying.communicate(timeout=600)
     died = time.monotonic()
