@@ -162,7 +162,8 @@ def main() -> None:
     p.add_argument("--dir", type=Path, default=Path("/tmp/headprune-gpt2-xl"))
     p.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete it at the end)")
     p.add_argument("--reuse", action="store_true", help="use the checkpoint already in --dir (a --keep run's)")
-    p.add_argument("--only", default=None, help="comma-separated measurement names to run (default: all)")
+    p.add_argument("--only", default=None, help="comma-separated measurements to run, by first word (load, info, "
+                   "eval, score, ablate) or as 'ablate47' / 'ablate0' (default: all)")
     p.add_argument("--out", type=Path, default=Path("reports/bench_xl.json"))
     p.add_argument("--child", choices=["load", "ablate"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
@@ -176,6 +177,8 @@ def main() -> None:
     hp = [sys.executable, "-m", "headprune"]
     model = ["--model", str(args.dir), "--device", "cpu"]
     results: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+    if args.only and args.out.is_file():  # a partial run adds to (and replaces in) the earlier results
+        results = json.loads(args.out.read_text()) | results
     try:
         t0 = time.perf_counter()
         if args.reuse and (args.dir / "model.safetensors.index.json").is_file():
@@ -195,14 +198,18 @@ def main() -> None:
             "score wo_fro,ov_fro,fluct,grad": hp + ["score", *model, "--max-tokens", str(TOKENS), "--methods",
                                                    "wo_fro,ov_fro,fluct,grad", "--quiet", "--overwrite",
                                                    "--out", str(args.dir / "scores.csv")],
-            "ablate layer 0 (abl_zero)": me + ["--child", "ablate", "--layer", "0"],
             "ablate layer 47 (abl_zero)": me + ["--child", "ablate", "--layer", str(XL["n_layer"] - 1)],
+            "ablate layer 0 (abl_zero)": me + ["--child", "ablate", "--layer", "0"],
         }
         if args.only:
-            runs = {k: v for k, v in runs.items() if k.split()[0] in args.only.split(",")}
+            wanted = args.only.split(",")
+            runs = {k: v for k, v in runs.items()
+                    if k.split()[0] in wanted or (k.startswith("ablate") and f"ablate{k.split()[2]}" in wanted)}
         for name, cmd in runs.items():
             results[name] = measure(cmd, env)
             r = results[name]
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement
             print(f"{name:32s} {r['seconds']:8.1f} s ({r['cpu_seconds']:7.1f} s CPU)  peak RSS {r['peak_rss_gib']:6.2f} GiB "
                   f"({r['peak_rss_gib'] / results['weights_gib']:.2f}x fp32 weights)  {r['stdout'][:100]}", flush=True)
     finally:
