@@ -19,8 +19,8 @@ Forward-equivalents on N tokens:
                                                        LM head from the cached residual stream
   curves   one point (method × fraction)            ≤ 1 (a forward of the pruned model)
 
-With k processes the units are shared by cost (:func:`headprune.distributed.assign_units`), and each process
-also runs one cached forward per batch it touches, so for the ablation sweep t_k ≈ t_1·(A/k + 1)/(A + 1) + load.
+With k processes every family's units are shared (the ablation's by cost, :func:`headprune.distributed.assign_units`),
+and each process also runs the cached forward of every batch it touches: t_k ≈ t_1/k + one forward (+ the load).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def ablation_fe(arch: str, t: int = T, layers: list[int] | None = None) -> float
 
 def method_fe(arch: str) -> dict[str, float]:
     a = ablation_fe(arch)
-    return {"weights (4)": 0.0, "data (3)": 1.0, "grad+taylor": 2.0, "one abl_*": a, "all 11": 1 + 2 + 1 + 3 * a}
+    return {"weights (4)": 0.0, "data (3)": 1.0, "grad+taylor": 2.0, "one abl_*": a, "all 12": 1 + 2 + 1 + 3 * a}
 
 
 def main() -> None:
@@ -77,14 +77,14 @@ def main() -> None:
     print(f"CPU: {cpu_rate / 1e9:.0f} GFLOP per CPU-second (XL forward), {wall_rate / 1e9:.0f} GFLOP/s wall on 2 "
           f"cores (GPT-2 small forward); GPU (stated): {gpu_rate / 1e12:.0f} TFLOP/s\n")
 
-    print(f"| model | F (GFLOP/token) | abl_* fe | all 11 methods fe | all 11 on {n:,} tokens: CPU 2 cores | "
+    print(f"| model | F (GFLOP/token) | abl_* fe | all 12 methods fe | all 12 on {n:,} tokens: CPU 2 cores | "
           f"same, {k} CPU processes (2 cores each) | same, 1 GPU (stated) |")
     print("|---|---|---|---|---|---|---|")
     for arch in ARCHS:
         fe = method_fe(arch)
-        work = fe["all 11"] * n * forward_flops(arch)
+        work = fe["all 12"] * n * forward_flops(arch)
         a = fe["one abl_*"]
-        shared = (fe["all 11"] - 3 * a + 3 * a / k + 3) / fe["all 11"]  # ablation divided by k, one cache fwd each
+        shared = (fe["all 12"] / k + 1) / fe["all 12"]  # every family's units shared; + one cached forward each
         print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all 11']:.1f} | "
               f"{_hours(work / wall_rate)} | {_hours(work * shared / wall_rate)} | {_hours(work / gpu_rate)} |")
 
