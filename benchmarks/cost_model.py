@@ -85,7 +85,7 @@ def main() -> None:
         work = fe["all 12"] * n * forward_flops(arch)
         a = fe["one abl_*"]
         shared = (fe["all 12"] / k + 1) / fe["all 12"]  # every family's units shared; + one cached forward each
-        print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all 11']:.1f} | "
+        print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all 12']:.1f} | "
               f"{_hours(work / wall_rate)} | {_hours(work * shared / wall_rate)} | {_hours(work / gpu_rate)} |")
 
     print("\nPer method (forward-equivalents on N tokens; seconds on 100,000 tokens, CPU 2 cores / GPU stated):\n")
