@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -32,12 +33,14 @@ from .outputs import clear_stale_temporaries, current_umask, ensure_dir, temp_pr
 from .pruning import removed_heads
 
 EXPORT_MARKER = "headprune_export.json"
+T = TypeVar("T")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "generation_config.json")
 
 
-def convert_state_dict(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Hugging Face GPT-2 keys -> ours: strip ``transformer.``, drop mask buffers, tie the LM head."""
+def convert_state_dict(state: dict[str, T], cfg: ModelConfig) -> dict[str, T]:
+    """Hugging Face GPT-2 keys -> ours: strip ``transformer.``, drop mask buffers, tie the LM head (the values,
+    tensors or anything else, are kept as they are)."""
     out = {}
     for key, value in state.items():
         key = key.removeprefix("transformer.")

@@ -25,7 +25,13 @@ from .model import GPT2
 @torch.no_grad()
 def fold_value_biases(model: GPT2) -> GPT2:
     """A copy of ``model`` with every head's value bias folded into its layer's b_O (the input is not changed)."""
-    folded = copy.deepcopy(model)
+    return fold_value_biases_(copy.deepcopy(model))
+
+
+@torch.no_grad()
+def fold_value_biases_(model: GPT2) -> GPT2:
+    """:func:`fold_value_biases` in place (no second copy of the model): returns ``model`` itself."""
+    folded = model
     for layer in folded.active_layers:
         attn = folded.h[layer].attn
         shift = torch.einsum("hk,hkd->d", attn.b_V.double(), attn.W_O.double())  # Σ_i b_V^(i) W_O^(i)  [d]

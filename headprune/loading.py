@@ -1,11 +1,15 @@
 """Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
 
-Loading is a key rename (:func:`headprune.checkpoint.convert_state_dict`) after the config and every
-weight file are read and checked; the model records where it came from in ``model.origin``.
+Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
+tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
+meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
+tensor. Keys are renamed by :func:`headprune.checkpoint.convert_state_dict`; the model records where it came
+from in ``model.origin``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,12 +17,13 @@ import tempfile
 import warnings
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .checkpoint import convert_state_dict
 from .errors import HeadpruneError
-from .folding import fold_value_biases
+from .folding import fold_value_biases_
 from .model import GPT2, ModelConfig, Origin
 from .schema import DEFAULT_MODEL
 
@@ -84,34 +89,101 @@ def read_config(folder: Path) -> ModelConfig:
         raise HeadpruneError(f"{path} is not a usable GPT-2 config ({err})") from None
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Raw tensors of the checkpoint: safetensors (single or sharded), else pytorch_model.bin."""
-    from safetensors.torch import load_file
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
+
+def weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's weight files: safetensors (single or sharded), else pytorch_model.bin."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = _index_files(index)
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    elif (folder / "pytorch_model.bin").is_file():
-        files = [folder / "pytorch_model.bin"]
-    else:
-        raise HeadpruneError(f"{folder} has no model.safetensors or pytorch_model.bin weights")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            # weights_only: a pickle is never allowed to build arbitrary objects (or run code)
-            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: one line only
-                warnings.simplefilter("ignore")
-                part = torch.load(file, map_location="cpu", weights_only=True) if file.suffix == ".bin" else load_file(file)
-        except Exception as err:  # noqa: BLE001 - safetensors, unpickling and I/O raise many kinds
-            msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-            raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated, or an unsafe pickle ({msg})") from None
+        return _index_files(index)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    if (folder / "pytorch_model.bin").is_file():
+        return [folder / "pytorch_model.bin"]
+    raise HeadpruneError(f"{folder} has no model.safetensors or pytorch_model.bin weights")
+
+
+class CheckpointReader:
+    """The tensors of a checkpoint's weight files, read one at a time.
+
+    Names, shapes and dtypes come from the safetensors headers (checked by safetensors; no data read); :meth:`get`
+    reads one tensor's bytes with plain file reads, so nothing stays memory-mapped and the process holds only what
+    the model keeps.
+    A ``pytorch_model.bin`` is memory-mapped where its format allows (else read whole: old pickles only)."""
+
+    def __init__(self, folder: Path):
+        self.specs: dict[str, tuple[tuple[int, ...], bool]] = {}  # name -> (shape, is floating point)
+        self._where: dict[str, Any] = {}  # name -> (file, offset, bytes, dtype) of safetensors, or a .bin's tensor
+        for file in weight_files(folder):
+            with _read_errors(file):
+                if file.suffix == ".bin":
+                    self._add_pickle(file)
+                else:
+                    self._add_safetensors(file)
+
+    def _add_safetensors(self, file: Path) -> None:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt"):  # safetensors validates the header (offsets, sizes, dtypes)
+            pass
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        for name, info in header.items():
+            self.specs[name] = (tuple(info["shape"]), info["dtype"] in _SAFETENSORS_FLOATS)
+            begin, end = info["data_offsets"]
+            self._where[name] = (file, 8 + size + begin, end - begin, info["dtype"])
+
+    def _add_pickle(self, file: Path) -> None:
+        # weights_only: a pickle is never allowed to build arbitrary objects (or run code)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: one line only
+            warnings.simplefilter("ignore")
+            try:
+                part = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:
+                if "mmap" not in str(err):  # only old-format pickles cannot be memory-mapped
+                    raise
+                part = torch.load(file, map_location="cpu", weights_only=True)
         if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                  for k, v in part.items()):
             raise HeadpruneError(f"weights {file} are not a mapping of names to tensors; the checkpoint is damaged")
-        state.update(part)
-    return state
+        for name, tensor in part.items():
+            self.specs[name] = (tuple(tensor.shape), tensor.is_floating_point())
+            self._where[name] = tensor
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor, read now (memory of its own, whatever the file format)."""
+        where = self._where[name]
+        if isinstance(where, torch.Tensor):
+            return where.clone()  # a .bin's tensor may be a view of the memory-mapped file
+        file, offset, length, dtype = where
+        with _read_errors(file), open(file, "rb") as f:  # plain reads, no memory map: the model owns its memory
+            f.seek(offset)
+            data = torch.empty(length, dtype=torch.uint8)
+            if f.readinto(data.numpy().data) != length:
+                raise OSError("file ended early")
+        shape = self.specs[name][0]
+        return data.view(_SAFETENSORS_FLOATS.get(dtype, torch.uint8)).reshape(shape)
+
+
+@contextlib.contextmanager
+def _read_errors(file: Path):
+    try:
+        yield
+    except HeadpruneError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors, unpickling and I/O raise many kinds
+        msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated, or an unsafe pickle ({msg})") from None
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """Every raw tensor of the checkpoint at once (:class:`CheckpointReader` reads them one at a time)."""
+    reader = CheckpointReader(folder)
+    return {name: reader.get(name) for name in reader.specs}
 
 
 def _index_files(index: Path) -> list[Path]:
@@ -141,34 +213,45 @@ def load_model(
     check_device_dtype(device, dtype)
     folder = resolve_source(source)
     cfg = read_config(folder)
-    state = convert_state_dict(read_state_dict(folder), cfg)
-    with torch.device("meta"):  # shapes only: an absurd config must not allocate before it meets the weights
-        expected = GPT2(cfg).state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    reader = CheckpointReader(folder)
+    names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key
+    specs = {key: reader.specs[raw] for key, raw in names.items()}
+    with torch.device("meta"):  # shapes only: nothing is allocated, an absurd config included
+        model = GPT2(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(specs))
+    unexpected = sorted(set(specs) - set(expected))
     if missing or unexpected:
         raise HeadpruneError(
             f"{folder} is not a GPT-2 checkpoint matching its config: missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}"
         )
-    for key, value in state.items():
-        if value.shape != expected[key].shape:
+    for key, (shape, _) in specs.items():
+        if shape != tuple(expected[key].shape):
             raise HeadpruneError(
-                f"{folder}: weight {key} has shape {tuple(value.shape)}, config implies {tuple(expected[key].shape)}"
+                f"{folder}: weight {key} has shape {shape}, config implies {tuple(expected[key].shape)}"
             )
-    if bad := [k for k, v in state.items() if not v.is_floating_point()]:  # never cast integers silently
-        raise HeadpruneError(f"{folder}: {len(bad)} weight(s) are not floating point (first: {bad[0]}, "
-                             f"{state[bad[0]].dtype}); a GPT-2 checkpoint holds float weights")
-    if check_finite:
-        bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
-        if bad:
-            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {bad[0]}); the checkpoint is broken")
-    model = GPT2(cfg)
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    if bad := [k for k, (_, is_float) in specs.items() if not is_float]:  # never cast integers silently
+        raise HeadpruneError(f"{folder}: {len(bad)} weight(s) are not floating point (first: {bad[0]}); a GPT-2 "
+                             "checkpoint holds float weights")
+    # One tensor at a time: read, check, cast and move it, then let the model own it (assign=True: no copy into
+    # randomly initialised parameters). Peak memory is the model plus one tensor. Folding runs in float32.
+    load_dtype = torch.float32 if fold_value_bias else dtype
+    state = {}
+    for key, raw in names.items():
+        tensor = reader.get(raw)
+        if check_finite and not torch.isfinite(tensor).all():
+            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {key}); the checkpoint is broken")
+        state[key] = tensor.to(device=device, dtype=load_dtype)
+        del tensor
+    del reader
+    model.load_state_dict(state, assign=True)
+    del state
     model.origin = Origin(str(source), folder)
     if fold_value_bias:
-        model = fold_value_biases(model)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        fold_value_biases_(model)
+        model.to(dtype=dtype)  # parameter by parameter: the float32 model plus one cast tensor at the peak
+    return model.eval().requires_grad_(False)
 
 
 #: Tensors up to this many elements are hashed whole; larger ones by an evenly strided sample of about as many

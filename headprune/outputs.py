@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +194,16 @@ def fingerprint(**settings) -> str:
 
 
 class Progress:
-    """Append-only record of a sweep's finished units, keyed by strings, values JSON-serialisable."""
+    """Append-only record of a sweep's finished units, keyed by strings, values JSON-serialisable.
 
-    def __init__(self, path: str | os.PathLike, settings: dict, overwrite: bool = False):
+    ``others``: progress files of the same output left by a run with another number of processes
+    (:func:`headprune.distributed.progress_files`): their units count as done (each checked to belong to this
+    run), they are never written, and :meth:`remove` (or ``overwrite``) deletes them too."""
+
+    def __init__(self, path: str | os.PathLike, settings: dict, overwrite: bool = False,
+                 others: Iterable[str | os.PathLike] = ()):
         self.path = Path(path)
+        self.others = [Path(p) for p in others]
         self.key = fingerprint(**settings)
         self.units: dict[str, Any] = {}
         # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill).
@@ -208,37 +214,54 @@ class Progress:
         self._header: dict | None = {"fingerprint": self.key, "settings": settings}
         if self.path.exists() and not self.path.is_file():
             raise HeadpruneError(f"progress file {self.path} is not a regular file; remove it or choose another output")
-        if self.path.exists() and overwrite:
-            self.path.unlink()
+        if overwrite:
+            for old in [self.path, *self.others]:
+                old.unlink(missing_ok=True)
+        for other in self.others:
+            if other.is_file():
+                self.units |= self._records(other, self._lines(other)[0])  # a torn last line: that unit is redone
         if self.path.exists():
             self._load()
 
-    def _load(self) -> None:
+    def _lines(self, path: Path) -> tuple[list[str], str]:
+        """The complete lines of ``path`` and the torn last one ("" where the file ends in a newline)."""
         try:
-            *lines, torn = self.path.read_text().split("\n")  # a complete file ends in "\n": torn == ""
+            *lines, torn = path.read_text().split("\n")
         except (OSError, UnicodeDecodeError) as err:
-            raise HeadpruneError(f"cannot read progress file {self.path} ({type(err).__name__}); pass --overwrite "
+            raise HeadpruneError(f"cannot read progress file {path} ({type(err).__name__}); pass --overwrite "
                                  "to start afresh") from None
-        if not lines:  # killed before the header was complete: start afresh
-            self.path.unlink()
-            return
+        return lines, torn
+
+    def _records(self, path: Path, lines: list[str]) -> dict[str, Any]:
+        """``{unit: value}`` of a progress file's lines, after checking its header belongs to this run."""
+        if not lines:
+            return {}
         try:
-            header = json.loads(lines[0]) if lines else {}
+            header = json.loads(lines[0])
         except json.JSONDecodeError:
             header = {}
         if not isinstance(header, dict) or header.get("fingerprint") != self.key:
             raise HeadpruneError(
-                f"{self.path} holds progress of a different run (other model, data or settings); pass --overwrite "
+                f"{path} holds progress of a different run (other model, data or settings); pass --overwrite "
                 "to discard it or choose another output"
             )
+        units = {}
         for i, line in enumerate(lines[1:], start=2):
             try:
                 rec = json.loads(line)
                 if not isinstance(rec, dict) or set(rec) != {"unit", "value"} or not isinstance(rec["unit"], str):
                     raise ValueError
             except ValueError:  # JSONDecodeError too: not JSON, or JSON of the wrong shape (a second header, 42)
-                raise HeadpruneError(f"{self.path} line {i} is damaged; pass --overwrite to start afresh") from None
-            self.units[rec["unit"]] = rec["value"]
+                raise HeadpruneError(f"{path} line {i} is damaged; pass --overwrite to start afresh") from None
+            units[rec["unit"]] = rec["value"]
+        return units
+
+    def _load(self) -> None:
+        lines, torn = self._lines(self.path)
+        if not lines:  # killed before the header was complete: start afresh
+            self.path.unlink()
+            return
+        self.units |= self._records(self.path, lines)
         self._header = None
         if torn:  # the last record of a killed run, cut mid-write: drop it, its unit is recomputed
             write_text(self.path, "\n".join(lines) + "\n")
@@ -268,7 +291,8 @@ class Progress:
         return self.units[unit]
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        for path in [self.path, *self.others]:
+            path.unlink(missing_ok=True)
 
 
 class NoProgress:

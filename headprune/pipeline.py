@@ -16,7 +16,7 @@ from . import __version__
 from .bootstrap import DEFAULT_REPLICATES
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
-from .distributed import is_main, shard_name
+from .distributed import is_main, progress_files
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
@@ -81,7 +81,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
     log = log if is_main() else (lambda *a: None)
-    progress = Progress(out / shard_name(".progress.jsonl"), fingerprint, overwrite=overwrite)
+    mine, others = progress_files(out / ".progress.jsonl")
+    progress = Progress(mine, fingerprint, overwrite=overwrite, others=others)
 
     info = format_info(model, 1, seq_len)
     write_text(out / "ledger.txt", info + "\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .corpus import token_digest
-from .distributed import is_main, shard_name
+from .distributed import is_main, progress_files
 from .loading import model_fingerprint
 from .outputs import Progress, check_table_suffix, check_writable, write_table
 
@@ -20,8 +20,10 @@ def table_output(args):
 
 
 def sweep_progress(args, out, settings: dict):
-    """The sweep's progress file beside ``out`` (one per process under torchrun)."""
-    return Progress(out.with_name(shard_name(out.name + ".progress.jsonl")), settings, overwrite=args.overwrite)
+    """The sweep's progress file beside ``out`` (one per process under torchrun; those of a run with another
+    number of processes are resumed from)."""
+    mine, others = progress_files(out.with_name(out.name + ".progress.jsonl"))
+    return Progress(mine, settings, overwrite=args.overwrite, others=others)
 
 
 def finish_sweep(progress, table, out) -> bool:

@@ -78,3 +78,87 @@ def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path):
     rank0, rank1 = (_units(two / f".progress.jsonl.rank{r}-of-2") for r in (0, 1))
     assert sorted(rank0 + rank1) == sorted(units) and rank0 and rank1 and not set(rank0) & set(rank1)
     assert not (two / ".progress.jsonl").exists()
+
+
+# ---------------------------------------------------------------- two "nodes" on one machine (c10d rendezvous)
+
+SCORE = ["score", "--max-tokens", "400", "--seq-len", "64", "--batch-size", "2", "--ablation-rows", "4",
+         "--methods", "wo_fro,fluct,grad,abl_zero,abl_mean"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, seconds: float = 120) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def _node(tmp_path, args, port: int, nproc: int, **env):
+    """One "machine" of a 2-node torchrun job: its own agent, the c10d rendezvous at localhost:port."""
+    launcher = ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(nproc), "--rdzv-backend",
+                "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "headprune-test", "--max-restarts", "0"]
+    env = {**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.Popen([sys.executable, *launcher, "-m", "headprune", *args, "--device", "cpu", "--quiet"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir, corpus, tmp_path_factory):
+    """The single-process scores every multi-process run below must reproduce byte for byte."""
+    tmp = tmp_path_factory.mktemp("reference")
+    _headprune(tmp, SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(tmp / "one.csv")])
+    return (tmp / "one.csv").read_bytes()
+
+
+def test_two_nodes_equal_one_process(reference, tiny_dir, corpus, tmp_path):
+    """torchrun --nnodes 2 --nproc-per-node 2 (two agents, a c10d rendezvous on localhost): 4 ranks, same bytes."""
+    args, port = SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(tmp_path / "four.csv")], _free_port()
+    nodes = [_node(tmp_path, args, port, 2) for _ in range(2)]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    assert (tmp_path / "four.csv").read_bytes() == reference
+    assert not list(tmp_path.glob("*.progress.jsonl*"))
+
+
+def test_dead_node_fails_the_others_then_resume_with_other_count(reference, tiny_dir, corpus, tmp_path):
+    """Node 2's ranks die (SIGKILL) after one unit each: node 1's ranks stop within HEADPRUNE_DIST_TIMEOUT (5 s)
+    plus a unit, with one clear line, not a hang. Rerunning with 3 processes resumes the 4-rank progress files
+    and writes the single-process bytes."""
+    import time
+
+    out = tmp_path / "s.csv"
+    args, port = SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(out)], _free_port()
+    survivor = _node(tmp_path, args, port, 2, HEADPRUNE_DIST_TIMEOUT="5")
+    _wait_listening(port)  # the surviving node's agent hosts the rendezvous (as node 0 of a cluster would)
+    dying = _node(tmp_path, args, port, 2, HEADPRUNE_DIST_TIMEOUT="5", HEADPRUNE_TEST_KILL_AFTER_UNITS="1")
+    dying.communicate(timeout=600)
+    died = time.monotonic()
+    _, err = survivor.communicate(timeout=600)
+    assert dying.returncode != 0 and survivor.returncode != 0
+    assert time.monotonic() - died < 30, "the surviving node did not stop within a bounded time"
+    lines = [line for line in err.splitlines() if line.startswith("headprune: error:")]
+    assert lines and all(("stopped (no heartbeat for 5 s)" in line or "lost the torch.distributed store" in line)
+                         and "rerun the same command to resume" in line for line in lines), err[-3000:]
+    shards = sorted(p.name for p in tmp_path.glob("s.csv.progress.jsonl.rank*-of-4"))
+    assert len(shards) >= 2 and not out.exists()
+    done = {u for p in tmp_path.glob("s.csv.progress.jsonl.rank*-of-4") for u in _units(p)}
+    assert done  # work to resume from
+
+    _headprune(tmp_path, args, nproc=3)
+    assert out.read_bytes() == reference
+    assert not list(tmp_path.glob("*.progress.jsonl*"))  # the 4-rank files went with the 3-rank ones

@@ -97,7 +97,8 @@ def score_heads(
     replicates: dict[str, Replicate] = {}  # method -> its bootstrap replicates from window counts
     for family in families:
         t0 = time.perf_counter()
-        results = run_units(family.units(ctx), progress, _bar(show_progress, family.name))
+        units = family.units(ctx)
+        results = run_units(units, progress, _bar(show_progress, family.name), family.costs(ctx, units))
         out = family.combine(ctx, results)
         columns |= {m: v for m, v in out.items() if m in methods}
         replicates |= {k[len("boot:"):]: v for k, v in out.items() if k.startswith("boot:") and k[5:] in methods}

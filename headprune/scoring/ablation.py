@@ -106,6 +106,28 @@ class AblationScores(Family):
             units += [(f"{m}/w/b{k}/L{l}", partial(ablate, k, m, l)) for m in methods for l in model.active_layers]
         return units
 
+    def costs(self, ctx: ScoringContext, units: list[Unit]) -> list[float]:
+        """FLOPs of each unit. A head of layer l reruns layers l..L−1 and the LM head on the batch's b·T tokens:
+        h_l·b·T·((L − l)·c + u), with c = 8·d² + 4·d·d_mlp + 4·T·d per token and block (Q/K/V/O and MLP weights, then QKᵀ and A·V:
+        24·d² + 4·T·d for GPT-2's d_mlp = 4d) and
+        u = 2·d·V per token for the LM head; the baseline unit is one forward, b·T·(L·c + u). Early layers cost up
+        to (L·c + u)/(c + u) times the last one's, so equal unit counts per process would not balance."""
+        cfg = ctx.model.cfg
+        out = []
+        for key, _ in units:
+            parts = key.split("/")  # base/w/b{k} or {method}/w/b{k}/L{l}
+            kind, k = parts[0], int(next(p[1:] for p in parts[1:] if p[:1] == "b"))
+            tokens = ctx.batches[k].tokens
+            b, T = tokens.shape
+            c = 8 * cfg.d_model**2 + 4 * cfg.d_model * cfg.d_mlp + 4 * T * cfg.d_model
+            u = 2 * cfg.d_model * cfg.vocab_size
+            if kind == "base":
+                out.append(float(b * T * (cfg.n_layers * c + u)))
+            else:
+                l = int(parts[-1][1:])
+                out.append(float(ctx.model.h[l].attn.n_heads * b * T * ((cfg.n_layers - l) * c + u)))
+        return out
+
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
         """ΔNLL per head = Σ_w (ablated NLL sum_w − baseline NLL sum_w) / Σ_w n_w, and its bootstrap replicates."""
         n_batches = len(ctx.batches)

@@ -48,6 +48,10 @@ class Family:
     def units(self, ctx: ScoringContext) -> list[Unit]:
         raise NotImplementedError
 
+    def costs(self, ctx: ScoringContext, units: list[Unit]) -> list[float] | None:
+        """Relative cost of each of ``units`` (for sharing them among processes), or None where they cost alike."""
+        return None
+
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
         """Scores ``{method: Tensor[H]}`` from the unit results, with any named outputs for later families and,
         for each data-dependent method, ``"boot:<method>"``: a function from bootstrap window counts [B, W]
