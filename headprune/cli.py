@@ -8,6 +8,7 @@ they run (``headprune report`` never does).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from . import __version__
@@ -18,6 +19,7 @@ from .cli_options import (
     HelpFormatter,
     add_data_args,
     add_fraction_args,
+    add_gate_lr_arg,
     add_model_args,
     add_run_flags,
     add_score_data_arg,
@@ -26,12 +28,12 @@ from .cli_options import (
     check_counts,
 )
 from .errors import HeadpruneError, os_error_line
-from .schema import IMPORTANCE_METHODS, METHODS
+from .schema import IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
-         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq"}
+         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "sparsity": "--sparsity"}
 
 
 def command(name: str, help: str, configure):
@@ -194,6 +196,66 @@ def cmd_curve(args) -> None:
         return
     print(curves.to_string(index=False, float_format="%.4f"))
     print(f"-> {out}")
+
+
+# ---------------------------------------------------------------- learn-gates
+
+
+def check_gate_args(args, steps_flag: str, lr_flag: str) -> None:
+    """``--sparsity`` (where the command has it) in [0, 1] and the gate steps >= 1, before any work."""
+    sparsity = getattr(args, "sparsity", None)
+    if sparsity is not None and not 0.0 <= sparsity <= 1.0:  # NaN fails too
+        raise HeadpruneError(f"--sparsity {sparsity} must lie in [0, 1]")
+    if args.gate_steps < 1:
+        raise HeadpruneError(f"{steps_flag} {args.gate_steps} must be at least 1")
+    if not (math.isfinite(args.gate_lr) and args.gate_lr > 0):
+        raise HeadpruneError(f"{lr_flag} {args.gate_lr} must be a positive number")
+
+
+def _configure_learn_gates(p):
+    add_model_args(p)
+    add_data_args(p, "validation")
+    p.add_argument("--sparsity", type=float, required=True,
+                   help="target share of heads to close, in [0, 1]: exactly round(F x heads) close")
+    p.add_argument("--steps", type=int, required=True, dest="gate_steps", help="training steps (one batch each)")
+    add_gate_lr_arg(p, "--lr")
+    add_seed_arg(p, "seed of the gates' noise")
+    add_run_flags(p, "output scores table with a gate column, .csv or .parquet")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (closed heads, lambdas, seconds)")
+
+
+@command("learn-gates", "learn which heads to keep jointly: hard-concrete gates at a target sparsity (Voita et al.)",
+         _configure_learn_gates)
+def cmd_learn_gates(args) -> None:
+    import json
+    import time
+
+    from .gates import learn_gates
+    from .heads import format_heads
+    from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+
+    check_gate_args(args, "--steps", "--lr")
+    out = table_output(args)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    settings = sweep_settings(args, model, ids, w, "learn-gates", sparsity=args.sparsity, steps=args.gate_steps,
+                              lr=args.gate_lr, seed=args.seed)
+    progress = sweep_progress(args, out, settings)
+    t0 = time.perf_counter()
+    result = learn_gates(model, w.batches(ids), args.gate_steps, sparsity=args.sparsity, lr=args.gate_lr,
+                         seed=args.seed, progress=progress, show_progress=not args.quiet)
+    if not finish_sweep(progress, result.table, out):
+        return
+    last = result.history[-1]
+    summary = {"out": str(out), "heads": len(result.table), "closed": format_heads(result.closed),
+               "expected_open": last["open"], "nll": last["nll"], "lambdas": result.lambdas,
+               "steps": args.gate_steps, "seconds": round(time.perf_counter() - t0, 2)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"closed {len(result.closed)} of {len(result.table)} heads: {format_heads(result.closed) or '(none)'}")
+        print(f"training NLL {last['nll']:.4f}, expected open gates {last['open']:.1f} (last steps' mean) -> {out}")
 
 
 # ---------------------------------------------------------------- prune

@@ -77,8 +77,13 @@ def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--score-data", default="default", help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
 
 
-def add_seed_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline") -> None:
+    p.add_argument("--seed", type=int, default=0, help=help)
+
+
+def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:
+    p.add_argument(flag, type=float, default=0.1, dest="gate_lr",  # 0.1 = headprune.gates.LR
+                   help="Adam learning rate of the gates' log alpha")
 
 
 def add_fraction_args(p: argparse.ArgumentParser) -> None:

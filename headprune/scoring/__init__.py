@@ -35,7 +35,8 @@ from .base import Family, ScoringContext, by_head
 from .gradients import GradientScores
 from .weights import WeightScores
 
-# The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z).
+# The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z). It computes
+# exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.gates instead.
 FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), AblationScores())
 assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
 
