@@ -149,10 +149,14 @@ def _configure_curve(p):
     add_data_args(p, "test")
     p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
     p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
-                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}")
+                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
+                                                    "random; gate learns hard-concrete gates for each fraction (on "
+                                                    "--score-data, --gate-steps steps each)")
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean"], default="none", help="mean: also measure mean-compensated curves")
     add_selection_args(p)
+    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction of --methods gate")
+    add_gate_lr_arg(p)
     add_run_flags(p, "output table, .csv or .parquet")
 
 
@@ -160,12 +164,14 @@ def _configure_curve(p):
 def cmd_curve(args) -> None:
     from .corpus import token_digest
     from .curves import pruning_curves
+    from .gates import GATE, gate_head_sets
     from .outputs import read_scores
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
     from .scoring import head_means
     from .selection import check_scores_match
     from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
+    check_gate_args(args, "--gate-steps", "--gate-lr")
     out = table_output(args)
     fractions = parse_fractions(args.fractions)
     model = load_from_args(args)
@@ -174,24 +180,34 @@ def cmd_curve(args) -> None:
     available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
     methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m != RANDOM and m not in available:
-            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use {', '.join(available)}")
+        if m not in (RANDOM, GATE) and m not in available:
+            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
+                                 f"{', '.join([*available, GATE, RANDOM])}")
     methods = [m for m in methods if m != RANDOM]
+    learned = GATE in methods
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
     compensate = args.compensate == "mean"
-    score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
+    needs_score_ids = compensate or learned
+    score_ids = data_from_args(args, model, args.score_data, "validation") if needs_score_ids else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
     variants += [(m, "mean") for m in methods] if compensate else []
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
-                              score_data=args.score_data if compensate else None,
-                              score_tokens=token_digest(score_ids) if score_ids is not None else None)
+                              score_data=args.score_data if needs_score_ids else None,
+                              score_tokens=token_digest(score_ids) if score_ids is not None else None,
+                              gate_steps=args.gate_steps if learned else None, gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
-    means = head_means(model, score_ids, w, progress, not args.quiet) if score_ids is not None else None  # resumable
+    means = head_means(model, score_ids, w, progress, not args.quiet) if compensate and score_ids is not None else None
+    head_sets = None
+    if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
+        assert score_ids is not None
+        head_sets = gate_head_sets(model, w.batches(score_ids), fractions, args.gate_steps, args.gate_lr, args.seed,
+                                   progress, show_progress=not args.quiet)
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
-                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet)
+                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
+                            head_sets=head_sets)
     if not finish_sweep(progress, curves, out):
         return
     print(curves.to_string(index=False, float_format="%.4f"))
@@ -267,7 +283,7 @@ def _configure_prune(p):
                                        f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--method", help=f"scores column to rank by: {', '.join(IMPORTANCE_METHODS)} or random")
+    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
     amount.add_argument("--count", type=int, help="number of heads to remove")
@@ -355,6 +371,9 @@ def _configure_run(p):
     add_score_data_arg(p, "scoring")
     add_fraction_args(p)
     add_seed_arg(p)
+    p.add_argument("--learn-gates", action="store_true",
+                   help="also curve hard-concrete gates learned for each fraction (learn-gates; adds minutes)")
+    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction with --learn-gates")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -365,11 +384,14 @@ def cmd_run(args) -> None:
     from .pipeline import RunSettings, run_analysis
     from .schema import parse_fractions
 
+    if args.gate_steps < 1:
+        raise HeadpruneError(f"--gate-steps {args.gate_steps} must be at least 1")
     settings = RunSettings(model=args.model, data=args.data, score_data=args.score_data, out=args.out,
                            device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
                            batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
-                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed)
+                           fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
+                           learn_gates=args.learn_gates, gate_steps=args.gate_steps)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

@@ -53,8 +53,12 @@ def pruning_curves(
     seed: int = 0,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
+    head_sets: dict[tuple[str, float], list[Head]] | None = None,  # (method, fraction) -> heads, chosen elsewhere
 ) -> pd.DataFrame:
-    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction)."""
+    """The tidy curve table (:data:`CURVE_COLUMNS`), one row per (method, compensation, fraction).
+
+    ``head_sets``: the heads to prune for a method that is not a ranking of ``scores`` but chooses one set per
+    fraction (the learned gates: :func:`headprune.gates.gate_head_sets`)."""
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
     w = windowing or Windowing.resolve(model.cfg.n_positions)
@@ -69,8 +73,11 @@ def pruning_curves(
                                                             "params": int(param_table(model).params.sum())}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
-        heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
-                             standardize=standardize, seed=s)
+        if head_sets is not None and (method, fraction) in head_sets:
+            heads = list(head_sets[(method, fraction)])
+        else:
+            heads = select_heads(scores, method, fraction=fraction, per_layer=per_layer, normalize=normalize,
+                                 standardize=standardize, seed=s)
         fills = {h: means[h] for h in heads} if means is not None and comp == "mean" and heads else None
         key = (frozenset(heads), "mean" if fills else "none")
         if key not in evaluated:

@@ -36,6 +36,7 @@ from its last checkpoint to bit-identical results (JSON round-trips every float 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ LR = 0.1  # Adam learning rate of log α
 LAMBDA_LR = 0.05  # Adam learning rate (ascent) of the Lagrange multipliers
 WARMUP = 0.5  # share of the steps over which the target sparsity rises from 0 to t
 CHECKPOINT_EVERY = 10  # steps between checkpoints
+GATE = "gate"  # the method name (schema.LEARNED_METHODS)
 
 
 # ---------------------------------------------------------------- the hard-concrete distribution
@@ -142,6 +144,10 @@ def _load_optimizer(opt: torch.optim.Optimizer, saved: dict) -> None:
     state = _from_json(saved)
     state["state"] = {int(k): v for k, v in state["state"].items()}  # JSON made the parameter indices text
     opt.load_state_dict(state)
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
 
 
 def _checkpoint_key(prefix: str, step: int) -> str:
@@ -242,15 +248,15 @@ def learn_gates(
                      "lambdas": lambdas.detach().cpu().tolist(), "opt": _optimizer_state(opt),
                      "lam_opt": _optimizer_state(lam_opt) if lam_opt is not None else None,
                      "rng": bytes(gen.get_state().tolist()).hex(), "history": history}
-            progress.get_or_compute(_checkpoint_key(prefix, step + 1), lambda state=state: state)
+            progress.get_or_compute(_checkpoint_key(prefix, step + 1), _constant(state))
     bar.close()
 
     keep = prob_open(log_alpha.detach().double()).cpu()  # [N] float64
     heads = model.head_ids
     table = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
                           "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model),
-                          "gate": keep.tolist()})
-    closed = select_heads(table, "gate", fraction=sparsity) if sparsity is not None else []
+                          GATE: keep.tolist()})
+    closed = select_heads(table, GATE, fraction=sparsity) if sparsity is not None else []
     return GateResult(table, closed, log_alpha.detach().cpu().tolist(), lambdas.detach().cpu().tolist()
                       if sparsity is not None else [float(penalty or 0.0)], history, steps - start)
 
@@ -270,3 +276,33 @@ def gate_objective(model: GPT2, batches: list[Batch], log_alpha: Tensor, penalty
                 total += float((nll_tok * batch.mask).sum() / batch.mask.sum())
                 count += 1
     return total / count + penalty * float(prob_open(log_alpha).sum())
+
+
+def gate_head_sets(
+    model: GPT2,
+    batches: list[Batch],
+    fractions: list[float],
+    steps: int,
+    lr: float = LR,
+    seed: int = 0,
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+) -> dict[tuple[str, float], list[Head]]:
+    """{("gate", f): the round(f·N) heads closed by gates learned at target sparsity f}, one training per fraction
+    (the head sets of ``pruning_curves``). Fractions that close no head or every head need no training."""
+    progress = progress or NoProgress()
+    heads = model.head_ids
+    out: dict[tuple[str, float], list[Head]] = {}
+    for f in fractions:
+        k = round(f * len(heads))
+        if k in (0, len(heads)):
+            out[(GATE, f)] = list(heads) if k else []
+            continue
+
+        def train(f: float = f) -> list[list[int]]:
+            result = learn_gates(model, batches, steps, sparsity=f, lr=lr, seed=seed, progress=progress,
+                                 prefix=f"gates/{f!r}", show_progress=show_progress)
+            return [list(h) for h in result.closed]
+
+        out[(GATE, f)] = [(int(l), int(h)) for l, h in progress.get_or_compute(f"gates/{f!r}/closed", train)]
+    return out

@@ -16,6 +16,7 @@ from . import __version__
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, shard_name
+from .gates import GATE, gate_head_sets
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
@@ -43,6 +44,13 @@ class RunSettings:
     seeds: int = 3
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
+    learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.gates; slow)
+    gate_steps: int = 200  # training steps per fraction
+
+
+def _fields(s: RunSettings) -> dict:
+    """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged)."""
+    return {k: v for k, v in asdict(s).items() if s.learn_gates or k not in ("learn_gates", "gate_steps")}
 
 
 def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
@@ -65,7 +73,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+    fingerprint = _fields(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
@@ -82,25 +90,34 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     scores = scored.table
     t_score = time.perf_counter() - t0
 
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: "
-        f"{', '.join(IMPORTANCE_METHODS)} + random")
+    head_sets, t_gates = None, 0.0
+    if s.learn_gates:
+        log(f"[2/4] learning gates on {s.score_data} (validation split): {s.gate_steps} steps for each fraction")
+        t0 = time.perf_counter()
+        head_sets = gate_head_sets(model, windowing.batches(score_ids), list(s.fractions), s.gate_steps, seed=s.seed,
+                                   progress=progress, show_progress=not quiet)
+        t_gates = time.perf_counter() - t0
+    methods = [*IMPORTANCE_METHODS, *([GATE] if s.learn_gates else [])]
+
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {', '.join(methods)} + random")
     t0 = time.perf_counter()
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet)
+                              seed=s.seed, progress=progress, show_progress=not quiet, head_sets=head_sets)
 
-    curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
+    curves = curves_of([(m, "none") for m in methods] + [(RANDOM, "none")])
     best = best_method(curves)
     compensated = curves_of([(best, "mean")])
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
-    settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+    settings = {**_fields(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
+                **({"seconds_gates": round(t_gates, 1)} if s.learn_gates else {}),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None
