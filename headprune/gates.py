@@ -56,7 +56,7 @@ BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # Louizos et al.'s temperature and stretch
 EPS = 1e-6  # u is drawn from [EPS, 1 − EPS]: log u and log(1 − u) stay finite
 INIT_LOG_ALPHA = 3.0  # every gate starts almost surely open: P(z ≠ 0) = σ(3 + β log 11) ≈ 0.99
 LR = 0.1  # Adam learning rate of log α
-LAMBDA_LR = 0.05  # Adam learning rate (ascent) of the Lagrange multipliers
+LAMBDA_LR = 0.01  # Adam learning rate (ascent) of the Lagrange multipliers (0.05 overshoots the target)
 WARMUP = 0.5  # share of the steps over which the target sparsity rises from 0 to t
 CHECKPOINT_EVERY = 10  # steps between checkpoints
 GATE = "gate"  # the method name (schema.LEARNED_METHODS)
