@@ -240,7 +240,7 @@ def _configure_learn_gates(p):
     p.add_argument("--json", action="store_true", help="print a JSON summary (closed heads, lambdas, seconds)")
 
 
-@command("learn-gates", "learn which heads to keep jointly: hard-concrete gates at a target sparsity (Voita et al.)",
+@command("learn-gates", "learn which heads to keep jointly (hard-concrete gates)",
          _configure_learn_gates)
 def cmd_learn_gates(args) -> None:
     import json
