@@ -8,6 +8,7 @@ they run (``headprune report`` never does).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from . import __version__
@@ -21,6 +22,7 @@ from .cli_options import (
     add_data_args,
     add_finetune_args,
     add_fraction_args,
+    add_gate_lr_arg,
     add_model_args,
     add_run_flags,
     add_score_data_arg,
@@ -29,7 +31,7 @@ from .cli_options import (
     check_counts,
 )
 from .errors import HeadpruneError, os_error_line
-from .schema import IMPORTANCE_METHODS, METHODS
+from .schema import IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
@@ -37,7 +39,8 @@ FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-si
          "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap",
          "probe_length": "--probe-length", "probe_count": "--probe-count", "rows": "--rows", "train_steps": "--steps",
          "lr": "--lr", "warmup": "--warmup", "distill_weight": "--distill-weight", "temperature": "--temperature",
-         "checkpoint_every": "--checkpoint-every", "max_train_tokens": "--max-train-tokens", "recover": "--recover"}
+         "checkpoint_every": "--checkpoint-every", "max_train_tokens": "--max-train-tokens", "recover": "--recover",
+         "sparsity": "--sparsity"}
 
 
 def command(name: str, help: str, configure):
@@ -166,7 +169,9 @@ def _configure_curve(p):
     add_data_args(p, "test")
     p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
     p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
-                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}")
+                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
+                                                    "random; gate learns hard-concrete gates for each fraction (on "
+                                                    "--score-data, --gate-steps steps each)")
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
                    help="mean / optimal: also measure curves with the pruned heads' mean outputs / optimal-ablation "
@@ -177,6 +182,8 @@ def _configure_curve(p):
                    help="also fine-tune every pruned point STEPS steps (headprune finetune's recipe) and add the "
                         "recovered points (column recover_steps; random left out)")
     p.add_argument("--train-data", default="default", help="corpus --recover trains on, its train split")
+    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction of --methods gate")
+    add_gate_lr_arg(p)
     add_run_flags(p, "output table, .csv or .parquet")
 
 
@@ -184,6 +191,7 @@ def _configure_curve(p):
 def cmd_curve(args) -> None:
     from .corpus import token_digest
     from .curves import pruning_curves
+    from .gates import GATE, gate_head_sets
     from .outputs import read_scores
     from .recovery import curve_train_ids, recovered_curves
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
@@ -191,6 +199,7 @@ def cmd_curve(args) -> None:
     from .selection import check_scores_match
     from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
+    check_gate_args(args, "--gate-steps", "--gate-lr")
     out = table_output(args)
     fractions = parse_fractions(args.fractions)
     model = load_from_args(args)
@@ -199,13 +208,16 @@ def cmd_curve(args) -> None:
     available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
     methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m != RANDOM and m not in available:
-            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use {', '.join(available)}")
+        if m not in (RANDOM, GATE) and m not in available:
+            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
+                                 f"{', '.join([*available, GATE, RANDOM])}")
     methods = [m for m in methods if m != RANDOM]
+    learned = GATE in methods
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
     compensate = args.compensate != "none"
-    score_ids = data_from_args(args, model, args.score_data, "validation") if compensate else None
+    needs_score_ids = compensate or learned
+    score_ids = data_from_args(args, model, args.score_data, "validation") if needs_score_ids else None
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
     variants += [(m, args.compensate) for m in methods] if compensate else []
     train_ids = curve_train_ids(args, model, ids) if args.recover else None
@@ -213,8 +225,9 @@ def cmd_curve(args) -> None:
                               recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
-                              score_data=args.score_data if compensate else None,
-                              score_tokens=token_digest(score_ids) if score_ids is not None else None)
+                              score_data=args.score_data if needs_score_ids else None,
+                              score_tokens=token_digest(score_ids) if score_ids is not None else None,
+                              gate_steps=args.gate_steps if learned else None, gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
     means = optimal = None
     if score_ids is not None and args.compensate == "mean":
@@ -222,9 +235,14 @@ def cmd_curve(args) -> None:
     if score_ids is not None and args.compensate == "optimal":
         optimal = optimal_constants(model, score_ids, None, w, progress, not args.quiet)  # resumable
     fill_data = fill_source(args, score_ids)
+    head_sets = None
+    if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
+        assert score_ids is not None
+        head_sets = gate_head_sets(model, w.batches(score_ids), fractions, args.gate_steps, args.gate_lr, args.seed,
+                                   progress, show_progress=not args.quiet)
     curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
                             args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
-                            optimal=optimal, fill_data=fill_data, bootstrap=args.bootstrap)
+                            optimal=optimal, fill_data=fill_data, bootstrap=args.bootstrap, head_sets=head_sets)
     if args.recover:
         import pandas as pd
 
@@ -241,6 +259,66 @@ def cmd_curve(args) -> None:
     print(f"-> {out}")
 
 
+# ---------------------------------------------------------------- learn-gates
+
+
+def check_gate_args(args, steps_flag: str, lr_flag: str) -> None:
+    """``--sparsity`` (where the command has it) in [0, 1] and the gate steps >= 1, before any work."""
+    sparsity = getattr(args, "sparsity", None)
+    if sparsity is not None and not 0.0 <= sparsity <= 1.0:  # NaN fails too
+        raise HeadpruneError(f"--sparsity {sparsity} must lie in [0, 1]")
+    if args.gate_steps < 1:
+        raise HeadpruneError(f"{steps_flag} {args.gate_steps} must be at least 1")
+    if not (math.isfinite(args.gate_lr) and args.gate_lr > 0):
+        raise HeadpruneError(f"{lr_flag} {args.gate_lr} must be a positive number")
+
+
+def _configure_learn_gates(p):
+    add_model_args(p)
+    add_data_args(p, "validation")
+    p.add_argument("--sparsity", type=float, required=True,
+                   help="target share of heads to close, in [0, 1]: exactly round(F x heads) close")
+    p.add_argument("--steps", type=int, required=True, dest="gate_steps", help="training steps (one batch each)")
+    add_gate_lr_arg(p, "--lr")
+    add_seed_arg(p, "seed of the gates' noise")
+    add_run_flags(p, "output scores table with a gate column, .csv or .parquet")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (closed heads, lambdas, seconds)")
+
+
+@command("learn-gates", "learn which heads to keep jointly (hard-concrete gates)",
+         _configure_learn_gates)
+def cmd_learn_gates(args) -> None:
+    import json
+    import time
+
+    from .gates import learn_gates
+    from .heads import format_heads
+    from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+
+    check_gate_args(args, "--steps", "--lr")
+    out = table_output(args)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    settings = sweep_settings(args, model, ids, w, "learn-gates", sparsity=args.sparsity, steps=args.gate_steps,
+                              lr=args.gate_lr, seed=args.seed)
+    progress = sweep_progress(args, out, settings)
+    t0 = time.perf_counter()
+    result = learn_gates(model, w.batches(ids), args.gate_steps, sparsity=args.sparsity, lr=args.gate_lr,
+                         seed=args.seed, progress=progress, show_progress=not args.quiet)
+    if not finish_sweep(progress, result.table, out):
+        return
+    last = result.history[-1]
+    summary = {"out": str(out), "heads": len(result.table), "closed": format_heads(result.closed),
+               "expected_open": last["open"], "nll": last["nll"], "lambdas": result.lambdas,
+               "steps": args.gate_steps, "seconds": round(time.perf_counter() - t0, 2)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"closed {len(result.closed)} of {len(result.table)} heads: {format_heads(result.closed) or '(none)'}")
+        print(f"training NLL {last['nll']:.4f}, expected open gates {last['open']:.1f} (last steps' mean) -> {out}")
+
+
 # ---------------------------------------------------------------- prune
 
 
@@ -250,7 +328,7 @@ def _configure_prune(p):
                                        f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--method", help=f"scores column to rank by: {', '.join(IMPORTANCE_METHODS)} or random")
+    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
     amount.add_argument("--count", type=int, help="number of heads to remove")
@@ -380,6 +458,9 @@ def _configure_run(p):
     p.add_argument("--optimal", action="store_true",
                    help="also score abl_opt (optimal ablation) and add the best method's optimal-compensated curve "
                         "(the fit costs about 50 abl_mean sweeps: minutes more on a CPU)")
+    p.add_argument("--learn-gates", action="store_true",
+                   help="also curve hard-concrete gates learned for each fraction (learn-gates; adds minutes)")
+    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction with --learn-gates")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -390,12 +471,15 @@ def cmd_run(args) -> None:
     from .pipeline import RunSettings, run_analysis
     from .schema import parse_fractions
 
+    if args.gate_steps < 1:
+        raise HeadpruneError(f"--gate-steps {args.gate_steps} must be at least 1")
     settings = RunSettings(model=args.model, data=args.data, score_data=args.score_data, out=args.out,
                            device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
                            batch_size=args.batch_size, seq_len=args.seq_len,
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
-                           bootstrap=args.bootstrap, optimal=args.optimal)
+                           bootstrap=args.bootstrap, optimal=args.optimal, learn_gates=args.learn_gates,
+                           gate_steps=args.gate_steps)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

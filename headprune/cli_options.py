@@ -39,6 +39,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         value = "none" if action.default is None else str(action.default).replace("%", "%%")
         return f"{text} (default: {value})"
 
+    def add_argument(self, action: argparse.Action) -> None:
+        """As argparse's, but the command names count towards the help column (argparse leaves them out, so a name
+        longer than the others, like learn-gates, would push its help onto the next line)."""
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(a.dest) for a in action._get_subactions()), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 4)
+
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -79,6 +87,9 @@ def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline and the bootstrap") -> None:
     p.add_argument("--seed", type=int, default=0, help=help)
+def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:
+    p.add_argument(flag, type=float, default=0.1, dest="gate_lr",  # 0.1 = headprune.gates.LR
+                   help="Adam learning rate of the gates' log alpha")
 
 
 def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:

@@ -107,6 +107,7 @@ def pruning_curves(
     recover_steps: int = 0,
     optimal: dict[Head, torch.Tensor] | None = None,  # {(layer, head): c*} for compensation "optimal"
     fill_data: str = "",  # where ``means`` / ``optimal`` were measured, e.g. "default (validation split), 8,192 tokens"
+    head_sets: dict[tuple[str, float], list[Head]] | None = None,  # (method, fraction) -> heads, chosen elsewhere
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction).
 
@@ -115,6 +116,8 @@ def pruning_curves(
     ``recover``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
     the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the untrained
     unpruned model.
+    ``head_sets``: the heads to prune for a method that is not a ranking of ``scores`` but chooses one set per
+    fraction (the learned gates: :func:`headprune.gates.gate_head_sets`).
     """
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
@@ -143,9 +146,12 @@ def pruning_curves(
                                                                                            "params": params}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
-        name, by_layer = split_ranking(method)
-        heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
-                             normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
+        if head_sets is not None and (method, fraction) in head_sets:
+            heads = list(head_sets[(method, fraction)])
+        else:
+            name, by_layer = split_ranking(method)
+            heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
+                                 normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
         source = constants[comp]
         fills = {h: source[h] for h in heads} if source is not None and heads else None
         key = (frozenset(heads), comp if fills else "none")

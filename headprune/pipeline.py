@@ -17,6 +17,7 @@ from .bootstrap import DEFAULT_REPLICATES
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, progress_files
+from .gates import GATE, gate_head_sets
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
@@ -54,6 +55,13 @@ class RunSettings:
     ablation_rows: int | None = None  # see score_heads
     bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
     optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
+    learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.gates; slow)
+    gate_steps: int = 200  # training steps per fraction
+
+
+def _fields(s: RunSettings) -> dict:
+    """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged)."""
+    return {k: v for k, v in asdict(s).items() if s.learn_gates or k not in ("learn_gates", "gate_steps")}
 
 
 def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
@@ -76,7 +84,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+    fingerprint = _fields(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
@@ -96,10 +104,18 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     scores = scored.table
     t_score = time.perf_counter() - t0
 
+    head_sets, t_gates = None, 0.0
+    if s.learn_gates:
+        log(f"[2/4] learning gates on {s.score_data} (validation split): {s.gate_steps} steps for each fraction")
+        t0 = time.perf_counter()
+        head_sets = gate_head_sets(model, windowing.batches(score_ids), list(s.fractions), s.gate_steps, seed=s.seed,
+                                   progress=progress, show_progress=not quiet)
+        t_gates = time.perf_counter() - t0
+
     # every importance score, weight and activation scores also normalized per layer (Michel et al.), and random
     importance = [m for m in IMPORTANCE_METHODS if m in methods]
     rankings = [*importance, *(m + LAYER_NORMALIZED for m in importance if m in WEIGHT_METHODS + ACTIVATION_METHODS),
-                RANDOM]
+                *([GATE] if s.learn_gates else []), RANDOM]
     log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {len(rankings) - 1} rankings "
         f"+ random ({s.seeds} seeds)")
     t0 = time.perf_counter()
@@ -108,7 +124,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
                               seed=s.seed, progress=progress, show_progress=not quiet, optimal=scored.optimal,
-                              fill_data=fill_data, bootstrap=s.bootstrap)
+                              fill_data=fill_data, bootstrap=s.bootstrap,
+                              head_sets=head_sets)
 
     curves = curves_of([(m, "none") for m in rankings])
     best = best_method(curves)
@@ -119,12 +136,13 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
-    settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+    settings = {**_fields(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "compensation_fills": fill_data,
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
                 "seconds_compensated_curves": round(t_opt, 1),
+                **({"seconds_gates": round(t_gates, 1)} if s.learn_gates else {}),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
         return None

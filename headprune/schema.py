@@ -1,7 +1,7 @@
 """The tables headprune reads and writes, defined once (torch-free: ``headprune report`` imports only this).
 
 Scores: one row per head, ``layer, head, head_id, model_fingerprint`` then one column per method in
-:data:`METHODS` order. For every importance method a HIGHER score means MORE important; the descriptive
+:data:`ALL_METHODS` order (``score`` computes :data:`METHODS`; ``learn-gates`` trains :data:`LEARNED_METHODS`). For every importance method a HIGHER score means MORE important; the descriptive
 methods (:data:`DESCRIPTIVE`) describe a head and never choose heads to prune.
 
 Curves: one row per (method, compensation, fraction), columns :data:`CURVE_COLUMNS`.
@@ -22,16 +22,20 @@ WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
 ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
 ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
-METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS
+METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # what `score` computes
 DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # measured on data: bootstrap intervals
 COSTLY = ("abl_opt",)  # left out of "all": about 50 ablation sweeps (name it to get it)
+# Learned by training (headprune.gates, `learn-gates`), never by `score`: columns of their own scores tables.
+LEARNED_METHODS = ("gate",)
+ALL_METHODS = METHODS + LEARNED_METHODS  # every method column a scores table may hold
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
-IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)
+IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)  # the scored importances (`run` curves them)
+RANKABLE_METHODS = IMPORTANCE_METHODS + LEARNED_METHODS  # what prune and curve may rank by (and random)
 RANDOM = "random"  # the baseline ranking: needs no column
 TRUTH = "abl_zero"  # what the cheap scores are judged against
 
 FAMILIES = {"weights": WEIGHT_METHODS, "activations": ACTIVATION_METHODS, "gradients": GRADIENT_METHODS,
-            "ablation": ABLATION_METHODS}
+            "ablation": ABLATION_METHODS, "learned": LEARNED_METHODS}
 _FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
 
 
@@ -46,7 +50,7 @@ def split_ranking(ranking: str) -> tuple[str, bool]:
 
 
 def method_family(method: str) -> str:
-    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), random, or other for an unknown name;
+    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), learned, random, or other for an unknown name;
     a layer-normalized ranking (``<method>@layer``) belongs to its method's family."""
     method = split_ranking(method)[0]
     if method == RANDOM:
@@ -71,6 +75,7 @@ METHOD_LABELS = {
     "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
     "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
+    "gate": "probability that the head's learned hard-concrete gate stays open (Voita et al.)",
 }
 
 # ---------------------------------------------------------------- columns
@@ -118,8 +123,8 @@ def parse_fractions(spec: str) -> list[float]:
 
 
 def method_columns(scores: pd.DataFrame) -> list[str]:
-    """The scoring-method columns of ``scores``, in the canonical order."""
-    return [m for m in METHODS if m in scores.columns]
+    """The method columns of ``scores`` (scored and learned), in the canonical order."""
+    return [m for m in ALL_METHODS if m in scores.columns]
 
 
 def ci_columns(method: str) -> tuple[str, str]:
@@ -138,7 +143,7 @@ def method_key(method: str) -> tuple:
     if method == RANDOM:
         return (2, "")
     name, by_layer = split_ranking(method)
-    return (0, f"{METHODS.index(name):02d}{'n' if by_layer else ''}") if name in METHODS else (1, method)
+    return (0, f"{ALL_METHODS.index(name):02d}{'n' if by_layer else ''}") if name in ALL_METHODS else (1, method)
 
 
 # ---------------------------------------------------------------- validation
@@ -178,7 +183,7 @@ def check_scores(scores: pd.DataFrame, required: tuple[str, ...] = ID_COLUMNS, n
     _require_columns(scores, required, "scores")
     methods = method_columns(scores)
     if need_method and not methods:
-        raise HeadpruneError(f"scores table has no method column; expected any of {', '.join(METHODS)}")
+        raise HeadpruneError(f"scores table has no method column; expected any of {', '.join(ALL_METHODS)}")
     df = scores.copy()
     for column in HEAD_COLUMNS:
         df[column] = _as_int(df, column, "scores")

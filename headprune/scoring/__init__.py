@@ -40,7 +40,8 @@ from .optimal import STEPS, OptimalFit, fit_layer
 from .weights import WeightScores
 
 # The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
-# optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c).
+# optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). It computes
+# exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.gates instead.
 FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores())
 assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
 
