@@ -16,13 +16,14 @@ from . import __version__
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, shard_name
+from .errors import HeadpruneError
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
-from .perplexity import Windowing, sliding_windows
+from .perplexity import Windowing, scored_bytes
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
-from .schema import DEFAULT_FRACTIONS, IMPORTANCE_METHODS, RANDOM
+from .schema import DEFAULT_FRACTIONS, DEFAULT_MAX_TOKENS, IMPORTANCE_METHODS, METHODS, RANDOM, parse_methods
 from .scoring import score_heads
 
 
@@ -38,18 +39,12 @@ class RunSettings:
     batch_size: int = 8
     seq_len: int | None = None
     stride: int | None = None
-    max_tokens: int | None = 8192
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     seeds: int = 3
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
-
-
-def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
-    """UTF-8 bytes of the tokens the sliding windows score (each window's new tokens, decoded span by span):
-    bits per byte = NLL sum / (ln 2 · bytes)."""
-    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride)
-    return sum(len(tokenizer.decode(ids[w.first_scored:w.end].tolist()).encode("utf-8")) for w in spans)
+    methods: tuple[str, ...] = METHODS  # scored; those of them in IMPORTANCE_METHODS also get curves
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -58,6 +53,11 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     Under torchrun every process shares the work; only rank 0 writes the report (others return None).
     """
     check_writable(s.out)
+    methods = parse_methods(list(s.methods))
+    ranked = [m for m in methods if m in IMPORTANCE_METHODS]
+    if not ranked:
+        raise HeadpruneError(f"methods {', '.join(methods)} rank no heads (a description only); add one of "
+                             f"{', '.join(IMPORTANCE_METHODS)}", "methods")
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
@@ -65,7 +65,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    fingerprint = asdict(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+    fingerprint = asdict(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
@@ -78,26 +78,26 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scored = score_heads(model, score_ids, "all", windowing, s.ablation_rows, progress, show_progress=not quiet)
+    scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet)
     scores = scored.table
     t_score = time.perf_counter() - t0
 
     log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: "
-        f"{', '.join(IMPORTANCE_METHODS)} + random")
+        f"{', '.join(ranked)} + random")
     t0 = time.perf_counter()
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
                               seed=s.seed, progress=progress, show_progress=not quiet)
 
-    curves = curves_of([(m, "none") for m in IMPORTANCE_METHODS] + [(RANDOM, "none")])
+    curves = curves_of([(m, "none") for m in ranked] + [(RANDOM, "none")])
     best = best_method(curves)
     compensated = curves_of([(best, "mean")])
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
-    settings = {**asdict(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+    settings = {**asdict(s), "methods": methods, "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),

@@ -317,7 +317,7 @@ def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
         "device meta": (["info", *model, "--device", "meta"], "not supported"),
         "device mps": (["eval", *model, *data, "--device", "mps"], "not supported"),
         "device xpu": (["info", *model, "--device", "xpu"], "not supported"),
-        "info --batch 100000000": (["info", *model, "--batch", "100000000"], "--batch 100000000 is too large"),
+        "info --batch-size 100000000": (["info", *model, "--batch-size", "100000000"], "--batch-size 100000000 is too large"),
         "score --batch-size 10**9": (["score", *model, *data, "--batch-size", "1000000000", "--out",
                                       str(tmp / "s.csv")], "--batch-size 1000000000 is too large"),
         # 12: progress files of the wrong shape, or not a file

@@ -181,7 +181,7 @@ def test_a_report_folder_is_complete_or_absent(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("redirect", [">/dev/full", ">&-"])
 def test_a_full_or_closed_stdout_is_one_line_and_exit_2(tiny_dir, tmp_path, redirect):
     err = tmp_path / "err"
-    cmd = f"{sys.executable} -m headprune info --model {tiny_dir} --seq 64 2>{err} {redirect}; echo $? >{tmp_path / 'rc'}"
+    cmd = f"{sys.executable} -m headprune info --model {tiny_dir} --seq-len 64 2>{err} {redirect}; echo $? >{tmp_path / 'rc'}"
     subprocess.run(["bash", "-c", cmd], timeout=120, check=False)
     text, rc = err.read_text(), int((tmp_path / "rc").read_text())
     assert rc == 2 and text.startswith("headprune: error:") and text.count("\n") == 1, text
