@@ -275,3 +275,40 @@ def test_a_huge_one_line_text_with_max_tokens_reads_only_its_start(tiny_dir, tmp
                  "--device", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
     assert sum(calls) <= 2 * corpus.PIECE_CHARS  # not 20 MB
+
+
+def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monkeypatch):
+    """The file is hashed (cache key) and decoded chunk by chunk: a 20 MB file for 300 tokens never holds more
+    than a few chunks in memory, where reading it whole would hold 20 MB of bytes and 20 MB of text."""
+    import tracemalloc
+
+    from headprune import corpus
+
+    big = tmp_path / "big.txt"
+    big.write_text(_long_line(20_000_000) + " \N{SNOWMAN} tail")
+    tok = load_tokenizer(tiny_dir)
+    decoded: list[int] = []
+    real_chunks = corpus.TextFile.chunks
+    monkeypatch.setattr(corpus.TextFile, "chunks", lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
+    small = tmp_path / "small.txt"
+    small.write_text(_long_line(100_000))
+
+    def peak_bytes(path) -> tuple[int, torch.Tensor]:
+        tracemalloc.start()
+        try:
+            ids = corpus.corpus_ids(str(path), "test", tok, 300)
+            return tracemalloc.get_traced_memory()[1], ids
+        finally:
+            tracemalloc.stop()
+
+    peak_bytes(small)  # imports and the tokenizer's fingerprint: the same for any file
+    base, _ = peak_bytes(small)
+    decoded.clear()
+    peak, ids = peak_bytes(big)
+    assert len(ids) == 300 and peak - base < 4 * corpus.READ_BYTES  # not 20 MB
+    assert sum(decoded) <= 2 * corpus.READ_BYTES  # only the start was decoded
+    whole = big.read_text()
+    assert ids.tolist() == tok(whole[:20_000], add_special_tokens=False)["input_ids"][:300]
+    assert corpus._cache_key([corpus.TextFile(big)], tok) == corpus._cache_key([whole], tok)  # the same entry
+    full = corpus.tokenize_corpus([corpus.TextFile(big)], tok, tmp_path / "c")  # read to the end, chunk by chunk
+    assert full[-3:].tolist() == tok(whole[-40:], add_special_tokens=False)["input_ids"][-3:]
