@@ -125,6 +125,32 @@ def test_stale_temporaries_of_the_same_output_are_removed(tiny_dir, corpus, tmp_
     assert not stale_dir.exists() and not stale_file.exists() and live.exists()
 
 
+def test_a_previous_export_left_by_a_kill_between_the_swap_renames_is_restored_or_removed(tiny_dir, tmp_path):
+    """export swaps folders with two renames (old export aside, new one in); a SIGKILL between them leaves the
+    target missing and the old export under ``.out.PID.RANDOM.old``; after them, a leftover .old."""
+    import shutil
+
+    dead = 2**22 + 12345
+    out = tmp_path / "out"
+    prune = ["prune", "--model", str(tiny_dir), "--out", str(out), "--quiet"]
+    assert main([*prune, "--heads", "L0H1"]) == 0
+    first = json.loads((out / "headprune_export.json").read_text())
+    killed_between = tmp_path / f".out.{dead}.abcd1234.old"
+    out.rename(killed_between)  # target missing: the previous export must come back, not be lost
+    from headprune.checkpoint import clear_stale_old
+
+    clear_stale_old(out)
+    assert not killed_between.exists() and json.loads((out / "headprune_export.json").read_text()) == first
+    killed_after = tmp_path / f".out.{dead}.ef567890.old"
+    shutil.copytree(out, killed_after)  # target present: a leftover to delete
+    live = tmp_path / f".out.{os.getppid()}.00000000.old"  # a writer that still runs: left alone
+    live.mkdir()
+    assert main([*prune, "--heads", "L0H2"]) == 0
+    assert json.loads((out / "headprune_export.json").read_text())["heads"] == "L0H2"
+    assert not killed_after.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")) == [live.name]
+
+
 # ---------------------------------------------------------------- 9: byte-reproducible parquet
 
 
@@ -153,6 +179,34 @@ def test_progress_records_of_the_wrong_shape_are_damage(tmp_path, line):
     path.write_text(path.read_text() + line + "\n")
     with pytest.raises(HeadpruneError, match="line 3 is damaged"):
         Progress(path, {"x": 1})
+
+
+@pytest.mark.parametrize("header", ["42", "[]", '"text"', '{"settings": {}}', '{"fingerprint": 7, "settings": {}}',
+                                    '{"unit": "a", "value": 1}'])
+def test_a_progress_header_of_the_wrong_shape_is_named_as_such(tmp_path, header):
+    path = tmp_path / "p.jsonl"
+    path.write_text(header + "\n")
+    with pytest.raises(HeadpruneError, match="line 1 is not a headprune progress header") as err:
+        Progress(path, {"x": 1})
+    assert "different run" not in str(err.value) and "--overwrite" in str(err.value)
+    Progress(path, {"x": 1}, overwrite=True).get_or_compute("a", lambda: 1)  # and --overwrite gets past it
+    assert Progress(path, {"x": 1}).units == {"a": 1}
+
+
+def test_a_progress_header_of_another_run_still_says_so(tmp_path):
+    path = tmp_path / "p.jsonl"
+    Progress(path, {"x": 1}).get_or_compute("a", lambda: 1)
+    with pytest.raises(HeadpruneError, match="progress of a different run"):
+        Progress(path, {"x": 2})
+
+
+@pytest.mark.slow
+def test_cli_names_a_damaged_progress_header(tiny_dir, corpus, tmp_path, capsys):
+    (tmp_path / "s.csv.progress.jsonl").write_text("[1, 2]\n")
+    assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), "--max-tokens", "200", "--methods",
+                 "wo_fro", "--out", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a headprune progress header" in err
 
 
 # ---------------------------------------------------------------- 13: full disks, full stdout
