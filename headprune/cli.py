@@ -302,13 +302,16 @@ def _configure_report(p):
                                                    "it are used when present")
     p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
     p.add_argument("--out", required=True, help="report directory")
+    p.add_argument("--scale", choices=["value", "rank"], default="value",
+                   help="heatmaps and scatters: each method's own values and units, or importance ranks on one shared "
+                        "scale (1 = highest score)")
 
 
 @command("report", "rebuild the report from saved scores and curves tables", _configure_report)
 def cmd_report(args) -> None:
     from .report import rebuild_report
 
-    print(f"report -> {rebuild_report(args.scores, args.curves, args.out)}")
+    print(f"report -> {rebuild_report(args.scores, args.curves, args.out, args.scale)}")
 
 
 def _configure_run(p):
