@@ -127,7 +127,9 @@ def cmd_eval(args) -> None:
 
 def _json_number(x: float) -> float | None:
     """NaN as null: strict JSON has no NaN."""
-    return None if x != x else x
+    import math
+
+    return None if math.isnan(x) else x
 
 
 # ---------------------------------------------------------------- sweeps: score, curve

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,7 +266,7 @@ def load_texts(spec: str, split: str = "validation") -> list[str]:
     return _nonempty([src if isinstance(src, str) else src.read() for src in corpus_sources(spec, split)], spec)
 
 
-def corpus_sources(spec: str, split: str = "validation") -> list[Source]:
+def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
     """:func:`load_texts`, except that ``.txt`` files stay unread :class:`TextFile` documents (streamed when
     tokenized; their emptiness is then checked by :func:`tokenize_corpus`)."""
     if split not in SPLITS:
@@ -303,7 +304,7 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
-def _cache_key(texts: list[Source], tokenizer) -> str:
+def _cache_key(texts: Sequence[Source], tokenizer) -> str:
     """sha256 of the tokenizer and every document's UTF-8 bytes (a file's streamed: the same key as its text)."""
     h = hashlib.sha256(_tokenizer_fingerprint(tokenizer).encode())
     h.update(str(tokenizer.eos_token_id).encode())
@@ -376,7 +377,7 @@ def _safe_cut(text: str, start: int, size: int) -> int:
     return cut
 
 
-def _stream_ids(texts: list[Source], tokenizer, eos: int, limit: int | None) -> torch.Tensor:
+def _stream_ids(texts: Sequence[Source], tokenizer, eos: int, limit: int | None) -> torch.Tensor:
     """The ids of ``texts`` joined by ``eos``, tokenized in batches of pieces; stops once ``limit`` ids exist.
     A corpus read to its end without any non-whitespace character is refused."""
     from array import array
@@ -414,7 +415,7 @@ def _stream_ids(texts: list[Source], tokenizer, eos: int, limit: int | None) -> 
     return out[:limit] if limit else out
 
 
-def tokenize_corpus(texts: list[Source], tokenizer, cache_dir: str | os.PathLike | None = None,
+def tokenize_corpus(texts: Sequence[Source], tokenizer, cache_dir: str | os.PathLike | None = None,
                     limit: int | None = None) -> torch.Tensor:
     """Token ids of ``texts`` as one 1-D LongTensor, documents joined by the eos token; only the first ``limit``
     when given (tokenizing stops there: a 50 MB line for 300 tokens reads only its start).

@@ -67,7 +67,7 @@ def display_exponent(values: np.ndarray) -> int:
     """k such that values / 10**k has its largest magnitude in [1, 10) (0 where that holds already, or no value)."""
     finite = np.abs(values[np.isfinite(values)])
     top = float(finite.max()) if len(finite) else 0.0
-    return 0 if top == 0 or 1 <= top < 10 else int(math.floor(math.log10(top)))
+    return 0 if top == 0 or 1 <= top < 10 else math.floor(math.log10(top))
 
 
 def scaled_label(unit: str, k: int) -> str:
@@ -149,8 +149,8 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     cell, left, top = 12, 26, 12
     width, height = left + cell * n_heads, top + cell * n_layers
     unit = METHOD_UNITS.get(method, "")
-    parts = [f'<svg viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">']
+    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" '
+              f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">')]
     hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 24))
     parts += [f'<text x="{left + cell * h + cell / 2}" y="{top - 3}" text-anchor="middle">{h}</text>'
               for h in range(0, n_heads, hs)]
