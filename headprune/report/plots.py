@@ -138,6 +138,18 @@ def _annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt:
             ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
 
 
+def _map_caption(scores: pd.DataFrame, method: str) -> str:
+    """``method (unit): low (colour) to high (colour)`` for an inline map."""
+    values = scores[method].to_numpy(float)
+    values = values[np.isfinite(values)]
+    unit = METHOD_UNITS.get(method, "score")
+    if not len(values):
+        return f"{method} ({unit}): no values"
+    cmap = _color_limits(values)[2]
+    ends = ("blue", "red") if cmap == "RdBu_r" else ("dark", "yellow")
+    return f"{method} ({unit}): {values.min():.3g} to {values.max():.3g}, {ends[0]} to {ends[1]}"
+
+
 def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
     hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
@@ -413,8 +425,8 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
         pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
                             "curves prune: global ranking, lowest score first.", order))
     methods = method_columns(scores)
-    maps = "".join(f"<figure><figcaption>{html.escape(m)} ({html.escape(METHOD_UNITS.get(m, 'score'))})</figcaption>"
-                   f"{heatmap_svg(scores, m)}</figure>" for m in methods)
+    maps = "".join(f"<figure><figcaption>{html.escape(_map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
+                   "</figure>" for m in methods)
     what = "importance ranks on one shared scale (1 = highest score)" if scale == "rank" else "scores"
     pics.append(Picture("heatmaps.png", f"Per-head {what} of every method (rows: layers, columns: heads; grey: "
                         "missing). On the page: hover a cell for its value and rank; heatmaps.png has the numbers in "
