@@ -16,7 +16,7 @@ from headprune.corpus import corpus_ids
 from headprune.loading import load_model, model_tokenizer
 from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text
 from headprune.perplexity import Windowing
-from headprune.schema import DEFAULT_MODEL
+from headprune.schema import DEFAULT_MAX_TOKENS, DEFAULT_MODEL
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
@@ -26,7 +26,8 @@ def setup(name: str, doc: str):
     ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--data", default="default", help="corpus (validation split to score, test split to evaluate)")
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                    help="tokens per split (default: headprune run's, so every report shares one baseline)")
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--out", default=str(REPORTS / name))
     args = ap.parse_args()

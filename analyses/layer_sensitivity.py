@@ -23,11 +23,12 @@ for layer, kept in enumerate(model.cfg.kept_heads):
         nll = evaluate(prune_model(model, heads), eval_ids, args.seq_len, args.seq_len, progress=False).nll
         rows.append({"layer": layer, "pruned": label, "heads_pruned": len(heads), "delta_nll": nll - base})
 table = pd.DataFrame(rows)
-fig = Figure(figsize=(7, 3.6))
+fig = Figure(figsize=(7, 3.6), layout="constrained")
 ax = fig.subplots()
 wide = table.pivot(index="layer", columns="pruned", values="delta_nll")
-wide.plot.bar(ax=ax)
-ax.set(ylabel="test ΔNLL (nats/token)", title="removing the heads of one layer")
+wide.plot.bar(ax=ax, rot=0, color=["#0072B2", "#E69F00"])  # Okabe-Ito; layer numbers upright
+ax.set(xlabel="layer", ylabel="test ΔNLL (nats/token)", title="removing the heads of one layer")
+ax.grid(alpha=0.3, axis="y")
 save(out, "layers", fig=fig, table=table,
      text=f"# Per-layer pruning sensitivity ({args.model})\n\nTest NLL {base:.4f} unpruned; half = the layer's "
           "heads with the lowest `abl_zero` (validation split).\n\n" + markdown_table(table) + "\n")

@@ -25,11 +25,12 @@ for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
         rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",
                      "heads_pruned": len(heads), "delta_nll": nll - base})
 table = pd.DataFrame(rows)
-fig = Figure(figsize=(6, 3.6))
+fig = Figure(figsize=(6, 3.6), layout="constrained")
 ax = fig.subplots()
-for schedule, g in table.groupby("schedule"):
-    ax.plot(g.fraction, g.delta_nll, marker="o", label=schedule)
-ax.set(xlabel="fraction of heads pruned", ylabel="test ΔNLL (nats/token)", title=f"ranking by {METHOD}")
+for (schedule, g), color in zip(table.groupby("schedule"), ["#009E73", "#E69F00"]):  # Okabe-Ito
+    ax.plot(100 * g.fraction, g.delta_nll, marker="o", color=color, label=schedule)
+ax.set(xlabel="heads pruned (%)", ylabel="test ΔNLL (nats/token)", title=f"ranking by {METHOD}")
+ax.grid(alpha=0.3)
 ax.legend()
 save(out, "schedules", fig=fig, table=table,
      text=f"# One-shot vs iterative pruning ({args.model}, `{METHOD}`)\n\nScores on the validation split, "

@@ -3,12 +3,15 @@
     python -m analyses.wo_norms_vs_ablation [--model M] [--max-tokens K]   -> reports/wo_norms_vs_ablation/
 """
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import kendalltau, spearmanr
 
 from analyses.common import save, setup
 from headprune.report import markdown_table
+from headprune.report.plots import label_points, layer_legend, scatter_by_layer
+from headprune.schema import METHOD_UNITS
 from headprune.scoring import score_heads
 
 WEIGHTS = ["wo_fro", "wo_spec", "ov_fro", "ov_spec"]
@@ -18,10 +21,18 @@ scores = score_heads(model, score_ids, WEIGHTS + ["abl_zero"], args.windowing).t
 rows = [{"score": m, "spearman": spearmanr(scores[m], scores.abl_zero)[0],
          "kendall": kendalltau(scores[m], scores.abl_zero)[0]} for m in WEIGHTS]
 table = pd.DataFrame(rows)
-fig = Figure(figsize=(4 * len(WEIGHTS), 3.6))
-for ax, m, r in zip(fig.subplots(1, len(WEIGHTS)), WEIGHTS, rows):
-    ax.scatter(scores[m], scores.abl_zero, c=scores.layer, cmap="viridis", s=18)
-    ax.set(xlabel=m, ylabel="abl_zero (ΔNLL, nats/token)", title=f"{m}: Spearman {r['spearman']:.2f}")
+fig = Figure(figsize=(3.4 * len(WEIGHTS), 3.4), layout="constrained")
+axes = fig.subplots(1, len(WEIGHTS), sharey=True)
+n_layers = int(scores.layer.max()) + 1
+top = np.argsort(-scores.abl_zero.to_numpy(), kind="stable")
+for ax, m, r in zip(axes, WEIGHTS, rows):
+    x, y = scores[m].to_numpy(float), scores.abl_zero.to_numpy(float)
+    scatter_by_layer(ax, x, y, scores.layer.to_numpy(), n_layers)
+    label_points(ax, x, y, list(scores.head_id), top, k=3)
+    ax.set(xlabel=f"{m} ({METHOD_UNITS[m]})", title=f"{m}: Spearman {r['spearman']:.2f}")
+    ax.grid(alpha=0.3)
+axes[0].set_ylabel(f"abl_zero ({METHOD_UNITS['abl_zero']})")
+layer_legend(fig, n_layers)
 save(out, "scores", table=scores)
 save(out, "correlations", fig=fig, table=table,
      text=f"# W_O norms vs zero-ablation ({args.model})\n\nHeads scored on the validation split "

@@ -3,12 +3,14 @@
     python -m analyses.zero_vs_mean_ablation [--model M] [--max-tokens K]   -> reports/zero_vs_mean_ablation/
 """
 
+import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from analyses.common import save, setup
 from headprune.curves import pruning_curves
 from headprune.report import markdown_table
+from headprune.report.plots import label_points, layer_legend, scatter_by_layer
 from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("zero_vs_mean_ablation", __doc__)
@@ -18,16 +20,26 @@ fractions = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 curves = pruning_curves(model, eval_ids, scores, [("abl_zero", "none"), ("abl_zero", "mean"), ("abl_mean", "mean")],
                         fractions, args.windowing, means=means)
 rho = spearmanr(scores.abl_zero, scores.abl_mean)[0]
-fig = Figure(figsize=(10, 4))
+fig = Figure(figsize=(10, 4.2), layout="constrained")
 ax1, ax2 = fig.subplots(1, 2)
-ax1.scatter(scores.abl_zero, scores.abl_mean, c=scores.layer, cmap="viridis", s=18)
-lim = [min(scores.abl_zero.min(), scores.abl_mean.min()), max(scores.abl_zero.max(), scores.abl_mean.max())]
-ax1.plot(lim, lim, "k:", lw=1)
-ax1.set(xlabel="abl_zero (ΔNLL)", ylabel="abl_mean (ΔNLL)", title=f"per head, Spearman {rho:.2f}")
+n_layers = int(scores.layer.max()) + 1
+x, y = scores.abl_zero.to_numpy(float), scores.abl_mean.to_numpy(float)
+scatter_by_layer(ax1, x, y, scores.layer.to_numpy(), n_layers)
+lim = [min(x.min(), y.min()), max(x.max(), y.max())]
+ax1.plot(lim, lim, "k:", lw=1, label="abl_mean = abl_zero")
+label_points(ax1, x, y, list(scores.head_id), np.argsort(-x, kind="stable"), k=4)
+ax1.set(xlabel="abl_zero (ΔNLL, nats/token)", ylabel="abl_mean (ΔNLL, nats/token)", title=f"per head, Spearman {rho:.2f}")
+ax1.grid(alpha=0.3)
+layer_legend(fig, n_layers)
+styles = {("abl_zero", "none"): ("#0072B2", "-", "o"), ("abl_zero", "mean"): ("#0072B2", "--", "s"),
+          ("abl_mean", "mean"): ("#D55E00", "--", "^")}  # Okabe-Ito
 for (method, comp), g in curves.groupby(["method", "compensation"], sort=False):
-    ax2.plot(g.fraction, g.ppl, marker="o", ls="--" if comp == "mean" else "-", label=f"rank by {method}, {comp}")
-ax2.set(xlabel="fraction of heads pruned", ylabel="test perplexity", yscale="log", title="pruning curves")
-ax2.legend()
+    color, ls, marker = styles.get((method, comp), ("#000000", ":", "x"))
+    ax2.plot(100 * g.fraction, g.delta_nll, color=color, ls=ls, marker=marker, ms=4,
+             label=f"rank by {method}, " + ("mean-compensated" if comp == "mean" else "no compensation"))
+ax2.set(xlabel="heads pruned (%)", ylabel="test ΔNLL (nats/token)", title="pruning curves")
+ax2.grid(alpha=0.3)
+ax2.legend(fontsize=8)
 save(out, "scores", table=scores)
 save(out, "curves", fig=fig, table=curves,
      text=f"# Zero vs mean ablation ({args.model})\n\nSpearman rank correlation of per-head `abl_zero` and "

@@ -29,7 +29,7 @@ from torch import Tensor
 from .errors import HeadpruneError
 from .heads import head_id
 from .model import GPT2, Attention, ModelConfig
-from .outputs import clear_stale_temporaries, current_umask, ensure_dir, temp_prefix
+from .outputs import clear_stale_temporaries, current_umask, ensure_dir, glob_escape, pid_alive, temp_prefix
 from .pruning import removed_heads
 
 EXPORT_MARKER = "headprune_export.json"
@@ -67,11 +67,12 @@ def _check_target(folder: Path, overwrite: bool) -> None:
 
 
 def _replace_dir(tmp: Path, folder: Path) -> None:
-    """Rename the finished ``tmp`` folder to ``folder``, swapping out any previous one."""
+    """Rename the finished ``tmp`` folder to ``folder``, swapping out any previous one (moved to
+    ``.NAME.PID.RANDOM.old`` first, then deleted; a kill in between leaves it for :func:`clear_stale_old`)."""
     if not folder.exists():
         os.rename(tmp, folder)
         return
-    old = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.old")
+    old = folder.with_name(f"{temp_prefix(folder)}{uuid.uuid4().hex[:8]}.old")
     os.rename(folder, old)
     try:
         os.rename(tmp, folder)
@@ -81,9 +82,26 @@ def _replace_dir(tmp: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def clear_stale_old(folder: Path) -> None:
+    """Deal with the previous exports a killed writer left as ``.NAME.PID.*.old`` (its PID no longer running): if
+    it was killed between its two renames, ``folder`` is missing and the newest of them is put back; the rest
+    are deleted."""
+    stale = []
+    for old in folder.parent.glob(f".{glob_escape(folder.name)}.*.old"):
+        pid = old.name[len(folder.name) + 2:].split(".")[0]
+        if old.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            stale.append(old)
+    stale.sort(key=lambda p: p.stat().st_mtime_ns)
+    if stale and not folder.exists():
+        os.rename(stale.pop(), folder)
+    for old in stale:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], overwrite: bool) -> Path:
     """Build the export in a temporary folder beside ``folder`` (``write(tmp)``), fsync, rename into place."""
     folder = Path(folder).expanduser().absolute()
+    clear_stale_old(folder)
     _check_target(folder, overwrite)
     clear_stale_temporaries(folder)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder), suffix=".tmp", dir=ensure_dir(folder.parent)))

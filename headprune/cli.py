@@ -31,12 +31,12 @@ from .cli_options import (
     check_counts,
 )
 from .errors import HeadpruneError, os_error_line
-from .schema import IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS
+from .schema import DEFAULT_MAX_TOKENS, IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
          "fractions": "--fractions", "max_tokens": "--max-tokens", "seeds": "--seeds", "ablation_rows": "--ablation-rows",
-         "count": "--count", "seed": "--seed", "batch": "--batch", "seq": "--seq", "bootstrap": "--bootstrap",
+         "count": "--count", "seed": "--seed", "batch": "--batch-size", "seq": "--seq-len", "methods": "--methods", "bootstrap": "--bootstrap",
          "probe_length": "--probe-length", "probe_count": "--probe-count", "rows": "--rows", "train_steps": "--steps",
          "lr": "--lr", "warmup": "--warmup", "distill_weight": "--distill-weight", "temperature": "--temperature",
          "checkpoint_every": "--checkpoint-every", "max_train_tokens": "--max-train-tokens", "recover": "--recover",
@@ -88,8 +88,10 @@ def fill_source(args, score_ids) -> str:
 
 def _configure_info(p):
     add_model_args(p)
-    p.add_argument("--batch", type=int, default=1, help="batch size B of the shape trace")
-    p.add_argument("--seq", type=int, default=8, help="sequence length T of the shape trace")
+    p.add_argument("--batch-size", type=int, default=1, dest="batch", metavar="B", help="batch size B of the shape trace")
+    p.add_argument("--seq-len", type=int, default=8, dest="seq", metavar="T", help="sequence length T of the shape trace")
+    for old, dest in (("--batch", "batch"), ("--seq", "seq")):  # the first spellings, still accepted
+        p.add_argument(old, type=int, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 @command("info", "a model's config, parameter ledger and attention shape trace", _configure_info)
@@ -98,30 +100,54 @@ def cmd_info(args) -> None:
 
     model = load_from_args(args)
     if args.seq > model.cfg.n_positions or min(args.seq, args.batch) < 1:
-        raise HeadpruneError(f"--batch and --seq must be positive and --seq <= n_positions {model.cfg.n_positions}")
+        raise HeadpruneError(f"--batch-size and --seq-len must be positive and --seq-len <= n_positions {model.cfg.n_positions}")
     print(format_info(model, args.batch, args.seq))
 
 
 def _configure_eval(p):
     add_model_args(p)
     add_data_args(p, "test")
-    p.add_argument("--json", action="store_true", help="print one JSON object with tokens, nll, ppl")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the header's fields, tokens, windows, "
+                                                       "nll, nll_se, ppl, ppl_se, bytes, bits_per_byte")
 
 
 @command("eval", "sliding-window perplexity of a model on a corpus", _configure_eval)
 def cmd_eval(args) -> None:
     import json
+    import math
 
-    from .perplexity import evaluate
+    from .loading import model_tokenizer
+    from .perplexity import evaluate, scored_bytes
 
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
+    header = {"model": args.model, "data": args.data, "split": args.split if args.data == "default" else None,
+              "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
+    if not args.json:
+        split = f" ({header['split']} split)" if header["split"] else ""
+        print(f"model: {args.model}\ndata: {args.data}{split}, {len(ids):,} tokens\n"
+              f"windows: seq_len {w.seq_len}, stride {w.stride}")
     result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.json)
+    n_bytes = scored_bytes(model_tokenizer(model), ids, w)
+    bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan
     if args.json:
-        print(json.dumps(result.as_dict()))
-    else:
-        print(f"tokens scored: {result.tokens:,}\nmean NLL: {result.nll:.6f} nats/token\nperplexity: {result.ppl:.4f}")
+        print(json.dumps(header | {"tokens": result.tokens, "windows": result.windows, "nll": result.nll,
+                                   "nll_se": _json_number(result.nll_se), "ppl": result.ppl,
+                                   "ppl_se": _json_number(result.ppl_se), "bytes": n_bytes,
+                                   "bits_per_byte": _json_number(bpb)}))
+        return
+    se = "" if math.isnan(result.nll_se) else f" ± {result.ppl_se:.4f} (standard error over {result.windows} windows)"
+    nll_se = "" if math.isnan(result.nll_se) else f" ± {result.nll_se:.6f}"
+    print(f"tokens scored: {result.tokens:,} ({n_bytes:,} bytes)\nperplexity: {result.ppl:.4f}{se}\n"
+          f"mean NLL: {result.nll:.6f}{nll_se} nats/token\nbits per byte: {bpb:.4f}")
+
+
+def _json_number(x: float) -> float | None:
+    """NaN as null: strict JSON has no NaN."""
+    import math
+
+    return None if math.isnan(x) else x
 
 
 # ---------------------------------------------------------------- sweeps: score, curve
@@ -340,7 +366,8 @@ def _configure_prune(p):
                         "(Li & Janson 2024), each fitted on --score-data with that head alone ablated")
     p.add_argument("--format", choices=["native", "hf"], default="native",
                    help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
-    add_run_flags(p, "output directory for the pruned checkpoint")
+    add_run_flags(p, "output directory for the pruned checkpoint",
+                  overwrite_help="replace --out even when it is a non-empty folder that is not a headprune export")
 
 
 @command("prune", "remove heads (listed or by score) and export the smaller model", _configure_prune)
@@ -438,18 +465,21 @@ def _configure_report(p):
                                                    "it are used when present")
     p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
     p.add_argument("--out", required=True, help="report directory")
+    p.add_argument("--scale", choices=["value", "rank"], default="value",
+                   help="heatmaps and scatters: each method's own values and units, or importance ranks on one shared "
+                        "scale (1 = highest score)")
 
 
 @command("report", "rebuild the report from saved scores and curves tables", _configure_report)
 def cmd_report(args) -> None:
     from .report import rebuild_report
 
-    print(f"report -> {rebuild_report(args.scores, args.curves, args.out)}")
+    print(f"report -> {rebuild_report(args.scores, args.curves, args.out, args.scale)}")
 
 
 def _configure_run(p):
     add_model_args(p)
-    add_data_args(p, "test", max_tokens=8192)
+    add_data_args(p, "test", max_tokens=DEFAULT_MAX_TOKENS)
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")
     add_fraction_args(p, seeds=10)
@@ -461,6 +491,8 @@ def _configure_run(p):
     p.add_argument("--learn-gates", action="store_true",
                    help="also curve hard-concrete gates learned for each fraction (learn-gates; adds minutes)")
     p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction with --learn-gates")
+    p.add_argument("--methods", default="all", help="all, or a comma-separated list of the methods to score (those that "
+                   f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -469,7 +501,7 @@ def cmd_run(args) -> None:
     import math
 
     from .pipeline import RunSettings, run_analysis
-    from .schema import parse_fractions
+    from .schema import parse_fractions, parse_methods
 
     if args.gate_steps < 1:
         raise HeadpruneError(f"--gate-steps {args.gate_steps} must be at least 1")
@@ -479,7 +511,7 @@ def cmd_run(args) -> None:
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
                            bootstrap=args.bootstrap, optimal=args.optimal, learn_gates=args.learn_gates,
-                           gate_steps=args.gate_steps)
+                           gate_steps=args.gate_steps, methods=tuple(parse_methods(args.methods)))
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

@@ -103,9 +103,10 @@ def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3) -> None:
     p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
 
 
-def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None) -> None:
+def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None,
+                  overwrite_help: str = "discard the progress of a different earlier run") -> None:
     p.add_argument("--out", required=out_default is None, default=out_default, help=out_help)
-    p.add_argument("--overwrite", action="store_true", help="discard the progress of a different earlier run")
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

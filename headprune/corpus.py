@@ -16,12 +16,16 @@ token ids, documents separated by the tokenizer's end-of-text token, cached on d
 from __future__ import annotations
 
 import ast
+import codecs
 import functools
 import hashlib
 import inspect
 import json
 import os
+import sys
 import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -70,29 +74,73 @@ def _docstrings(tree: ast.Module) -> list[str]:
 def _module_documents(root: Path, top: Path | None = None) -> dict[str, str]:
     """``module:NAME`` documents of the ``.py`` files under ``top`` (default ``root``), named relative to ``root``."""
     docs = {}
-    for dirpath, dirnames, filenames in os.walk(top or root):
-        dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith(".")]
-        for filename in filenames:
-            if not filename.endswith(".py"):
-                continue
-            path = Path(dirpath, filename)
-            try:
-                tree = ast.parse(path.read_bytes(), filename=str(path))
-            except (SyntaxError, ValueError):
-                continue
-            parts = _docstrings(tree)
-            if parts:
-                docs[f"module:{_module_name(path, root)}"] = "\n\n".join(parts)
+    for path in _python_files(top or root):
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):
+            continue
+        parts = _docstrings(tree)
+        if parts:
+            docs[f"module:{_module_name(path, root)}"] = "\n\n".join(parts)
     return docs
 
 
-@functools.lru_cache(maxsize=1)
-def _default_documents() -> tuple[tuple[str, str], ...]:
+def _parse_default_documents() -> tuple[tuple[str, str], ...]:
     from pydoc_data.topics import topics
 
     docs = {f"topic:{key}": text.strip() for key, text in topics.items()}
     docs.update(_module_documents(_stdlib_dir()))
     return tuple(sorted((name, text) for name, text in docs.items() if text))
+
+
+#: Bump when the parsing above changes what the documents are: old cache entries then no longer match.
+DOCUMENTS_FORMAT = 1
+
+
+def _stdlib_key() -> str:
+    """What the parsed documents depend on: the parsing (format, minimum length), the Python version and every
+    ``.py`` file of the standard library (path, size, mtime) plus pydoc's topics; a stat per file, no reading."""
+    import pydoc_data.topics
+
+    root = _stdlib_dir()
+    h = hashlib.sha256(json.dumps([DOCUMENTS_FORMAT, MIN_DOCSTRING_CHARS, sys.version, str(root)]).encode())
+    for path in [Path(pydoc_data.topics.__file__)] + sorted(_python_files(root)):
+        st = path.stat()
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _python_files(root: Path):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS and not d.startswith(".")]
+        yield from (Path(dirpath, f) for f in filenames if f.endswith(".py"))
+
+
+def _documents_digest(docs) -> str:
+    return hashlib.sha256(json.dumps(docs, ensure_ascii=False).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_documents() -> tuple[tuple[str, str], ...]:
+    """The parsed documents, cached on disk beside the token ids (parsing the standard library takes seconds):
+    ``stdlib-documents-KEY.json`` holds the documents and their sha256; a damaged entry is parsed afresh."""
+    file = default_cache_dir() / f"stdlib-documents-{_stdlib_key()}.json"
+    try:
+        entry = json.loads(file.read_text(encoding="utf-8"))
+        docs = entry["documents"]
+        if isinstance(docs, list) and entry.get("sha256") == _documents_digest(docs):
+            return tuple((str(name), str(text)) for name, text in docs)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        pass  # absent, damaged or foreign: parse again and overwrite
+    parsed = _parse_default_documents()
+    docs = [list(pair) for pair in parsed]
+    try:
+        with atomic_path(file) as tmp:
+            tmp.write_text(json.dumps({"sha256": _documents_digest(docs), "documents": docs}, ensure_ascii=False),
+                           encoding="utf-8")
+    except (OSError, HeadpruneError) as e:  # a read-only cache only costs parsing again next time
+        warn(f"could not write document cache {file}: {e}")
+    return parsed
 
 
 def default_documents() -> list[tuple[str, str]]:
@@ -121,14 +169,45 @@ def _nonempty(texts: list[str], source: str) -> list[str]:
     return texts
 
 
+#: Bytes read from a text file at a time: files are streamed, never read whole (see TextFile).
+READ_BYTES = 1 << 18
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """One UTF-8 ``.txt`` document, read in chunks of :data:`READ_BYTES` when needed: tokenizing a 50 MB file for
+    300 tokens decodes only its start, and hashing it for the token cache holds one chunk at a time."""
+
+    path: Path
+
+    def blocks(self):
+        """The file's bytes, chunk by chunk."""
+        with open(self.path, "rb") as f:
+            while block := f.read(READ_BYTES):
+                yield block
+
+    def chunks(self):
+        """The file's text, chunk by chunk (invalid UTF-8: one clear error naming the byte offset)."""
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        try:
+            for block in self.blocks():
+                yield decoder.decode(block)
+                offset += len(block)
+            yield decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            raise HeadpruneError(f"{self.path} is not UTF-8 text (invalid byte at offset {offset + e.start}); convert "
+                                 "it to UTF-8") from None
+
+    def read(self) -> str:
+        return "".join(self.chunks())
+
+
+Source = str | TextFile  # a document: its text, or a file read when needed
+
+
 def _read_txt(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HeadpruneError(
-            f"{path} is not UTF-8 text (invalid byte at offset {e.start}); convert it to UTF-8"
-        ) from None
+    return TextFile(path).read()
 
 
 def _read_table(path: Path) -> list[str]:
@@ -184,6 +263,12 @@ def _load_hf(spec: str) -> list[str]:
 
 def load_texts(spec: str, split: str = "validation") -> list[str]:
     """Documents of a corpus spec (see module docstring); ``split`` applies to ``default`` only."""
+    return _nonempty([src if isinstance(src, str) else src.read() for src in corpus_sources(spec, split)], spec)
+
+
+def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
+    """:func:`load_texts`, except that ``.txt`` files stay unread :class:`TextFile` documents (streamed when
+    tokenized; their emptiness is then checked by :func:`tokenize_corpus`)."""
     if split not in SPLITS:
         raise HeadpruneError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     if not spec or not spec.strip():
@@ -201,9 +286,9 @@ def load_texts(spec: str, split: str = "validation") -> list[str]:
         files = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.is_file())
         if not files:
             raise HeadpruneError(f"directory {path} has no .txt files; put UTF-8 .txt files in it")
-        return _nonempty([_read_txt(p) for p in files], str(path))
+        return [TextFile(p) for p in files]
     if path.suffix == ".txt":
-        return _nonempty([_read_txt(path)], str(path))
+        return [TextFile(path)]
     if path.suffix in (".jsonl", ".parquet"):
         return _nonempty(_read_table(path), str(path))
     raise HeadpruneError(
@@ -219,10 +304,16 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
-def _cache_key(texts: list[str], tokenizer) -> str:
+def _cache_key(texts: Sequence[Source], tokenizer) -> str:
+    """sha256 of the tokenizer and every document's UTF-8 bytes (a file's streamed: the same key as its text)."""
     h = hashlib.sha256(_tokenizer_fingerprint(tokenizer).encode())
     h.update(str(tokenizer.eos_token_id).encode())
     for text in texts:
+        if isinstance(text, TextFile):
+            h.update(text.path.stat().st_size.to_bytes(8, "little"))
+            for block in text.blocks():
+                h.update(block)
+            continue
         data = text.encode("utf-8", "surrogatepass")
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
@@ -241,21 +332,54 @@ def default_cache_dir() -> Path:
 PIECE_CHARS = 1 << 16
 
 
-def _pieces(text: str, size: int = PIECE_CHARS):
-    start = 0
-    while len(text) - start > size:
-        cut = text.rfind(" ", start + 1, start + size)
-        while cut > start and (text[cut - 1].isspace() or text[cut + 1].isspace()):
-            cut = text.rfind(" ", start + 1, cut)
-        if cut <= start:  # no safe cut in reach (no spaces): the rest in one piece
-            break
+def _pieces(source: Source, size: int = PIECE_CHARS):
+    """The document in pieces of about ``size`` characters, each cut before a space that stands between two
+    non-space characters; a file is read chunk by chunk, so only about one chunk is held at a time. Where no
+    such space lies within ``size`` characters the piece runs on to the next one (the whole rest without any)."""
+    chunks = iter([source] if isinstance(source, str) else source.chunks())
+    text, start, more = "", 0, True  # text[start:] is what is read and not yet yielded
+
+    def read() -> None:
+        nonlocal text, start, more
+        chunk = next(chunks, None)
+        more = chunk is not None
+        if chunk:
+            text, start = text[start:] + chunk, 0
+
+    while True:
+        while more and len(text) - start <= size:
+            read()
+        cut = _safe_cut(text, start, size) if len(text) - start > size else -1
+        if cut < 0 and more:  # no safe cut in what is read so far: read on
+            read()
+            continue
+        if cut < 0:
+            yield text[start:]
+            return
         yield text[start:cut]
         start = cut
-    yield text[start:]
 
 
-def _stream_ids(texts: list[str], tokenizer, eos: int, limit: int | None) -> torch.Tensor:
-    """The ids of ``texts`` joined by ``eos``, tokenized in batches of pieces; stops once ``limit`` ids exist."""
+def _safe_cut(text: str, start: int, size: int) -> int:
+    """In ``text[start:]``: the last space before ``start + size`` (else the first after it) between two non-space
+    characters, as an index of ``text``; -1: none."""
+    def safe(i: int) -> bool:
+        return start < i < len(text) - 1 and not text[i - 1].isspace() and not text[i + 1].isspace()
+
+    cut = text.rfind(" ", start + 1, start + size)
+    while cut > start and not safe(cut):
+        cut = text.rfind(" ", start + 1, cut)
+    if cut > start:
+        return cut
+    cut = text.find(" ", start + size)
+    while cut >= 0 and not safe(cut):
+        cut = text.find(" ", cut + 1)
+    return cut
+
+
+def _stream_ids(texts: Sequence[Source], tokenizer, eos: int, limit: int | None) -> torch.Tensor:
+    """The ids of ``texts`` joined by ``eos``, tokenized in batches of pieces; stops once ``limit`` ids exist.
+    A corpus read to its end without any non-whitespace character is refused."""
     from array import array
 
     ids = array("q")
@@ -270,11 +394,12 @@ def _stream_ids(texts: list[str], tokenizer, eos: int, limit: int | None) -> tor
             ids.extend(piece)
         pending.clear()
 
-    chars = 0
+    chars, has_text = 0, False
     for i, text in enumerate(texts):
         for j, piece in enumerate(_pieces(text)):
             pending.append((i > 0 and j == 0, piece))
             chars += len(piece)
+            has_text = has_text or not piece.isspace() and bool(piece)
             if chars >= budget:
                 flush()
                 chars = 0
@@ -284,16 +409,19 @@ def _stream_ids(texts: list[str], tokenizer, eos: int, limit: int | None) -> tor
             break
     if pending:
         flush()
+    if not has_text and not (limit and len(ids) >= limit):
+        raise HeadpruneError("the corpus has no text (empty or only whitespace); give a corpus with non-whitespace text")
     out = torch.frombuffer(ids, dtype=torch.long).clone() if len(ids) else torch.zeros(0, dtype=torch.long)
     return out[:limit] if limit else out
 
 
-def tokenize_corpus(texts: list[str], tokenizer, cache_dir: str | os.PathLike | None = None,
+def tokenize_corpus(texts: Sequence[Source], tokenizer, cache_dir: str | os.PathLike | None = None,
                     limit: int | None = None) -> torch.Tensor:
     """Token ids of ``texts`` as one 1-D LongTensor, documents joined by the eos token; only the first ``limit``
     when given (tokenizing stops there: a 50 MB line for 300 tokens reads only its start).
 
-    Results are cached in ``cache_dir`` (default :func:`default_cache_dir`) under a sha256 of
+    A :class:`TextFile` is streamed: hashed chunk by chunk for the cache key, decoded and tokenized only as far as
+    needed. Results are cached in ``cache_dir`` (default :func:`default_cache_dir`) under a sha256 of
     the tokenizer's serialized definition and the texts (and ``limit``), so repeated calls skip tokenizing.
     """
     from safetensors import SafetensorError
@@ -352,7 +480,7 @@ def token_digest(ids: torch.Tensor) -> str:
 
 def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None = None) -> torch.Tensor:
     """Token ids of a corpus spec's documents (see :func:`load_texts`), cut to the first ``max_tokens``."""
-    ids = check_ids(tokenize_corpus(load_texts(spec, split), tokenizer, limit=max_tokens), len(tokenizer), spec)
+    ids = check_ids(tokenize_corpus(corpus_sources(spec, split), tokenizer, limit=max_tokens), len(tokenizer), spec)
     if len(ids) < 2:  # refused here, before any output or progress file exists
         raise HeadpruneError(f"corpus {spec} has {len(ids)} token(s); at least 2 are needed to score anything")
     return ids

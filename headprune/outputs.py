@@ -40,7 +40,7 @@ def clear_stale_temporaries(target: Path) -> None:
 
     for tmp in target.parent.glob(f".{glob_escape(target.name)}.*.tmp"):
         pid = tmp.name[len(target.name) + 2:].split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
 
 
@@ -50,7 +50,8 @@ def glob_escape(name: str) -> str:
     return glob.escape(name)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -239,8 +240,12 @@ class Progress:
         try:
             header = json.loads(lines[0])
         except json.JSONDecodeError:
-            header = {}
-        if not isinstance(header, dict) or header.get("fingerprint") != self.key:
+            header = None
+        if not (isinstance(header, dict) and isinstance(header.get("fingerprint"), str)
+                and isinstance(header.get("settings"), dict)):
+            raise HeadpruneError(f"{self.path} line 1 is not a headprune progress header (damaged, or not a progress "
+                                 "file); pass --overwrite to start afresh or choose another output")
+        if header["fingerprint"] != self.key:
             raise HeadpruneError(
                 f"{path} holds progress of a different run (other model, data or settings); pass --overwrite "
                 "to discard it or choose another output"

@@ -68,9 +68,42 @@ class Perplexity:
     tokens: int
     nll: float
     ppl: float
+    windows: int = 0
+    nll_se: float = math.nan  # standard error of nll over windows (see window_standard_error)
+
+    @property
+    def ppl_se(self) -> float:
+        """Standard error of the perplexity by the delta method: d exp(x) = exp(x) dx."""
+        return self.ppl * self.nll_se
 
     def as_dict(self) -> dict:
         return {"tokens": self.tokens, "nll": self.nll, "ppl": self.ppl}
+
+
+def window_standard_error(sums: Tensor, counts: Tensor) -> float:
+    """Standard error of the token-weighted NLL R = Σ_w s_w / Σ_w n_w over W windows (clusters of tokens).
+
+    Windows, not tokens, are the independent draws (neighbouring tokens are correlated), so R is a ratio
+    estimator and its linearised (delta-method) variance is
+
+        Var(R) ≈ W / (W − 1) · Σ_w (s_w − R n_w)² / (Σ_w n_w)²
+
+    (Cochran, *Sampling Techniques*, 1977, §6.4; the cluster-robust sandwich for a mean). NaN for one window.
+    """
+    sums, counts = sums.double(), counts.double()
+    windows = len(sums)
+    if windows < 2:
+        return math.nan
+    total = float(counts.sum())
+    ratio = float(sums.sum()) / total
+    return math.sqrt(windows / (windows - 1) * float(((sums - ratio * counts) ** 2).sum())) / total
+
+
+def scored_bytes(tokenizer, ids: Tensor, windowing: Windowing) -> int:
+    """UTF-8 bytes of the tokens the sliding windows score (each window's new tokens, decoded span by span):
+    bits per byte = NLL sum / (ln 2 · bytes)."""
+    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride)
+    return sum(len(tokenizer.decode(ids[w.first_scored:w.end].tolist()).encode("utf-8")) for w in spans)
 
 
 def check_window(seq_len: int, stride: int, n_positions: int) -> None:
@@ -141,10 +174,15 @@ def evaluate(
     """Token-weighted NLL and perplexity of ``model`` on ``ids`` (1-D) with sliding windows."""
     check_window(seq_len, stride, model.cfg.n_positions)
     total, count = 0.0, 0
+    sums, counts = [], []  # per window, for the standard error
     for batch in tqdm(window_batches(ids, seq_len, stride, batch_size), desc="perplexity", disable=not progress,
                       leave=False):
-        s, n = batch_nll_sum(model, batch, **forward_kwargs)
-        total += s.item()
-        count += n
-    nll = total / count
-    return Perplexity(count, nll, math.exp(nll))
+        batch = batch.to(model.device)
+        nll = token_nll(model(batch.tokens, **forward_kwargs), batch.tokens).double() * batch.mask  # (b, L-1)
+        total += nll.sum().item()
+        count += int(batch.mask.sum())
+        sums.append(nll.sum(dim=1).cpu())
+        counts.append(batch.mask.sum(dim=1).cpu())
+    mean = total / count
+    se = window_standard_error(torch.cat(sums), torch.cat(counts))
+    return Perplexity(count, mean, math.exp(mean), len(torch.cat(counts)), se)

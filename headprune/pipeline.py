@@ -17,16 +17,18 @@ from .bootstrap import DEFAULT_REPLICATES
 from .corpus import corpus_ids, token_digest
 from .curves import pruning_curves
 from .distributed import is_main, progress_files
+from .errors import HeadpruneError
 from .gates import GATE, gate_head_sets
 from .ledger import format_info
 from .loading import load_model, model_fingerprint, model_tokenizer
 from .outputs import Progress, check_writable, ensure_dir, write_text
-from .perplexity import Windowing, sliding_windows
+from .perplexity import Windowing, scored_bytes
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
 from .schema import (
     ACTIVATION_METHODS,
     DEFAULT_FRACTIONS,
+    DEFAULT_MAX_TOKENS,
     IMPORTANCE_METHODS,
     LAYER_NORMALIZED,
     RANDOM,
@@ -48,7 +50,7 @@ class RunSettings:
     batch_size: int = 8
     seq_len: int | None = None
     stride: int | None = None
-    max_tokens: int | None = 8192
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     seeds: int = 10  # random-baseline seeds: its band shows seed and data spread
     seed: int = 0
@@ -57,18 +59,13 @@ class RunSettings:
     optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
     learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.gates; slow)
     gate_steps: int = 200  # training steps per fraction
+    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt); those that rank heads
+    #                                      also get curves
 
 
 def _fields(s: RunSettings) -> dict:
     """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged)."""
     return {k: v for k, v in asdict(s).items() if s.learn_gates or k not in ("learn_gates", "gate_steps")}
-
-
-def scored_bytes(tokenizer, ids, windowing: Windowing) -> int:
-    """UTF-8 bytes of the tokens the sliding windows score (each window's new tokens, decoded span by span):
-    bits per byte = NLL sum / (ln 2 · bytes)."""
-    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride)
-    return sum(len(tokenizer.decode(ids[w.first_scored:w.end].tolist()).encode("utf-8")) for w in spans)
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -77,6 +74,11 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     Under torchrun every process shares the work; only rank 0 writes the report (others return None).
     """
     check_writable(s.out)
+    methods = parse_methods([*s.methods, *(["abl_opt"] if s.optimal else [])])
+    ranked = [m for m in methods if m in IMPORTANCE_METHODS]
+    if not ranked:
+        raise HeadpruneError(f"methods {', '.join(methods)} rank no heads (a description only); add one of "
+                             f"{', '.join(IMPORTANCE_METHODS)}", "methods")
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
@@ -84,7 +86,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    fingerprint = _fields(s) | {"out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+    fingerprint = _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
@@ -98,7 +100,6 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    methods = parse_methods(["all", "abl_opt"] if s.optimal else ["all"])
     scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet,
                          bootstrap=s.bootstrap, seed=s.seed)
     scores = scored.table
@@ -112,9 +113,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                                    progress=progress, show_progress=not quiet)
         t_gates = time.perf_counter() - t0
 
-    # every importance score, weight and activation scores also normalized per layer (Michel et al.), and random
-    importance = [m for m in IMPORTANCE_METHODS if m in methods]
-    rankings = [*importance, *(m + LAYER_NORMALIZED for m in importance if m in WEIGHT_METHODS + ACTIVATION_METHODS),
+    # every ranking score, weight and activation scores also normalized per layer (Michel et al.), and random
+    rankings = [*ranked, *(m + LAYER_NORMALIZED for m in ranked if m in WEIGHT_METHODS + ACTIVATION_METHODS),
                 *([GATE] if s.learn_gates else []), RANDOM]
     log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {len(rankings) - 1} rankings "
         f"+ random ({s.seeds} seeds)")
@@ -136,7 +136,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
-    settings = {**_fields(s), "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+    settings = {**_fields(s), "methods": methods, "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "compensation_fills": fill_data,

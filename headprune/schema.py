@@ -15,6 +15,9 @@ import pandas as pd
 from .errors import HeadpruneError
 
 DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
+#: The token budget of ``headprune run`` and of every analysis in analyses/ (per corpus split), so all committed
+#: reports measure the same baseline.
+DEFAULT_MAX_TOKENS = 8192
 
 # ---------------------------------------------------------------- methods
 
@@ -76,6 +79,14 @@ METHOD_LABELS = {
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
     "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
     "gate": "probability that the head's learned hard-concrete gate stays open (Voita et al.)",
+}
+
+#: The unit of each method's score (colorbar and axis labels).
+METHOD_UNITS = {
+    "wo_fro": "weight norm", "wo_spec": "weight norm", "ov_fro": "weight norm", "ov_spec": "weight norm",
+    "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
+    "grad": "nats/token per unit gate", "taylor": "nats/token",
+    "abl_zero": "ΔNLL, nats/token", "abl_zero_folded": "ΔNLL, nats/token", "abl_mean": "ΔNLL, nats/token",
 }
 
 # ---------------------------------------------------------------- columns

@@ -1,9 +1,9 @@
 """Look at a report.html in headless Chromium: measure it at given widths, or save screenshots.
 
-    python scripts/screenshot_report.py reports/stdlib-gpt2-mini/report.html --widths 1400,400 \
-        --out reports/stdlib-gpt2-mini/screenshots
+    python scripts/screenshot_report.py reports/stdlib-gpt2-mini/report.html --out reports/screenshots
 
-writes ``report-1400px.png`` and ``report-400px.png`` (the whole page, up to --max-height pixels) and prints,
+writes ``report-1400px.png`` and ``report-400px.png`` (the whole page, up to --max-height pixels) and
+``report-first-screen.png`` (the first width, --first-screen pixels tall: what opens on a laptop) and prints,
 per width, what :func:`measure` finds: the page width against the viewport, broken images, tables whose box
 reaches past the page, and whether clicking a table header sorted it.
 
@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--widths", default="1400,400", help="comma-separated page widths in px (default: 1400,400)")
     p.add_argument("--out", help="folder for report-{width}px.png (default: only measure)")
     p.add_argument("--max-height", type=int, default=12000, help="screenshot height cap in px (default: 12000)")
+    p.add_argument("--first-screen", type=int, default=900,
+                   help="height in px of report-first-screen.png, at the first width (default: 900; 0: none)")
     args = p.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     found = measure(args.report, widths)
@@ -129,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in widths:
             print(screenshot(args.report, w, Path(args.out) / f"report-{w}px.png", min(found[w]["height"],
                                                                                          args.max_height)))
+        if args.first_screen:
+            print(screenshot(args.report, widths[0], Path(args.out) / "report-first-screen.png", args.first_screen))
     bad = any(r["broken_images"] or r["tables_past_page"] or r["page_width"] > r["viewport"] for r in found.values())
     return 1 if bad else 0
 

@@ -91,12 +91,13 @@ def test_prune_data_help_matches_its_default():
     assert subparsers(build_parser())["eval"].parse_args([]).data == "default"
 
 
-def test_report_command_imports_no_torch(tmp_path):
+def test_help_and_report_command_import_no_torch(tmp_path):
+    """``headprune --help``, ``headprune report --help`` and ``headprune report`` start without torch."""
     build_report(make_scores(), make_curves(), tmp_path / "a", SETTINGS, BASELINE)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-X", "importtime", "-m", "headprune", "report", "--scores", str(tmp_path / "a/scores.csv"),
             "--curves", str(tmp_path / "a/curves.csv"), "--out", str(tmp_path / "b")]
-    for cmd in (argv[:6] + ["--help"], argv):
+    for cmd in (argv[:5] + ["--help"], argv[:6] + ["--help"], argv):
         done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}

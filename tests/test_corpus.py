@@ -75,6 +75,44 @@ def test_default_documents_content(docs):
     assert 300 < len(docs) < 3000
 
 
+@pytest.fixture
+def fake_stdlib(tmp_path, monkeypatch):
+    """A two-module standard library (parsing the real one takes seconds), the parse counted, the lru cache empty."""
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "alpha.py").write_text('"""Alpha: a module docstring long enough to be kept in the corpus."""\n')
+    (root / "pkg" / "__init__.py").write_text('"""Pkg: another module docstring that is long enough to keep."""\n')
+    monkeypatch.setattr(corpus, "_stdlib_dir", lambda: root)
+    parses = []
+    real = corpus._parse_default_documents
+    monkeypatch.setattr(corpus, "_parse_default_documents", lambda: parses.append(1) or real())
+    corpus._default_documents.cache_clear()
+    yield root, parses
+    corpus._default_documents.cache_clear()
+
+
+def test_default_documents_cached_on_disk_and_validated(fake_stdlib, tmp_path):
+    root, parses = fake_stdlib
+    first = default_documents()
+    assert len(parses) == 1 and ("module:alpha", "Alpha: a module docstring long enough to be kept in the corpus.") \
+        in first and ("module:pkg", "Pkg: another module docstring that is long enough to keep.") in first
+    [entry] = (tmp_path / "token-cache").glob("stdlib-documents-*.json")
+    corpus._default_documents.cache_clear()
+    assert default_documents() == first and len(parses) == 1  # a new process: read, not parsed
+    text = entry.read_text(encoding="utf-8")
+    entry.write_text(text.replace("Alpha: a module", "Alpha: a mod-ule"), encoding="utf-8")  # damaged, same shape
+    corpus._default_documents.cache_clear()
+    assert default_documents() == first and len(parses) == 2  # the checksum caught it: parsed again, entry rewritten
+    assert entry.read_text(encoding="utf-8") == text
+    entry.write_text("{not json", encoding="utf-8")
+    corpus._default_documents.cache_clear()
+    assert default_documents() == first and len(parses) == 3
+    (root / "alpha.py").write_text('"""Alpha, edited: the standard library changed under the cache entry."""\n')
+    corpus._default_documents.cache_clear()
+    assert ("module:alpha", "Alpha, edited: the standard library changed under the cache entry.") in default_documents()
+    assert len(parses) == 4 and len(list((tmp_path / "token-cache").glob("stdlib-documents-*.json"))) == 2
+
+
 def test_split_of_matches_rule_and_is_stable():
     for name in ["doc0", "topic:assert", "module:os.path", "ü"]:
         bucket = int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:16], 16) % 100

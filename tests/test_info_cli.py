@@ -25,7 +25,7 @@ def test_gpt2_small_ledger(small_dir, capsys):
     assert param_table(model).params.sum() == 124_439_808  # GPT-2 small's published count
     # QKV 2·d·3d + W_O 2·d² + scores/AV 4·d·T, per layer
     assert attention_flops_per_token(model, 512) == 12 * (2 * 768 * 2304 + 2 * 768 * 768 + 4 * 768 * 512)
-    assert main(["info", "--model", str(small_dir), "--batch", "4", "--seq", "512"]) == 0
+    assert main(["info", "--model", str(small_dir), "--batch-size", "4", "--seq-len", "512"]) == 0
     out = capsys.readouterr().out
     assert "589,824 + 768 = 590,592" in out and "1,179,648" in out
     assert "(4, 12, 512, 64)" in out and "(4, 12, 512, 512)" in out and "(4, 512, 768)" in out

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
@@ -41,13 +42,50 @@ def test_cli_eval_json_matches_python(tiny_dir, tmp_path, capsys, monkeypatch):
     assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus), "--seq-len", "32", "--stride", "16",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"tokens", "nll", "ppl"}
+    assert set(out) == {"model", "data", "split", "max_tokens", "seq_len", "stride", "tokens", "windows", "nll",
+                        "nll_se", "ppl", "ppl_se", "bytes", "bits_per_byte"}
+    assert (out["model"], out["data"], out["split"], out["seq_len"], out["stride"]) == (str(tiny_dir), str(corpus),
+                                                                                       None, 32, 16)
     from headprune.corpus import tokenize_corpus
     from headprune.loading import load_tokenizer
 
-    ids = tokenize_corpus([corpus.read_text()], load_tokenizer(tiny_dir))
-    want, _ = guide_loop(GPT2LMHeadModel.from_pretrained(tiny_dir).eval(), ids, 32, 16)
+    tok = load_tokenizer(tiny_dir)
+    ids = tokenize_corpus([corpus.read_text()], tok)
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
+    want, _ = guide_loop(hf, ids, 32, 16)
     assert out["nll"] == pytest.approx(want, rel=1e-5) and out["tokens"] == len(ids) - 1
+    # the standard error over windows, from Hugging Face's per-window mean losses m_w over n_w scored tokens:
+    # Var = W/(W-1) * sum_w n_w^2 (m_w - R)^2 / N^2 with R = sum_w n_w m_w / N (the ratio estimator's variance)
+    means, counts, prev_end = [], [], 0
+    for begin in range(0, len(ids), 16):
+        end = min(begin + 32, len(ids))
+        labels = ids[begin:end].clone().view(1, -1)
+        labels[:, : -(end - prev_end)] = -100
+        n = int((labels[:, 1:] != -100).sum())
+        with torch.no_grad():
+            means.append(hf(ids[begin:end].view(1, -1), labels=labels).loss.item())
+        counts.append(n)
+        prev_end = end
+        if end == len(ids):
+            break
+    m, n = np.array(means), np.array(counts, float)
+    ratio, W = (m * n).sum() / n.sum(), len(m)
+    se = np.sqrt(W / (W - 1) * (n**2 * (m - ratio) ** 2).sum()) / n.sum()
+    assert out["windows"] == W and out["nll_se"] == pytest.approx(se, rel=1e-4)
+    assert out["ppl_se"] == pytest.approx(np.exp(ratio) * se, rel=1e-4)
+    text = corpus.read_text()  # every byte but the first token's is scored
+    assert out["bytes"] == len(text.encode()) - len(tok.decode(ids[:1].tolist()).encode())
+    assert out["bits_per_byte"] == pytest.approx(want * out["tokens"] / (np.log(2) * out["bytes"]), rel=1e-5)
+
+
+def test_cli_eval_prints_header_and_standard_error(tiny_dir, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["eval", "--model", str(tiny_dir), "--data", str(corpus), "--seq-len", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"model: {tiny_dir}" and lines[1].startswith(f"data: {corpus}, ")
+    assert lines[2] == "windows: seq_len 32, stride 32"
+    assert " ± " in lines[4] and "standard error over" in lines[4] and lines[6].startswith("bits per byte: ")
 
 
 @pytest.mark.parametrize(

@@ -61,9 +61,7 @@ def test_run_writes_every_report_file(run_dir):
     for name in ["scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "summary.md", "report.html",
                  "curves.png", "rank_correlation.png", "predictiveness.csv", "ledger.txt"]:
         assert name in names
-    for m in RUN_METHODS:
-        assert f"heatmap_{m}.png" in names
-        assert m == "abl_zero" or f"scatter_{m}.png" in names
+    assert {"heatmaps.png", "scatters.png", "pruning_order.png"} <= names
     assert not [n for n in names if n.endswith(".tmp")]
 
 
@@ -334,3 +332,23 @@ def test_run_reports_head_anatomy(run_dir, tiny_dir, tmp_path):
                  "--out", str(again)]) == 0
     assert (again / "anatomy.csv").read_bytes() == (run_dir / "anatomy.csv").read_bytes()
     assert "Head anatomy" in (again / "summary.md").read_text()
+
+
+def test_run_methods_restricts_scores_and_curves(run_dir, tiny_dir, corpus, tmp_path, capsys):
+    """``run --methods`` scores only those methods; the ones that rank heads get curves (entropy describes only);
+    their values equal the full run's (the same data, settings and seed)."""
+    out = tmp_path / "r"
+    assert main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--out", str(out),
+                 "--max-tokens", "400", "--fractions", "0,0.25,0.5,0.75", "--seeds", "2", "--quiet",
+                 "--methods", "entropy,wo_fro,grad"]) == 0
+    scores, full = read_scores(out / "scores.csv"), read_scores(run_dir / "scores.csv")
+    assert list(scores.columns)[4:] == ["wo_fro", "entropy", "grad"]
+    pd.testing.assert_frame_equal(scores, full[list(scores.columns)])
+    curves = pd.read_csv(out / "curves.csv")
+    assert set(curves.method) == {"wo_fro", "grad", "random"}
+    assert json.loads((out / "settings.json").read_text())["methods"] == ["wo_fro", "entropy", "grad"]
+    capsys.readouterr()
+    assert main(["run", "--model", str(tiny_dir), "--out", str(tmp_path / "e"), "--methods", "entropy"]) == 2
+    assert "--methods entropy rank no heads" in capsys.readouterr().err and not (tmp_path / "e").exists()
+    assert main(["run", "--model", str(tiny_dir), "--out", str(tmp_path / "e"), "--methods", "bogus"]) == 2
+    assert "unknown scoring method(s) bogus" in capsys.readouterr().err and not (tmp_path / "e").exists()

@@ -317,12 +317,12 @@ def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
         "device meta": (["info", *model, "--device", "meta"], "not supported"),
         "device mps": (["eval", *model, *data, "--device", "mps"], "not supported"),
         "device xpu": (["info", *model, "--device", "xpu"], "not supported"),
-        "info --batch 100000000": (["info", *model, "--batch", "100000000"], "--batch 100000000 is too large"),
+        "info --batch-size 100000000": (["info", *model, "--batch-size", "100000000"], "--batch-size 100000000 is too large"),
         "score --batch-size 10**9": (["score", *model, *data, "--batch-size", "1000000000", "--out",
                                       str(tmp / "s.csv")], "--batch-size 1000000000 is too large"),
         # 12: progress files of the wrong shape, or not a file
-        "progress header 42": (["score", *model, *data, "--out", str(tmp / "p42.csv")], "different run"),
-        "progress header []": (["score", *model, *data, "--out", str(tmp / "plist.csv")], "different run"),
+        "progress header 42": (["score", *model, *data, "--out", str(tmp / "p42.csv")], "not a headprune progress header"),
+        "progress header []": (["score", *model, *data, "--out", str(tmp / "plist.csv")], "not a headprune progress header"),
         "progress path a folder": (["score", *model, *data, "--out", str(tmp / "pdir.csv")], "not a regular file"),
         # 13: over-long names
         "score --out name too long": (["score", *model, *data, "--out", str(tmp / ("x" * 300 + ".csv"))],

@@ -125,6 +125,32 @@ def test_stale_temporaries_of_the_same_output_are_removed(tiny_dir, corpus, tmp_
     assert not stale_dir.exists() and not stale_file.exists() and live.exists()
 
 
+def test_a_previous_export_left_by_a_kill_between_the_swap_renames_is_restored_or_removed(tiny_dir, tmp_path):
+    """export swaps folders with two renames (old export aside, new one in); a SIGKILL between them leaves the
+    target missing and the old export under ``.out.PID.RANDOM.old``; after them, a leftover .old."""
+    import shutil
+
+    dead = 2**22 + 12345
+    out = tmp_path / "out"
+    prune = ["prune", "--model", str(tiny_dir), "--out", str(out), "--quiet"]
+    assert main([*prune, "--heads", "L0H1"]) == 0
+    first = json.loads((out / "headprune_export.json").read_text())
+    killed_between = tmp_path / f".out.{dead}.abcd1234.old"
+    out.rename(killed_between)  # target missing: the previous export must come back, not be lost
+    from headprune.checkpoint import clear_stale_old
+
+    clear_stale_old(out)
+    assert not killed_between.exists() and json.loads((out / "headprune_export.json").read_text()) == first
+    killed_after = tmp_path / f".out.{dead}.ef567890.old"
+    shutil.copytree(out, killed_after)  # target present: a leftover to delete
+    live = tmp_path / f".out.{os.getppid()}.00000000.old"  # a writer that still runs: left alone
+    live.mkdir()
+    assert main([*prune, "--heads", "L0H2"]) == 0
+    assert json.loads((out / "headprune_export.json").read_text())["heads"] == "L0H2"
+    assert not killed_after.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")) == [live.name]
+
+
 # ---------------------------------------------------------------- 9: byte-reproducible parquet
 
 
@@ -155,6 +181,34 @@ def test_progress_records_of_the_wrong_shape_are_damage(tmp_path, line):
         Progress(path, {"x": 1})
 
 
+@pytest.mark.parametrize("header", ["42", "[]", '"text"', '{"settings": {}}', '{"fingerprint": 7, "settings": {}}',
+                                    '{"unit": "a", "value": 1}'])
+def test_a_progress_header_of_the_wrong_shape_is_named_as_such(tmp_path, header):
+    path = tmp_path / "p.jsonl"
+    path.write_text(header + "\n")
+    with pytest.raises(HeadpruneError, match="line 1 is not a headprune progress header") as err:
+        Progress(path, {"x": 1})
+    assert "different run" not in str(err.value) and "--overwrite" in str(err.value)
+    Progress(path, {"x": 1}, overwrite=True).get_or_compute("a", lambda: 1)  # and --overwrite gets past it
+    assert Progress(path, {"x": 1}).units == {"a": 1}
+
+
+def test_a_progress_header_of_another_run_still_says_so(tmp_path):
+    path = tmp_path / "p.jsonl"
+    Progress(path, {"x": 1}).get_or_compute("a", lambda: 1)
+    with pytest.raises(HeadpruneError, match="progress of a different run"):
+        Progress(path, {"x": 2})
+
+
+@pytest.mark.slow
+def test_cli_names_a_damaged_progress_header(tiny_dir, corpus, tmp_path, capsys):
+    (tmp_path / "s.csv.progress.jsonl").write_text("[1, 2]\n")
+    assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), "--max-tokens", "200", "--methods",
+                 "wo_fro", "--out", str(tmp_path / "s.csv"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a headprune progress header" in err
+
+
 # ---------------------------------------------------------------- 13: full disks, full stdout
 
 
@@ -181,7 +235,7 @@ def test_a_report_folder_is_complete_or_absent(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("redirect", [">/dev/full", ">&-"])
 def test_a_full_or_closed_stdout_is_one_line_and_exit_2(tiny_dir, tmp_path, redirect):
     err = tmp_path / "err"
-    cmd = f"{sys.executable} -m headprune info --model {tiny_dir} --seq 64 2>{err} {redirect}; echo $? >{tmp_path / 'rc'}"
+    cmd = f"{sys.executable} -m headprune info --model {tiny_dir} --seq-len 64 2>{err} {redirect}; echo $? >{tmp_path / 'rc'}"
     subprocess.run(["bash", "-c", cmd], timeout=120, check=False)
     text, rc = err.read_text(), int((tmp_path / "rc").read_text())
     assert rc == 2 and text.startswith("headprune: error:") and text.count("\n") == 1, text
@@ -275,3 +329,40 @@ def test_a_huge_one_line_text_with_max_tokens_reads_only_its_start(tiny_dir, tmp
                  "--device", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
     assert sum(calls) <= 2 * corpus.PIECE_CHARS  # not 20 MB
+
+
+def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monkeypatch):
+    """The file is hashed (cache key) and decoded chunk by chunk: a 20 MB file for 300 tokens never holds more
+    than a few chunks in memory, where reading it whole would hold 20 MB of bytes and 20 MB of text."""
+    import tracemalloc
+
+    from headprune import corpus
+
+    big = tmp_path / "big.txt"
+    big.write_text(_long_line(20_000_000) + " \N{SNOWMAN} tail")
+    tok = load_tokenizer(tiny_dir)
+    decoded: list[int] = []
+    real_chunks = corpus.TextFile.chunks
+    monkeypatch.setattr(corpus.TextFile, "chunks", lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
+    small = tmp_path / "small.txt"
+    small.write_text(_long_line(100_000))
+
+    def peak_bytes(path) -> tuple[int, torch.Tensor]:
+        tracemalloc.start()
+        try:
+            ids = corpus.corpus_ids(str(path), "test", tok, 300)
+            return tracemalloc.get_traced_memory()[1], ids
+        finally:
+            tracemalloc.stop()
+
+    peak_bytes(small)  # imports and the tokenizer's fingerprint: the same for any file
+    base, _ = peak_bytes(small)
+    decoded.clear()
+    peak, ids = peak_bytes(big)
+    assert len(ids) == 300 and peak - base < 4 * corpus.READ_BYTES  # not 20 MB
+    assert sum(decoded) <= 2 * corpus.READ_BYTES  # only the start was decoded
+    whole = big.read_text()
+    assert ids.tolist() == tok(whole[:20_000], add_special_tokens=False)["input_ids"][:300]
+    assert corpus._cache_key([corpus.TextFile(big)], tok) == corpus._cache_key([whole], tok)  # the same entry
+    full = corpus.tokenize_corpus([corpus.TextFile(big)], tok, tmp_path / "c")  # read to the end, chunk by chunk
+    assert full[-3:].tolist() == tok(whole[-40:], add_special_tokens=False)["input_ids"][-3:]

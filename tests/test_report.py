@@ -20,7 +20,7 @@ from headprune.report import build_report, rebuild_report
 from headprune.report.plots import head_grid
 from headprune.report.render import make_content
 from headprune.report.tables import PREDICTIVENESS_COLUMNS, best_method, predictiveness, summary_table, top_heads_mask
-from headprune.schema import CURVE_COLUMNS, check_curves, check_scores
+from headprune.schema import CURVE_COLUMNS, METHOD_UNITS, check_curves, check_scores
 from headprune.schema import ID_COLUMNS as SCORE_COLUMNS
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -60,8 +60,8 @@ def make_curves():
 
 
 def pictures_for(methods):
-    return ({"curves.png", "rank_correlation.png", "pruning_order.png"} | {f"heatmap_{m}.png" for m in methods}
-            | {f"scatter_{m}.png" for m in methods if m != "abl_zero" and "abl_zero" in methods})
+    return ({"curves.png", "rank_correlation.png", "pruning_order.png", "heatmaps.png"}
+            | ({"scatters.png"} if "abl_zero" in methods and len(set(methods) - {"abl_zero"}) else set()))
 
 
 TABLES = {"scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "predictiveness.csv", "summary.md",
@@ -133,13 +133,35 @@ def test_html_is_self_contained_and_well_formed(report):
     assert page.tags.count("script") == 1 and "<script>" in text and "src=" not in text.split("<script>")[1]
     assert "link" not in page.tags and "http" not in text
     prefix = "data:image/png;base64,"
-    assert {img["alt"] for img in page.images} == pictures_for(METHODS)
+    assert {img["alt"] for img in page.images} == pictures_for(METHODS) - {"heatmaps.png"}  # inline SVG instead
     for img in page.images:
         assert img["src"].startswith(prefix)
         data = base64.b64decode(img["src"][len(prefix):], validate=True)
         assert data.startswith(PNG) and data == (out / img["alt"]).read_bytes()
     for needle in ("corpus-A:train", "corpus-B:test", "L0H0", "ppl@30%", "roc_auc_top10", "Best method"):
         assert needle in text
+
+
+def test_heatmaps_on_the_page_give_every_heads_value_and_rank_on_hover(report):
+    import re
+
+    from scipy.stats import rankdata
+
+    out, html_path = report
+    text = html_path.read_text()
+    scores = make_scores()
+    titles = re.findall(r"<rect [^>]*><title>([^<]*)</title></rect>", text)
+    assert len(titles) == len(METHODS) * len(scores)
+    for method in METHODS:
+        values = scores[method].to_numpy(float)
+        ok = np.isfinite(values)
+        ranks = dict(zip(scores["head_id"][ok], rankdata(-values[ok], method="average")))
+        for row in scores.itertuples():
+            value = getattr(row, method)
+            want = (f"{row.head_id} {method} = {value:.4g} {METHOD_UNITS[method]}; rank {ranks[row.head_id]:g} of "
+                    f"{len(scores)}" if row.head_id in ranks else f"{row.head_id}: no score")
+            assert want in titles
+    assert (out / "heatmaps.png").read_bytes().startswith(PNG)
 
 
 def test_summary_markdown_says_data_baseline_best_and_top_heads(report):
@@ -219,7 +241,7 @@ def test_report_without_abl_zero(tmp_path):
     methods = ["wo_fro", "taylor"]
     build_report(make_scores(methods=methods), make_curves(), tmp_path, {}, BASELINE)
     assert {p.name for p in tmp_path.iterdir()} == TABLES | pictures_for(methods)
-    assert not any(p.name.startswith("scatter_") for p in tmp_path.iterdir())
+    assert not any(p.name.startswith("scatters") for p in tmp_path.iterdir())
     assert list(pd.read_csv(tmp_path / "predictiveness.csv").columns) == list(PREDICTIVENESS_COLUMNS)
     text = (tmp_path / "summary.md").read_text()
     assert "no abl_zero column" in text and "**Heads scored on**: not recorded in settings" in text
@@ -308,9 +330,9 @@ def test_rebuild_reads_tables_settings_and_baseline_beside_scores(report, tmp_pa
     out, _ = report
     seen = {}
     monkeypatch.setattr(report_module, "build_report", lambda *args: seen.setdefault("args", args))
-    rebuild_report(out / "scores.parquet", out / "curves.parquet", tmp_path)
-    scores, curves, out_dir, settings, baseline, anatomy = seen["args"]
-    assert anatomy is None  # the folder has no anatomy.csv
+    rebuild_report(out / "scores.parquet", out / "curves.parquet", tmp_path, "rank")
+    scores, curves, out_dir, settings, baseline, anatomy, scale = seen["args"]
+    assert anatomy is None and scale == "rank"  # the folder has no anatomy.csv
     pd.testing.assert_frame_equal(scores, read_table(out / "scores.parquet"))
     pd.testing.assert_frame_equal(curves, read_table(out / "curves.parquet"))
     assert out_dir == tmp_path and settings == SETTINGS and baseline == BASELINE
@@ -343,3 +365,18 @@ def test_layer_normalized_rankings_get_their_own_small_multiples(tmp_path):
     html = html_path.read_text()
     assert html.index('alt="curves_layer_normalized.png"') < html.index('alt="pruning_order.png"')
     assert "wo_fro@layer" in (tmp_path / "summary.md").read_text()
+
+
+def test_rank_scale_report_and_a_bad_scale(tmp_path):
+    from headprune.report.plots import display_exponent, importance_rank, layer_groups
+
+    assert importance_rank(np.array([0.3, np.nan, 0.1, 0.3])).tolist()[::2] == [1.5, 3.0]
+    assert display_exponent(np.array([0.0118, -0.002])) == -2 and display_exponent(np.array([3.0])) == 0
+    assert display_exponent(np.array([250.0, np.nan])) == 2
+    assert [g[0] for g in layer_groups(6)] == [f"L{i}" for i in range(6)]
+    assert [g[0] for g in layer_groups(48)][:2] == ["L0-3", "L4-7"] and len(layer_groups(48)) == 12
+    build_report(make_scores(), make_curves(), tmp_path / "rank", SETTINGS, BASELINE, scale="rank")
+    assert (tmp_path / "rank" / "heatmaps.png").read_bytes().startswith(PNG)
+    with pytest.raises(HeadpruneError, match="scale 'log' must be one of value, rank"):
+        build_report(make_scores(), make_curves(), tmp_path / "bad", SETTINGS, BASELINE, scale="log")
+    assert not (tmp_path / "bad").exists()

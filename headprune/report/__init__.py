@@ -6,11 +6,14 @@
 - ``curves.parquet``, ``curves.csv``: perplexity after pruning, one row per (method, compensation, fraction);
 - ``predictiveness.csv``: how well each score predicts ``abl_zero`` (NLL increase when the head is zero-ablated):
   R^2 of a one-variable linear fit, Spearman rho, Kendall tau-b, ROC-AUC for finding the top 10% heads;
-- ``heatmap_{method}.png``: a method's scores on the layer x head grid (grey: head missing);
+- ``heatmaps.png``: every method's scores on the layer x head grid, small multiples (grey: head missing), each
+  with a colorbar in its unit, or (``scale="rank"``) all in importance ranks on one shared scale; report.html shows
+  them as inline SVG whose cells give head, value and rank on hover;
 - ``curves.png``: perplexity and NLL increase against the share of heads pruned (% and heads removed); random as
   mean line with a +-1 std band; one Okabe-Ito hue per method family;
 - ``pruning_order.png``: per ranking method, the step at which each head is removed (layer x head grid);
-- ``scatter_{method}.png``: each score against ``abl_zero``, Spearman rho in the title;
+- ``scatters.png``: each score against ``abl_zero`` (small multiples; points coloured by layer, a discrete legend;
+  Spearman rho in the titles; values or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
@@ -39,7 +42,7 @@ from ..outputs import atomic_dir, read_scores, read_table, write_bytes, write_js
 from ..schema import check_curves, check_scores
 from .anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
 from .page import render_html
-from .plots import make_pictures
+from .plots import SCALES, make_pictures
 from .recovery import recovery_parts, split_recovered
 from .render import make_content, markdown_table, render_markdown, sections
 from .tables import (
@@ -57,7 +60,7 @@ __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_tabl
 
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
-                 baseline: dict, anatomy: AnatomyReport | None = None) -> Path:
+                 baseline: dict, anatomy: AnatomyReport | None = None, scale: str = "value") -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
     With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`).
 
@@ -68,7 +71,9 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     settings, baseline = jsonable(settings), check_baseline(baseline)
     check_together(scores, curves, baseline)
     content = make_content(scores, curves, settings, baseline)
-    pictures = make_pictures(scores, curves, baseline, content.predictiveness)
+    if scale not in SCALES:
+        raise HeadpruneError(f"scale {scale!r} must be one of {', '.join(SCALES)}", "scale")
+    pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
     recovery = recovery_parts(curves, recovered, baseline) if recovered is not None else None
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
         _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery)
@@ -113,7 +118,8 @@ def _read_json(path: Path) -> dict | None:
     return value
 
 
-def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLike, out_dir: str | os.PathLike,
+                   scale: str = "value") -> Path:
     """build_report from saved tables, with settings.json / baseline.json beside the scores file if present.
 
     Without them: empty settings, and the baseline read off the curves' fraction-0 row.
@@ -126,4 +132,4 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
         raise HeadpruneError(f"{scores_path} and {curves_path} come from runs with different settings (their "
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
-    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder))
+    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder), scale)

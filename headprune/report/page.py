@@ -25,7 +25,9 @@ td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:
 figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
 .findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
 .findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
-details summary{cursor:pointer}details summary h2{display:inline}"""
+details summary{cursor:pointer}details summary h2{display:inline}
+.maps{display:flex;flex-wrap:wrap;gap:.8em}.maps figure{flex:0 1 240px;margin:0}
+.maps svg{width:100%;height:auto;display:block}.maps rect:hover{stroke:#000;stroke-width:1}"""
 
 SORT_JS = """document.querySelectorAll("table.sortable").forEach(function(t){
 t.querySelectorAll("thead th").forEach(function(th,i){th.title="click to sort";th.addEventListener("click",function(){
@@ -54,6 +56,9 @@ def _html_block(block: Block) -> str:
     if isinstance(block, Paragraph):
         return f"<p>{e(block.text)}</p>"
     assert isinstance(block, Picture)
+    if block.svg is not None:  # inline markup (hover values) instead of the PNG
+        return (f'<figure><div class="maps">{block.svg}</div><figcaption>{e(block.name)}: {e(block.caption)}'
+                "</figcaption></figure>")
     uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
     return (f'<figure><img src="{uri}" alt="{e(block.name)}"><figcaption>{e(block.name)}: {e(block.caption)}'
             "</figcaption></figure>")

@@ -5,6 +5,7 @@ Figures are ``matplotlib.figure.Figure`` objects rendered by Agg, never register
 
 from __future__ import annotations
 
+import html
 import io
 import math
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from matplotlib.figure import Figure
 from ..schema import (
     DESCRIPTIVE,
     LAYER_NORMALIZED,
-    METHOD_LABELS,
+    METHOD_UNITS,
     RANDOM,
     TRUTH,
     method_columns,
@@ -57,23 +58,79 @@ def _color_limits(values: np.ndarray) -> tuple[float, float, str]:
     return lo, hi, "viridis"
 
 
-def plot_heatmap(scores: pd.DataFrame, method: str) -> bytes:
-    grid = head_grid(scores, method)
-    values = grid.to_numpy(float)
-    n_layers, n_heads = values.shape
-    vmin, vmax, cmap_name = _color_limits(values)
-    cmap = colormaps[cmap_name].with_extremes(bad=MISSING_COLOR)
-    fig = Figure(figsize=(max(4.5, 0.6 * n_heads + 2.2), max(3.0, 0.45 * n_layers + 1.6)))
-    ax = fig.add_subplot()
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    fig.colorbar(image, ax=ax, label=method)
-    ax.set_xticks(range(n_heads), [f"H{h}" for h in range(n_heads)], rotation=90 if n_heads > 16 else 0, fontsize=8)
-    ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)], fontsize=8)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_title(f"{method}: {METHOD_LABELS.get(method, method)}", fontsize=10)
-    if n_layers * n_heads <= 400:
-        _annotate_cells(ax, values, cmap, vmin, vmax)
+SCALES = ("value", "rank")  # heatmaps and scatters: each method's own values, or ranks on one shared scale
+
+
+def importance_rank(values: np.ndarray) -> np.ndarray:
+    """Rank of each value within its method, 1 = highest (ties share their mean rank); NaN stays NaN."""
+    from scipy.stats import rankdata
+
+    ranks = np.full(len(values), np.nan)
+    ok = np.isfinite(values)
+    if ok.any():
+        ranks[ok] = rankdata(-values[ok], method="average")
+    return ranks
+
+
+def display_exponent(values: np.ndarray) -> int:
+    """k such that values / 10**k has its largest magnitude in [1, 10) (0 where that holds already, or no value)."""
+    finite = np.abs(values[np.isfinite(values)])
+    top = float(finite.max()) if len(finite) else 0.0
+    return 0 if top == 0 or 1 <= top < 10 else math.floor(math.log10(top))
+
+
+def scaled_label(unit: str, k: int) -> str:
+    """``unit`` with the power of ten the shown numbers leave out, e.g. ``ΔNLL, nats/token (×10⁻²)``."""
+    return unit if k == 0 else f"{unit} ($\\times 10^{{{k}}}$)"
+
+
+def _head_ticks(ax, n_layers: int, n_heads: int, fontsize: float = 7) -> None:
+    """Layer and head numbers, horizontal, thinned to at most 16 labels per axis so they never overlap."""
+    hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 16))
+    ax.set_xticks(range(0, n_heads, hs), [str(h) for h in range(0, n_heads, hs)], fontsize=fontsize)
+    ax.set_yticks(range(0, n_layers, ls), [f"L{layer}" for layer in range(0, n_layers, ls)], fontsize=fontsize)
+
+
+def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value") -> bytes:
+    """Small multiples: one layer x head map per method. ``value``: each map on its own colour scale with a
+    colorbar in the method's unit, every cell number in one format (2 decimals; the power of ten in the colorbar
+    label); ``rank``: every map on one shared scale of importance ranks (1 = highest score), one colorbar."""
+    n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
+    cols = min(3, len(methods))
+    rows = -(-len(methods) // cols)
+    w, h = min(6.0, max(3.2, 0.36 * n_heads + 1.8)), min(6.0, max(2.2, 0.32 * n_layers + 1.0))
+    fig = Figure(figsize=(cols * w, rows * h + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    annotate = n_layers * n_heads <= 200
+    image = None
+    for ax, method in zip(axes, methods):
+        if scale == "rank":
+            ranked = scores.assign(_rank=importance_rank(scores[method].to_numpy(float)))
+            values = head_grid(ranked, "_rank").to_numpy(float)
+            vmin, vmax, cmap_name, k = 1.0, float(max(len(scores), 2)), "viridis_r", 0
+        else:
+            values = head_grid(scores, method).to_numpy(float)
+            k = display_exponent(values)
+            values = values / 10.0**k
+            vmin, vmax, cmap_name = _color_limits(values)
+        cmap = colormaps[cmap_name].with_extremes(bad=MISSING_COLOR)
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        ax.set_title(method, fontsize=9)
+        _head_ticks(ax, n_layers, n_heads)
+        if scale == "value":
+            bar = fig.colorbar(image, ax=ax, shrink=0.9)
+            bar.set_label(scaled_label(METHOD_UNITS.get(method, "score"), k), fontsize=7)
+            bar.ax.tick_params(labelsize=7)
+        if annotate:
+            _annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
+                            fontsize=6 if n_heads <= 12 else 5)
+    for ax in axes[len(methods):]:
+        ax.set_visible(False)
+    if scale == "rank" and image is not None:
+        fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6,
+                     label="importance rank within the method (1 = highest score)")
+    what = "importance ranks, one shared scale" if scale == "rank" else "scores"
+    fig.suptitle(f"Per-head {what} (rows: layers, columns: heads; grey: missing)", fontsize=10)
     return _png(fig)
 
 
@@ -85,7 +142,55 @@ def _annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt:
         if np.isfinite(v):
             r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
             dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
+            text = fmt.format(v)
+            text = text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.00"
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
+
+
+def _map_caption(scores: pd.DataFrame, method: str) -> str:
+    """``method (unit): low (colour) to high (colour)`` for an inline map."""
+    values = scores[method].to_numpy(float)
+    values = values[np.isfinite(values)]
+    unit = METHOD_UNITS.get(method, "score")
+    if not len(values):
+        return f"{method} ({unit}): no values"
+    cmap = _color_limits(values)[2]
+    ends = ("blue", "red") if cmap == "RdBu_r" else ("dark", "yellow")
+    return f"{method} ({unit}): {values.min():.3g} to {values.max():.3g}, {ends[0]} to {ends[1]}"
+
+
+def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
+    """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
+    hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
+    values = head_grid(scores, method).to_numpy(float)
+    n_layers, n_heads = values.shape
+    vmin, vmax, cmap_name = _color_limits(values)
+    cmap = colormaps[cmap_name]
+    ranks = dict(zip(scores["head_id"], importance_rank(scores[method].to_numpy(float))))
+    cell, left, top = 12, 26, 12
+    width, height = left + cell * n_heads, top + cell * n_layers
+    unit = METHOD_UNITS.get(method, "")
+    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" '
+              f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">')]
+    hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 24))
+    parts += [f'<text x="{left + cell * h + cell / 2}" y="{top - 3}" text-anchor="middle">{h}</text>'
+              for h in range(0, n_heads, hs)]
+    parts += [f'<text x="{left - 3}" y="{top + cell * layer + cell * 0.75}" text-anchor="end">L{layer}</text>'
+              for layer in range(0, n_layers, ls)]
+    span = (vmax - vmin) or 1.0
+    for (i, j), v in np.ndenumerate(values):
+        head = f"L{i}H{j}"
+        if np.isfinite(v):
+            r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
+            fill = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+            rank = ranks.get(head, math.nan)
+            tip = f"{head} {method} = {v:.4g} {unit}" + ("" if math.isnan(rank) else f"; rank {rank:g} of {len(scores)}")
+        else:
+            fill, tip = MISSING_COLOR, f"{head}: no score"
+        parts.append(f'<rect x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
+                     f'fill="{fill}"><title>{html.escape(tip)}</title></rect>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 # Okabe & Ito (2008), colour-blind safe: one hue per method family, line styles within a family.
@@ -249,24 +354,96 @@ def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
     return _png(fig)
 
 
-def plot_scatter(scores: pd.DataFrame, method: str, rho: float) -> bytes:
-    x, y = scores[method].to_numpy(float), scores[TRUTH].to_numpy(float)
-    ok = np.isfinite(x) & np.isfinite(y)
-    fig = Figure(figsize=(5.6, 4.6))
-    ax = fig.add_subplot()
-    if ok.any():
-        points = ax.scatter(x[ok], y[ok], c=scores["layer"].to_numpy()[ok], cmap="viridis", s=24, alpha=0.85)
-        fig.colorbar(points, ax=ax, label="layer")
-        for i in np.flatnonzero(ok)[np.argsort(-y[ok], kind="stable")[:5]]:
-            ax.annotate(scores["head_id"].iloc[i], (x[i], y[i]), xytext=(3, 3), textcoords="offset points", fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no head has both values", ha="center", va="center", transform=ax.transAxes)
-    rho_text = "n/a" if math.isnan(rho) else f"{rho:.3f}"
-    note = " (a description)" if method in DESCRIPTIVE else ""
-    ax.set_title(f"{method}{note} vs {TRUTH}: Spearman \u03c1 = {rho_text}", fontsize=10)
-    ax.set_xlabel(f"{method}: {METHOD_LABELS.get(method, method)}", fontsize=9)
-    ax.set_ylabel(f"{TRUTH}: {METHOD_LABELS[TRUTH]}", fontsize=9)
-    ax.grid(alpha=0.3)
+MAX_LAYER_ENTRIES = 12  # a layer legend lists single layers up to this many, else groups of adjacent layers
+
+
+def layer_groups(n_layers: int) -> list[tuple[str, list[int], tuple]]:
+    """Discrete legend entries for layers: (label, layers, colour), one per layer up to MAX_LAYER_ENTRIES, else
+    adjacent layers grouped into at most MAX_LAYER_ENTRIES bins; colours ordered along viridis."""
+    size = max(1, math.ceil(n_layers / MAX_LAYER_ENTRIES))
+    bins = [list(range(i, min(i + size, n_layers))) for i in range(0, n_layers, size)]
+    cmap = colormaps["viridis"]
+    return [(f"L{b[0]}" if len(b) == 1 else f"L{b[0]}-{b[-1]}", b, cmap(i / max(len(bins) - 1, 1)))
+            for i, b in enumerate(bins)]
+
+
+def scatter_by_layer(ax, x: np.ndarray, y: np.ndarray, layers: np.ndarray, n_layers: int, size: float = 20) -> None:
+    """Points coloured by layer with a discrete colour per layer (or group of layers), for :func:`layer_legend`."""
+    for label, members, color in layer_groups(n_layers):
+        sel = np.isin(layers, members) & np.isfinite(x) & np.isfinite(y)
+        ax.scatter(x[sel], y[sel], color=color, s=size, alpha=0.85, label=label, edgecolors="none")
+
+
+def layer_legend(fig: Figure, n_layers: int, fontsize: float = 7) -> None:
+    """One discrete layer legend below the figure, for every panel drawn with :func:`scatter_by_layer`."""
+    from matplotlib.lines import Line2D
+
+    groups_ = layer_groups(n_layers)
+    handles = [Line2D([], [], ls="", marker="o", color=c, ms=5) for _, _, c in groups_]
+    fig.legend(handles, [label for label, _, _ in groups_], title="layer", loc="outside lower center",
+               ncol=min(len(groups_), 12), fontsize=fontsize, title_fontsize=fontsize, frameon=False)
+
+
+def label_points(ax, x: np.ndarray, y: np.ndarray, names: list[str], order: np.ndarray, k: int = 4,
+                 min_gap: float = 0.07) -> None:
+    """Name the first ``k`` points of ``order`` that lie at least ``min_gap`` (a fraction of the axes) from every
+    point named before, so no two labels overlap."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    placed: list[tuple[float, float]] = []
+    for i in order:
+        if len(placed) == k:
+            break
+        if not (np.isfinite(x[i]) and np.isfinite(y[i])):
+            continue
+        fx, fy = (x[i] - x0) / ((x1 - x0) or 1), (y[i] - y0) / ((y1 - y0) or 1)
+        if all(abs(fx - px) > 2 * min_gap or abs(fy - py) > min_gap for px, py in placed):
+            right = fx > 0.8  # near the right edge: the label goes left of its point, inside the axes
+            ax.annotate(names[i], (x[i], y[i]), xytext=(-3 if right else 3, 3), textcoords="offset points",
+                        ha="right" if right else "left", fontsize=6.5)
+            placed.append((fx, fy))
+
+
+def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "value") -> bytes:
+    """Small multiples: each method against ``abl_zero``, one point per head, coloured by layer (discrete
+    legend), Spearman rho in the title; the top heads by ``abl_zero`` named where their labels do not overlap.
+    ``rank``: both axes in importance ranks (1 = highest score), one shared scale for every panel."""
+    methods = list(rho)
+    n_layers = int(scores["layer"].max()) + 1
+    cols = min(4, len(methods))
+    rows = -(-len(methods) // cols)
+    fig = Figure(figsize=(3.3 * cols, 3.0 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    truth = scores[TRUTH].to_numpy(float)
+    y = importance_rank(truth) if scale == "rank" else truth
+    layers, names = scores["layer"].to_numpy(), list(scores["head_id"])
+    top = np.argsort(-np.nan_to_num(truth, nan=-np.inf), kind="stable")
+    for ax, method in zip(axes, methods):
+        x = scores[method].to_numpy(float)
+        x = importance_rank(x) if scale == "rank" else x
+        if (np.isfinite(x) & np.isfinite(y)).any():
+            scatter_by_layer(ax, x, y, layers, n_layers, size=14)
+            label_points(ax, x, y, names, top)
+        else:
+            ax.text(0.5, 0.5, "no head has both values", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        r = rho[method]
+        note = " (a description)" if method in DESCRIPTIVE else ""
+        ax.set_title(f"{method}{note}: \u03c1 = {'n/a' if math.isnan(r) else f'{r:.2f}'}", fontsize=9)
+        unit = "rank (1 = highest)" if scale == "rank" else METHOD_UNITS.get(method, "score")
+        ax.set_xlabel(f"{method}, {unit}", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for i, ax in enumerate(axes):
+        if i % cols == 0 and i < len(methods):
+            ax.set_ylabel(f"{TRUTH}, " + ("rank (1 = highest)" if scale == "rank" else METHOD_UNITS[TRUTH]), fontsize=7)
+            ax.tick_params(labelleft=True)
+    for ax in axes[len(methods):]:
+        ax.set_visible(False)
+    if scale == "rank":
+        for ax in axes[: len(methods)]:
+            ax.set_xlim(0, len(scores) + 1)
+            ax.set_ylim(0, len(scores) + 1)
+    layer_legend(fig, n_layers)
+    fig.suptitle(f"Each score against {TRUTH}, one point per head (Spearman \u03c1 in the titles)", fontsize=10)
     return _png(fig)
 
 
@@ -292,9 +469,12 @@ class Picture:
     name: str  # file name in out_dir
     caption: str
     png: bytes
+    svg: str | None = None  # report.html shows this inline markup (hover values) instead of the PNG
 
 
-def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame) -> list[Picture]:
+def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame,
+                  scale: str = "value") -> list[Picture]:
+    """The report's figures; ``scale``: heatmaps and scatters in each method's values or in shared ranks."""
     pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
                     "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey band: random ± 1 std "
                     "over seeds; right, bands: 95% paired-bootstrap intervals over the evaluation windows, for "
@@ -309,13 +489,18 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     if order is not None:
         pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
                             "curves prune: global ranking, lowest score first.", order))
-    for method in method_columns(scores):
-        pics.append(Picture(f"heatmap_{method}.png", f"{method} per head (rows: layers, columns: heads; grey: "
-                            "missing).", plot_heatmap(scores, method)))
-    rho = dict(zip(pred["method"], pred["spearman_rho"]))
-    for method, r in rho.items():
-        pics.append(Picture(f"scatter_{method}.png", f"{method} against {TRUTH}, one point per head (top 5 by "
-                            f"{TRUTH} labelled).", plot_scatter(scores, method, float(r))))
+    methods = method_columns(scores)
+    maps = "".join(f"<figure><figcaption>{html.escape(_map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
+                   "</figure>" for m in methods)
+    what = "importance ranks on one shared scale (1 = highest score)" if scale == "rank" else "scores"
+    pics.append(Picture("heatmaps.png", f"Per-head {what} of every method (rows: layers, columns: heads; grey: "
+                        "missing). On the page: hover a cell for its value and rank; heatmaps.png has the numbers in "
+                        "the cells.", plot_heatmaps(scores, methods, scale), svg=maps))
+    rho = dict(zip(pred["method"], pred["spearman_rho"].astype(float)))
+    if rho:
+        pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
+                            f"heads that matter most by {TRUTH} named where their labels do not overlap.",
+                            plot_scatters(scores, rho, scale)))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
                         plot_rank_correlation(*rank_correlations(scores))))
     return pics
