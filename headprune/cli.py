@@ -31,7 +31,7 @@ from .cli_options import (
     check_counts,
 )
 from .errors import HeadpruneError, os_error_line
-from .schema import DEFAULT_MAX_TOKENS, IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS
+from .schema import DEFAULT_MAX_TOKENS, IMPORTANCE_METHODS, METHODS, RANKABLE_METHODS, RUN_FRACTIONS
 
 COMMANDS: dict[str, tuple] = {}  # name -> (run(args), configure(parser), help)
 FLAGS = {"seq_len": "--seq-len", "stride": "--stride", "batch_size": "--batch-size", "steps": "--iterative",
@@ -482,7 +482,7 @@ def _configure_run(p):
     add_data_args(p, "test", max_tokens=DEFAULT_MAX_TOKENS)
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")
-    add_fraction_args(p, seeds=10)
+    add_fraction_args(p, seeds=10, fractions=RUN_FRACTIONS)
     add_seed_arg(p, "seed of the random baseline and the bootstrap")
     add_bootstrap_arg(p)
     p.add_argument("--optimal", action="store_true",
@@ -586,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
         check_counts(args)
         if hasattr(args, "device"):
             from .distributed import init_from_env
+            from .runtime import reuse_freed_memory
+
+            reuse_freed_memory()
 
             init_from_env(args.device)
         COMMANDS[args.command][0](args)

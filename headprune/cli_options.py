@@ -97,8 +97,8 @@ def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
                    help="bootstrap replicates (resampled windows) for the 95%% intervals; 0: no intervals")
 
 
-def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3) -> None:
-    p.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
+def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3, fractions=DEFAULT_FRACTIONS) -> None:
+    p.add_argument("--fractions", default=",".join(map(str, fractions)),
                    help="comma-separated fractions of all heads to prune, each in [0, 1]")
     p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import weakref
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -259,16 +260,26 @@ def load_model(
 FINGERPRINT_SAMPLE = 1 << 20
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary[GPT2, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+
+
 def model_fingerprint(model: GPT2) -> str:
     """A short hash of the config and every tensor (name, shape, values rounded to bf16 so fp32, bf16 and fp16
     loads agree): tells whether a scores file, curves file or progress file belongs to a model.
 
     Every weight counts, not just attention: a fine-tune that changed only MLP, embedding or LayerNorm weights
-    is another model whose scores must not be mixed with these."""
+    is another model whose scores must not be mixed with these. Memoized per model until a tensor is replaced or
+    changed in place (its storage or version counter moves), so a run hashes its weights once."""
     import hashlib
 
-    h = hashlib.sha256(json.dumps(model.cfg.as_dict(), sort_keys=True).encode())
-    for name, t in model.state_dict().items():
+    config = json.dumps(model.cfg.as_dict(), sort_keys=True)
+    state = model.state_dict()
+    key = (config, tuple((name, t.data_ptr(), t._version) for name, t in state.items()))
+    memo = _FINGERPRINTS.get(model)
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    h = hashlib.sha256(config.encode())
+    for name, t in state.items():
         flat = t.detach().reshape(-1)
         h.update(f"{name}:{tuple(t.shape)}:".encode())
         if flat.numel() > FINGERPRINT_SAMPLE:  # strided sample, and a full-tensor sum that sees every element
@@ -277,7 +288,8 @@ def model_fingerprint(model: GPT2) -> str:
             h.update(f"{total:.9e}".encode())
             flat = flat[::step]
         h.update(flat.to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
-    return h.hexdigest()[:16]
+    _FINGERPRINTS[model] = (key, h.hexdigest()[:16])
+    return _FINGERPRINTS[model][1]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

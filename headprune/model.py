@@ -386,11 +386,14 @@ class GPT2(nn.Module):
 
 
 def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1), in fp32 or wider."""
-    logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none").view(
-        tokens.shape[0], -1
-    )
+    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1), in fp32 or wider.
+
+    The last position (no next token) gets target -100 (ignored) instead of being sliced off, so fp32 logits
+    are used in place rather than copied (a batch's logits are tens of MB)."""
+    B, T, V = logits.shape
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    targets = F.pad(tokens[:, 1:], (0, 1), value=-100)  # (B,T)
+    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1), reduction="none").view(B, T)[:, :-1]
 
 
 def count_params(model: GPT2) -> int:

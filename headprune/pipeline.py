@@ -27,11 +27,11 @@ from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
 from .schema import (
     ACTIVATION_METHODS,
-    DEFAULT_FRACTIONS,
     DEFAULT_MAX_TOKENS,
     IMPORTANCE_METHODS,
     LAYER_NORMALIZED,
     RANDOM,
+    RUN_FRACTIONS,
     WEIGHT_METHODS,
     parse_methods,
 )
@@ -51,7 +51,7 @@ class RunSettings:
     seq_len: int | None = None
     stride: int | None = None
     max_tokens: int | None = DEFAULT_MAX_TOKENS
-    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    fractions: tuple[float, ...] = RUN_FRACTIONS
     seeds: int = 10  # random-baseline seeds: its band shows seed and data spread
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 from sklearn.linear_model import LinearRegression
-from sklearn.metrics import roc_auc_score
 
 from ..bootstrap import interval
 from ..errors import HeadpruneError
@@ -170,8 +169,15 @@ def rank_stats(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def roc_auc(x: np.ndarray, positive: np.ndarray) -> float:
-    """ROC-AUC of score ``x`` for the ``positive`` heads (ties count half); NaN when one class is missing."""
-    return float(roc_auc_score(positive, x)) if positive.any() and not positive.all() else math.nan
+    """ROC-AUC of score ``x`` for the ``positive`` heads (ties count half); NaN when one class is missing.
+
+    The Mann-Whitney form, (Σ ranks of positives − n₊(n₊+1)/2) / (n₊ n₋) with average ranks: equal to
+    sklearn's ``roc_auc_score`` and ~100x faster, which the bootstrap over heads needs."""
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return math.nan
+    return float((stats.rankdata(x)[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def head_bootstrap(x: np.ndarray, y: np.ndarray, positive: np.ndarray, replicates: int = HEAD_REPLICATES,
