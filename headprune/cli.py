@@ -94,7 +94,7 @@ def _configure_info(p):
         p.add_argument(old, type=int, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-@command("info", "a model's config, parameter ledger and attention shape trace", _configure_info)
+@command("info", "config, parameter ledger and attention shape trace", _configure_info)
 def cmd_info(args) -> None:
     from .ledger import format_info
 
@@ -166,7 +166,7 @@ def _configure_score(p):
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
 
 
-@command("score", "score every head: weight norms, activations, gradients, ablation", _configure_score)
+@command("score", "score heads: weight norms, activations, gradients, ablation", _configure_score)
 def cmd_score(args) -> None:
     import json
 
@@ -370,7 +370,7 @@ def _configure_prune(p):
                   overwrite_help="replace --out even when it is a non-empty folder that is not a headprune export")
 
 
-@command("prune", "remove heads (listed or by score) and export the smaller model", _configure_prune)
+@command("prune", "remove heads (listed or by score), export the smaller model", _configure_prune)
 def cmd_prune(args) -> None:
     from .checkpoint import export_hf, export_native
     from .heads import format_heads, parse_head_spec
@@ -447,7 +447,7 @@ def _configure_finetune(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
 
 
-@command("finetune", "recover a pruned model: fine-tune or distil it, perplexity before and after", _configure_finetune)
+@command("finetune", "recover a pruned model by fine-tuning or distillation", _configure_finetune)
 def cmd_finetune(args) -> None:
     import json
 
@@ -535,7 +535,7 @@ def _configure_anatomy(p):
     p.add_argument("--out", required=True, help="output directory (heads.csv, composition.csv, ...)")
 
 
-@command("anatomy", "what each head does: roles, composition, logit attribution, copying, W_O geometry",
+@command("anatomy", "what each head does: roles, composition, logit attribution",
          _configure_anatomy)
 def cmd_anatomy(args) -> None:
     from .anatomy.output import run_anatomy

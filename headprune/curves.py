@@ -60,18 +60,25 @@ class Evaluator:
         size = sum(t.numel() * t.element_size() for cache, _ in per_batch for t in cache.values())
         self.resid_pre = [cache for cache, _ in per_batch] if size <= CACHE_BYTES else None
 
-    @torch.no_grad()
     def __call__(self, pruned: GPT2, start: int = 0) -> list[float]:
         """[W] NLL sums of ``pruned``, which equals the unpruned model in layers < ``start`` (0: a whole forward)."""
-        sums: list[float] = []
-        for k, batch in enumerate(self.batches):
-            batch = batch.to(pruned.device)
-            if self.resid_pre is not None and start > 0:
-                logits = pruned.unembed(pruned.run_blocks(self.resid_pre[k][start], start=start))
-            else:
-                logits = pruned(batch.tokens)
-            sums += window_sums(token_nll(logits, batch.tokens), batch.mask)
-        return sums
+        return pruned_window_sums(pruned, self.batches, self.resid_pre if start > 0 else None, start)
+
+
+@torch.no_grad()
+def pruned_window_sums(pruned: GPT2, batches: list[Batch], resid_pre: list[dict[int, Tensor]] | None, start: int
+                       ) -> list[float]:
+    """[W] NLL sums of ``pruned`` on ``batches``: from ``resid_pre[k][start]`` (the unpruned model's residual stream
+    entering layer ``start``) where given, else from the embeddings."""
+    sums: list[float] = []
+    for k, batch in enumerate(batches):
+        batch = batch.to(pruned.device)
+        if resid_pre is not None:
+            logits = pruned.unembed(pruned.run_blocks(resid_pre[k][start], start=start))
+        else:
+            logits = pruned(batch.tokens)
+        sums += window_sums(token_nll(logits, batch.tokens), batch.mask)
+    return sums
 
 
 def delta_interval(pruned: list[list[float]], base: list[float], n: Tensor, counts: Tensor, seed: int

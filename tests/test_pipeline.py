@@ -105,7 +105,7 @@ def test_scored_bytes_count_only_the_scored_tokens():
 def test_run_html_self_contained(run_dir):
     parser = _Images()
     parser.feed((run_dir / "report.html").read_text())
-    assert len(parser.srcs) >= 2 * len(RUN_METHODS)
+    assert len(parser.srcs) >= 5  # curves, per-layer rankings, pruning order, scatters, rank correlations, ...
     for src in parser.srcs:
         assert src.startswith("data:image/png;base64,")
 
@@ -115,7 +115,7 @@ def test_run_html_self_contained(run_dir):
 WORK = {"weights": ("headprune.scoring.weights", "weight_scores"),
         "act": ("headprune.scoring.activations", "batch_sums"), "grad": ("headprune.scoring.gradients", "batch_gate_grad"),
         "abl": ("headprune.scoring.ablation", "ablate_layer"), "base": ("headprune.scoring.ablation", "cache_batch"),
-        "curve": ("headprune.curves", "evaluate")}
+        "curve": ("headprune.curves", "pruned_window_sums")}
 
 
 def _count_work(monkeypatch):
@@ -145,18 +145,19 @@ def _count_work(monkeypatch):
 
 
 def _expected_calls(units) -> Counter:
-    """Work-function calls that computing ``units`` takes: one per unit, but one cache_batch per ablated batch, and
-    no evaluation for a curve point at fraction 0 (its pruned model is the unpruned one: the baseline's number)."""
+    """Work-function calls that computing ``units`` takes: one per unit, but one cache_batch per ablated batch, no
+    evaluation for a curve point at fraction 0 (its pruned model is the unpruned one: the baseline's number), and
+    none for the curve baseline (its sums come with the cached residual stream)."""
     calls = Counter()
     for u in units:
         family = u.split("/")[0]
         if family.startswith("abl_"):
             calls["abl"] += 1
-        elif family == "curve" and u != "curve/baseline" and u.split("/")[3] == "0.0":
+        elif family == "curve" and (u == "curve/w/baseline" or u.split("/")[4] == "0.0"):
             continue
         elif family != "base":  # a base unit reads the batch's cache
             calls[family] += 1
-    calls["base"] = len({u.split("/")[1] for u in units if u.startswith(("base/", "abl_"))})
+    calls["base"] = len({u.split("/")[2] for u in units if u.startswith(("base/", "abl_"))})
     return calls
 
 
@@ -190,15 +191,15 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
     # one unit of every family forgotten: exactly those are recomputed, each by its own work function
-    forget = ["weights", "act/True/b1", "grad/b0", "base/b1", "abl_zero/b1/L0", "abl_zero_folded/b0/L1",
-              "abl_mean/b0/L2", "curve/baseline",
-              "curve/random/none/0.5/s1"]
+    forget = ["weights", "act/w/True/b1", "grad/b0", "base/w/b1", "abl_zero/w/b1/L0", "abl_zero_folded/w/b0/L1",
+              "abl_mean/w/b0/L2", "curve/w/baseline",
+              "curve/w/random/none/0.5/s1"]
     assert set(forget) <= set(units)
     progress.write_text("".join(line for line in recorded.decode().splitlines(keepends=True)
                                 if not any(f'"unit": "{u}"' in line for u in forget)))
     assert main(args) == 0
     assert sorted(computed) == sorted(forget)
-    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=3, curve=2)  # batches 0 and 1 each rebuild their cache
+    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=3, curve=1)  # batches 0 and 1 each rebuild their cache
     assert sorted(_unit_keys(progress)) == sorted(units)
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
@@ -342,10 +343,10 @@ def test_run_methods_restricts_scores_and_curves(run_dir, tiny_dir, corpus, tmp_
                  "--max-tokens", "400", "--fractions", "0,0.25,0.5,0.75", "--seeds", "2", "--quiet",
                  "--methods", "entropy,wo_fro,grad"]) == 0
     scores, full = read_scores(out / "scores.csv"), read_scores(run_dir / "scores.csv")
-    assert list(scores.columns)[4:] == ["wo_fro", "entropy", "grad"]
+    assert [c for c in scores.columns[4:] if "_ci_" not in c] == ["wo_fro", "entropy", "grad"]
     pd.testing.assert_frame_equal(scores, full[list(scores.columns)])
     curves = pd.read_csv(out / "curves.csv")
-    assert set(curves.method) == {"wo_fro", "grad", "random"}
+    assert set(curves.method) == {"wo_fro", "wo_fro@layer", "grad", "random"}
     assert json.loads((out / "settings.json").read_text())["methods"] == ["wo_fro", "entropy", "grad"]
     capsys.readouterr()
     assert main(["run", "--model", str(tiny_dir), "--out", str(tmp_path / "e"), "--methods", "entropy"]) == 2

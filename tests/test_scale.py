@@ -53,10 +53,10 @@ def test_ablation_unit_costs(tiny_dir):
     cfg, T = model.cfg, 64
     c = 24 * cfg.d_model**2 + 4 * T * cfg.d_model  # d_mlp = 4d
     u = 2 * cfg.d_model * cfg.vocab_size
-    assert costs["base/b0"] == 2 * T * (cfg.n_layers * c + u)
-    assert costs["abl_zero/b0/L0"] == cfg.n_heads * 2 * T * (cfg.n_layers * c + u)
-    assert costs["abl_zero/b0/L2"] / costs["abl_zero/b0/L0"] == pytest.approx((c + u) / (3 * c + u))
-    assert costs["abl_zero/b1/L0"] == costs["abl_zero/b0/L0"] / 2  # the last batch holds 1 window of 2
+    assert costs["base/w/b0"] == 2 * T * (cfg.n_layers * c + u)
+    assert costs["abl_zero/w/b0/L0"] == cfg.n_heads * 2 * T * (cfg.n_layers * c + u)
+    assert costs["abl_zero/w/b0/L2"] / costs["abl_zero/w/b0/L0"] == pytest.approx((c + u) / (3 * c + u))
+    assert costs["abl_zero/w/b1/L0"] == costs["abl_zero/w/b0/L0"] / 2  # the last batch holds 1 window of 2
 
 
 def _write_progress(path, settings, units, torn=""):
