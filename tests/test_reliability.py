@@ -101,7 +101,7 @@ def test_sigkill_curve_after_fixed_units_then_resume_gives_identical_curves(tiny
                    timeout=300)
     progress = tmp_path / "killed.csv.progress.jsonl"
     done = _kill_and_resume(_curve_cmd(tiny_dir, corpus, out, scores), progress, [1, 3, 7], tmp_path)
-    assert done[0] == "curve/baseline"  # 1 baseline + 2 methods x 3 fractions + 3 fractions x 2 seeds = 13 units
+    assert done[0] == "curve/w/baseline"  # 1 baseline + 2 methods x 3 fractions + 3 fractions x 2 seeds = 13 units
     assert out.read_bytes() == whole.read_bytes()
     assert not progress.exists()
 
