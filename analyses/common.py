@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -21,9 +22,12 @@ from headprune.schema import DEFAULT_MAX_TOKENS, DEFAULT_MODEL
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
-def setup(name: str, doc: str):
-    """Parse the common options; return (args, model, score_ids, eval_ids, out_dir)."""
+def setup(name: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None):
+    """Parse the common options (and the script's own, ``add_arguments``); return (args, model, score_ids,
+    eval_ids, out_dir)."""
     ap = argparse.ArgumentParser(description=doc)
+    if add_arguments is not None:
+        add_arguments(ap)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--data", default="default", help="corpus (validation split to score, test split to evaluate)")
     ap.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,

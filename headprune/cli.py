@@ -360,7 +360,7 @@ def _configure_prune(p):
     amount.add_argument("--count", type=int, help="number of heads to remove")
     p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
                    help="prune in STEPS steps, re-scoring the remaining heads between them")
-    add_selection_args(p)
+    add_selection_args(p, "seed of the random selection (--method random)")
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
                    help="mean: fold the pruned heads' mean outputs into b_O; optimal: their optimal-ablation constants "
                         "(Li & Janson 2024), each fitted on --score-data with that head alone ablated")

@@ -87,6 +87,8 @@ def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline and the bootstrap") -> None:
     p.add_argument("--seed", type=int, default=0, help=help)
+
+
 def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:
     p.add_argument(flag, type=float, default=0.1, dest="gate_lr",  # 0.1 = headprune.gates.LR
                    help="Adam learning rate of the gates' log alpha")
@@ -110,12 +112,13 @@ def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | 
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def add_selection_args(p: argparse.ArgumentParser) -> None:
+def add_selection_args(p: argparse.ArgumentParser, seed_help: str = "seed of the random baseline and the bootstrap"
+                       ) -> None:
     p.add_argument("--per-layer", action="store_true", help="prune the same fraction/count in every layer")
     p.add_argument("--normalize", choices=["layer"], default=None,
                    help="divide each layer's scores by their L2 norm before global ranking (Michel et al.)")
     p.add_argument("--standardize", action="store_true", help="rank by per-layer z-scores (FLAP)")
-    add_seed_arg(p)
+    add_seed_arg(p, seed_help)
     add_score_data_arg(p, "mean compensation and re-scoring")
 
 

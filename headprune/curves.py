@@ -54,7 +54,7 @@ class Evaluator:
     stream entering the first layer that lost a head (layers before it are identical, so is their output)."""
 
     def __init__(self, model: GPT2, batches: list[Batch]):
-        self.model, self.batches = model, batches
+        self.batches = batches
         per_batch = [cache_batch(model, b) for b in batches]
         self.base = [s for _, sums in per_batch for s in sums]  # [W] unpruned NLL sums
         size = sum(t.numel() * t.element_size() for cache, _ in per_batch for t in cache.values())

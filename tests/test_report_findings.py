@@ -81,6 +81,21 @@ def test_findings_sentences_match_numbers_computed_here():
         assert f"at {t:.0%} {a:.3f} → {b:.3f} nats/token (saves {a - b:.3f})" in sentences[4]
 
 
+def test_optimal_compensation_gets_its_own_sentence_after_mean():
+    """An optimal-compensated curve gets a sentence of its own after the mean one, with the hand-computed numbers,
+    and says 'costs' where it is worse than no compensation (here ΔNLL 1.2 x fraction against taylor's 1.0 x)."""
+    scores = scores_frame()
+    rows = [curve_row(m, "none", f, s * f) for m, s in SLOPES.items() for f in FRACTIONS]
+    rows += [curve_row("taylor", "mean", f, 0.4 * f) for f in FRACTIONS]
+    rows += [curve_row("taylor", "optimal", f, 1.2 * f) for f in FRACTIONS]  # worse than none: it "costs"
+    sentences = findings(scores, check_curves(pd.DataFrame(rows)), predictiveness(scores))
+    assert sentences[-2].startswith("Mean compensation") and sentences[-1].startswith("Optimal compensation")
+    for t in (0.3, 0.5):
+        f = nearest(FRACTIONS, t)
+        a, b = SLOPES["taylor"] * f, 1.2 * f
+        assert f"at {t:.0%} {a:.3f} → {b:.3f} nats/token (costs {b - a:.3f})" in sentences[-1]
+
+
 def test_findings_without_truth_random_or_compensation_leave_sentences_out():
     scores = check_scores(make_scores(methods=["wo_fro", "taylor"]).fillna(0.1))
     curves = check_curves(pd.DataFrame([curve_row("taylor", "none", f, f) for f in FRACTIONS]))

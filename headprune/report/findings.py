@@ -5,7 +5,7 @@
    standard deviation over seeds) and by how much, which are worse than it;
 3. which scores rank heads inversely to ``abl_zero`` (the 95% interval of Spearman ρ below 0 or of the ROC-AUC
    below 0.5);
-4. what mean compensation buys (ΔNLL with and without, same method and fraction).
+4. what mean (and optimal) compensation buys (ΔNLL with and without, same method and fraction).
 
 A sentence whose numbers are missing (no ``abl_zero``, no random curve, no compensated curve) is left out.
 """
@@ -134,22 +134,28 @@ def _span(values: pd.Series) -> str:
     return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
 
 
+COMPENSATION_WORDS = {"mean": "Mean compensation (the pruned heads' mean output folded into the bias)",
+                      "optimal": "Optimal compensation (each pruned head's optimal-ablation constant c* folded into "
+                                 "the bias, Li & Janson 2024)"}
+
+
 def compensation_sentences(curves: pd.DataFrame) -> list[str]:
+    """Per compensated curve: its ΔNLL against the same method's uncompensated one at 30% and 50%."""
     out = []
-    for method in dict.fromkeys(curves.loc[curves["compensation"] == "mean", "method"]):
-        plain = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
-        comp = curves[(curves["method"] == method) & (curves["compensation"] == "mean")]
-        if plain.empty:
-            continue
-        parts = []
-        for target in FINDING_FRACTIONS:
-            a, b = float(_at(plain, target)["delta_nll"]), float(_at(comp, target)["delta_nll"])
-            saves = a - b
-            change = "no change" if nats(abs(saves)) == nats(0.0) else \
-                f"{'saves' if saves > 0 else 'costs'} {nats(abs(saves))}"
-            parts.append(f"at {target:.0%} {nats(a)} → {nats(b)} nats/token ({change})")
-        out.append(f"Mean compensation (the pruned heads' mean output folded into the bias) changes {method}'s "
-                   f"ΔNLL {' and '.join(parts)}.")
+    for comp, words in COMPENSATION_WORDS.items():
+        for method in dict.fromkeys(curves.loc[curves["compensation"] == comp, "method"]):
+            plain = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
+            fills = curves[(curves["method"] == method) & (curves["compensation"] == comp)]
+            if plain.empty:
+                continue
+            parts = []
+            for target in FINDING_FRACTIONS:
+                a, b = float(_at(plain, target)["delta_nll"]), float(_at(fills, target)["delta_nll"])
+                saves = a - b
+                change = "no change" if nats(abs(saves)) == nats(0.0) else \
+                    f"{'saves' if saves > 0 else 'costs'} {nats(abs(saves))}"
+                parts.append(f"at {target:.0%} {nats(a)} → {nats(b)} nats/token ({change})")
+            out.append(f"{words} changes {method}'s ΔNLL {' and '.join(parts)}.")
     return out
 
 

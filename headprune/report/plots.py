@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..schema import (
     DESCRIPTIVE,
@@ -21,6 +22,7 @@ from ..schema import (
     METHOD_UNITS,
     RANDOM,
     TRUTH,
+    ci_columns,
     method_columns,
     method_family,
     split_ranking,
@@ -159,6 +161,22 @@ def _map_caption(scores: pd.DataFrame, method: str) -> str:
     return f"{method} ({unit}): {values.min():.3g} to {values.max():.3g}, {ends[0]} to {ends[1]}"
 
 
+def score_interval(scores: pd.DataFrame, method: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The 95% bootstrap interval (lo, hi) of each head's ``method`` score, or None when the table has none."""
+    lo, hi = ci_columns(method)
+    if lo not in scores or hi not in scores:
+        return None
+    return scores[lo].to_numpy(float), scores[hi].to_numpy(float)
+
+
+def error_bars(values: np.ndarray, interval: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """``errorbar``'s [2, n] extents below and above each value (0 where the interval is missing)."""
+    if interval is None:
+        return None
+    lo, hi = interval
+    return np.nan_to_num(np.stack([values - lo, hi - values]), nan=0.0).clip(min=0.0)
+
+
 def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
     hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
@@ -167,6 +185,8 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     vmin, vmax, cmap_name = _color_limits(values)
     cmap = colormaps[cmap_name]
     ranks = dict(zip(scores["head_id"], importance_rank(scores[method].to_numpy(float))))
+    interval = score_interval(scores, method)
+    ci = dict(zip(scores["head_id"], zip(*interval))) if interval is not None else {}
     cell, left, top = 12, 26, 12
     width, height = left + cell * n_heads, top + cell * n_layers
     unit = METHOD_UNITS.get(method, "")
@@ -184,7 +204,10 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
             r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
             fill = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
             rank = ranks.get(head, math.nan)
-            tip = f"{head} {method} = {v:.4g} {unit}" + ("" if math.isnan(rank) else f"; rank {rank:g} of {len(scores)}")
+            tip = f"{head} {method} = {v:.4g} {unit}"
+            if head in ci and np.isfinite(ci[head]).all():
+                tip += f" (95% CI {ci[head][0]:.4g} to {ci[head][1]:.4g})"
+            tip += "" if math.isnan(rank) else f"; rank {rank:g} of {len(scores)}"
         else:
             fill, tip = MISSING_COLOR, f"{head}: no score"
         parts.append(f'<rect x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
@@ -403,10 +426,13 @@ def label_points(ax, x: np.ndarray, y: np.ndarray, names: list[str], order: np.n
             placed.append((fx, fy))
 
 
-def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "value") -> bytes:
+def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "value",
+                  rho_ci: dict[str, tuple[float, float]] | None = None) -> bytes:
     """Small multiples: each method against ``abl_zero``, one point per head, coloured by layer (discrete
-    legend), Spearman rho in the title; the top heads by ``abl_zero`` named where their labels do not overlap.
-    ``rank``: both axes in importance ranks (1 = highest score), one shared scale for every panel."""
+    legend), Spearman rho (and its head-bootstrap interval ``rho_ci``) in the title; the top heads by ``abl_zero``
+    named where their labels do not overlap. In values, grey bars show each score's 95% window-bootstrap interval
+    (both axes, where the table has one). ``rank``: both axes in importance ranks (1 = highest score), one shared
+    scale for every panel, no bars."""
     methods = list(rho)
     n_layers = int(scores["layer"].max()) + 1
     cols = min(4, len(methods))
@@ -417,19 +443,26 @@ def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "val
     y = importance_rank(truth) if scale == "rank" else truth
     layers, names = scores["layer"].to_numpy(), list(scores["head_id"])
     top = np.argsort(-np.nan_to_num(truth, nan=-np.inf), kind="stable")
+    yerr = error_bars(y, score_interval(scores, TRUTH)) if scale == "value" else None
     for ax, method in zip(axes, methods):
         x = scores[method].to_numpy(float)
         x = importance_rank(x) if scale == "rank" else x
         if (np.isfinite(x) & np.isfinite(y)).any():
+            xerr = error_bars(x, score_interval(scores, method)) if scale == "value" else None
+            if xerr is not None or yerr is not None:
+                ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor="0.55", elinewidth=0.6, alpha=0.7,
+                            zorder=1)
             scatter_by_layer(ax, x, y, layers, n_layers, size=14)
             label_points(ax, x, y, names, top)
         else:
             ax.text(0.5, 0.5, "no head has both values", ha="center", va="center", transform=ax.transAxes, fontsize=8)
-        r = rho[method]
+        r, (r_lo, r_hi) = rho[method], (rho_ci or {}).get(method, (math.nan, math.nan))
         note = " (a description)" if method in DESCRIPTIVE else ""
-        ax.set_title(f"{method}{note}: \u03c1 = {'n/a' if math.isnan(r) else f'{r:.2f}'}", fontsize=9)
+        band = "" if math.isnan(r) or math.isnan(r_lo) else f" [{r_lo:.2f}, {r_hi:.2f}]"
+        ax.set_title(f"{method}{note}: \u03c1 = {'n/a' if math.isnan(r) else f'{r:.2f}'}{band}", fontsize=9)
         unit = "rank (1 = highest)" if scale == "rank" else METHOD_UNITS.get(method, "score")
         ax.set_xlabel(f"{method}, {unit}", fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # long tick labels (-0.0050) must not run into each other
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for i, ax in enumerate(axes):
@@ -443,7 +476,7 @@ def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "val
             ax.set_xlim(0, len(scores) + 1)
             ax.set_ylim(0, len(scores) + 1)
     layer_legend(fig, n_layers)
-    fig.suptitle(f"Each score against {TRUTH}, one point per head (Spearman \u03c1 in the titles)", fontsize=10)
+    fig.suptitle(f"Each score against {TRUTH}, one point per head (Spearman \u03c1 [95% CI] in the titles)", fontsize=10)
     return _png(fig)
 
 
@@ -497,10 +530,13 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
                         "missing). On the page: hover a cell for its value and rank; heatmaps.png has the numbers in "
                         "the cells.", plot_heatmaps(scores, methods, scale), svg=maps))
     rho = dict(zip(pred["method"], pred["spearman_rho"].astype(float)))
+    rho_ci = ({m: (float(lo), float(hi)) for m, lo, hi in zip(pred["method"], pred["spearman_ci_lo"], pred["spearman_ci_hi"])}
+              if "spearman_ci_lo" in pred else None)
     if rho:
+        bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""
         pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
-                            f"heads that matter most by {TRUTH} named where their labels do not overlap.",
-                            plot_scatters(scores, rho, scale)))
+                            f"heads that matter most by {TRUTH} named where their labels do not overlap; \u03c1 with "
+                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci)))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
                         plot_rank_correlation(*rank_correlations(scores))))
     return pics

@@ -46,7 +46,7 @@ def plot_recovery(table: pd.DataFrame, baseline: dict) -> bytes:
     ax = fig.subplots()
     styles = curve_styles(list(dict.fromkeys(table["method"])))
     for (method, comp), g in table.groupby(["method", "compensation"], sort=False):
-        x, suffix = 100 * g["fraction"].to_numpy(), "" if comp == "none" else " (mean-compensated)"
+        x, suffix = 100 * g["fraction"].to_numpy(), "" if comp == "none" else f" ({comp}-compensated)"
         color, marker = styles[str(method)]["color"], styles[str(method)]["marker"]
         ax.plot(x, g["ppl_pruned"], color=color, marker=marker, ms=4, ls="-", label=f"{method}{suffix}, pruned")
         ax.plot(x, g["ppl_recovered"], color=color, marker=marker, ms=4, ls="--", mfc="white",
@@ -63,7 +63,8 @@ def plot_recovery(table: pd.DataFrame, baseline: dict) -> bytes:
 def recovery_sentence(table: pd.DataFrame) -> str:
     """The headline: the share of the gap recovered at the largest fraction pruned, per method."""
     top = table[table["fraction"] == table["fraction"].max()]
-    parts = [f"{r.method}{'' if r.compensation == 'none' else ' (mean)'} {r.gap_recovered:.0%}" for r in top.itertuples()
+    parts = [f"{r.method}{'' if r.compensation == 'none' else f' ({r.compensation})'} {r.gap_recovered:.0%}"
+             for r in top.itertuples()
              if np.isfinite(r.gap_recovered)]
     steps = int(table[RECOVER_COLUMN].max())
     if not parts:

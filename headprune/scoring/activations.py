@@ -28,11 +28,6 @@ from ..schema import ACTIVATION_METHODS
 from .base import Family, ScoringContext, Unit
 
 
-def _scored(t: Tensor, mask: Tensor) -> Tensor:
-    """(b,h,L,...) -> (n,h,...) at the scored input positions; mask (b,L-1)."""
-    return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
-
-
 def _per_window(t: Tensor, mask: Tensor) -> Tensor:
     """(b,h,L,...) summed over each window's scored input positions -> (b,h,...); mask (b,L-1)."""
     t = t[:, :, : mask.shape[1]]

@@ -38,12 +38,16 @@ from torch import Tensor
 
 from ..model import GPT2, Capture, token_nll
 from ..perplexity import Batch
-from .activations import _scored
 from .base import Family, ScoringContext, Unit, by_head
 
 STEPS = 16  # passes over the fit data per layer after the one at z̄ (each a forward and backward, all heads)
 FIRST_STEP = 0.3  # length of the first (gradient) step: 0.3 σ per coordinate (RMS)
 MAX_STEP = 1.0  # no step longer than 1 σ per coordinate (RMS): a flat direction must not run off
+
+
+def scored_positions(t: Tensor, mask: Tensor) -> Tensor:
+    """(b,h,L,...) -> (n,h,...) at the scored input positions; mask (b,L-1)."""
+    return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
 
 
 def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer: int, positions: list[int],
@@ -96,7 +100,7 @@ def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, posit
         for batch, r in zip(batches, resid):
             capture = Capture()
             model.run_blocks(r, start=layer, stop=layer + 1, capture=capture)
-            dev = _scored(capture.z[layer], batch.mask).double() - init.double().to(r.device)  # (tokens, h, d_k)
+            dev = scored_positions(capture.z[layer], batch.mask).double() - init.double().to(r.device)  # (tokens, h, d_k)
             sq += (dev ** 2).mean(-1).sum(0).cpu()
             n += dev.shape[0]
         sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-6)[positions]  # [p]
