@@ -46,7 +46,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--scores", default="reports/stdlib-gpt2-mini/scores.csv", help="scores table of the model (relative: to the repository root)")
     ap.add_argument("--methods", default="abl_zero,abl_mean,grad", help="scores columns that compete (lowest test ppl wins)")
     ap.add_argument("--fraction", type=float, default=0.5)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--gate-steps", type=int, default=150, help="gate training steps (0: no learned set)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from functools import partial
 
 from . import __version__
 from .cli_options import (
@@ -221,7 +222,7 @@ def cmd_curve(args) -> None:
     from .outputs import read_scores
     from .recovery import curve_train_ids, recovered_curves
     from .schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
-    from .scoring import head_means, optimal_constants
+    from .scoring import head_means, joint_constants
     from .selection import check_scores_match
     from .sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
 
@@ -258,8 +259,9 @@ def cmd_curve(args) -> None:
     means = optimal = None
     if score_ids is not None and args.compensate == "mean":
         means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable
-    if score_ids is not None and args.compensate == "optimal":
-        optimal = optimal_constants(model, score_ids, None, w, progress, not args.quiet)  # resumable
+    if score_ids is not None and args.compensate == "optimal":  # fitted per pruned set, inside its resumable unit
+        set_means = head_means(model, score_ids, w, progress, not args.quiet)
+        optimal = partial(joint_constants, model, score_ids, windowing=w, means=set_means, show_progress=False)
     fill_data = fill_source(args, score_ids)
     head_sets = None
     if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
@@ -274,7 +276,7 @@ def cmd_curve(args) -> None:
 
         recovered = recovered_curves(model, train_ids, args.recover, not args.quiet, ids=ids, scores=scores,
                                      variants=variants, fractions=fractions, windowing=w, seeds=args.seeds, means=means,
-                                     per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
+                                     optimal=optimal, per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
                                      seed=args.seed, progress=progress)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     if not finish_sweep(progress, curves, out):
@@ -379,7 +381,7 @@ def cmd_prune(args) -> None:
     from .outputs import check_writable, read_scores
     from .perplexity import evaluate
     from .pruning import prune_model
-    from .scoring import head_means, optimal_constants
+    from .scoring import head_means, joint_constants
     from .selection import check_scores_match
 
     if (args.heads is None) == (args.scores is None):
@@ -400,7 +402,7 @@ def cmd_prune(args) -> None:
         if compensate == "mean" and score_ids is not None:
             fills = head_means(model, score_ids, w, show_progress=not args.quiet)
         elif compensate == "optimal" and score_ids is not None:
-            fills = optimal_constants(model, score_ids, heads, w, show_progress=not args.quiet)
+            fills = joint_constants(model, score_ids, heads, w, show_progress=not args.quiet)
         pruned = prune_model(model, heads, fills)
     else:
         scores = read_scores(args.scores)

@@ -9,8 +9,9 @@ the pruned model is evaluated with the sliding-window perplexity, and
 A ranking ``<method>@layer`` divides each layer's scores by their layer's norm first (Michel et al. 2019).
 Every point carries a 95% paired-bootstrap interval of its ΔNLL over the evaluation windows.
 With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
-into b_O; with ``optimal`` their optimal-ablation constants c_i* (Li & Janson 2024, each fitted with that head
-alone ablated, :func:`headprune.scoring.optimal_constants`). Compensated rows name the data the fills came
+into b_O; with ``optimal`` the constants that are optimal for ablating that set of heads together (Li & Janson
+2024, fitted jointly from z̄ on the scoring data for every pruned set, :func:`headprune.scoring.joint_constants`;
+never worse than mean compensation there). Compensated rows name the data the fills came
 from (column ``fill_data``; empty for ``none``). Every (method, compensation, fraction, seed) point is one
 progress unit.
 """
@@ -112,7 +113,7 @@ def pruning_curves(
     bootstrap: int = DEFAULT_REPLICATES,
     recover: Callable[[GPT2], object] | None = None,
     recover_steps: int = 0,
-    optimal: dict[Head, torch.Tensor] | None = None,  # {(layer, head): c*} for compensation "optimal"
+    optimal: Callable[[list[Head]], dict[Head, torch.Tensor]] | None = None,  # heads -> their joint constants
     fill_data: str = "",  # where ``means`` / ``optimal`` were measured, e.g. "default (validation split), 8,192 tokens"
     head_sets: dict[tuple[str, float], list[Head]] | None = None,  # (method, fraction) -> heads, chosen elsewhere
 ) -> pd.DataFrame:
@@ -159,10 +160,16 @@ def pruning_curves(
             name, by_layer = split_ranking(method)
             heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
                                  normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
-        source = constants[comp]
-        fills = {h: source[h] for h in heads} if source is not None and heads else None
-        key = (frozenset(heads), comp if fills else "none")
+        comp = comp if heads else "none"
+        key = (frozenset(heads), comp)
         if key not in evaluated:
+            fills = None
+            if comp == "mean":
+                assert means is not None
+                fills = {h: means[h] for h in heads}
+            elif comp == "optimal":  # fitted for this set: single-head constants do not compose (fit_set)
+                assert optimal is not None
+                fills = optimal(heads)
             pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
             if recover is not None:
                 recover(pruned)  # every layer may change: evaluated from the embeddings on

@@ -20,7 +20,7 @@ from .model import GPT2
 from .perplexity import Windowing
 from .pruning import prune_model
 from .schema import RANDOM, WEIGHT_METHODS
-from .scoring import head_means, optimal_constants, score_heads
+from .scoring import head_means, joint_constants, score_heads
 from .selection import rank_heads, select_heads
 
 
@@ -88,8 +88,8 @@ def prune_iteratively(
             if comp == "mean":
                 means = head_means(model, score_ids, windowing, show_progress=show_progress)
                 fills = {h: means[h] for h in now}
-            else:  # each head's own optimal constant on the model of this step
-                fills = optimal_constants(model, score_ids, now, windowing, show_progress=show_progress)
+            else:  # the constants optimal for removing this step's heads together, on the model of this step
+                fills = joint_constants(model, score_ids, now, windowing, show_progress=show_progress)
         model = prune_model(model, now, fills)
         removed += now
     return model, removed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import pandas as pd
 
@@ -36,7 +37,7 @@ from .schema import (
     WEIGHT_METHODS,
     parse_methods,
 )
-from .scoring import score_heads
+from .scoring import joint_constants, score_heads
 
 
 @dataclass
@@ -123,9 +124,11 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     t0 = time.perf_counter()
     fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
 
+    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=scored.means, show_progress=False)
+
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet, optimal=scored.optimal,
+                              seed=s.seed, progress=progress, show_progress=not quiet, optimal=optimal,
                               fill_data=fill_data, bootstrap=s.bootstrap,
                               head_sets=head_sets)
 

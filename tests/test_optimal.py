@@ -15,8 +15,8 @@ from headprune.corpus import corpus_ids
 from headprune.loading import load_model, load_tokenizer
 from headprune.outputs import Progress
 from headprune.perplexity import Windowing
-from headprune.scoring import optimal_constants, score_heads
-from headprune.scoring.optimal import _layer_losses
+from headprune.scoring import joint_constants, optimal_constants, score_heads
+from headprune.scoring.optimal import _layer_losses, fit_set
 
 from helpers import TINY, guide_loop, save_hf_gpt2
 
@@ -117,6 +117,50 @@ def test_fitted_constant_is_an_optimum(small_dir, ids, scored):
         assert worst <= 0.01 * (row.abl_mean - row.abl_opt) + 1e-6  # what is left is noise next to the fit's gain
 
 
+SET = [(0, 1), (1, 2), (1, 3), (2, 0)]  # heads of three layers, two in one
+
+
+def test_joint_fit_of_a_set_beats_mean_and_equals_hf(small_dir, ids, scored):
+    """Removing a set of heads with optimal compensation fits their constants together: the fit's NLL is the HF
+    loss with all their slices of z overwritten at once, below the loss at their means (the fit's start), and
+    below what the one-head-at-a-time constants c_i* give when folded together."""
+    model = load_model(small_dir)
+    w = Windowing(SEQ, STRIDE, BATCH)
+    init = torch.stack([scored.means[h] for h in SET]).float()
+    fit = fit_set(model, w.batches(ids), SET, init, STEPS)
+    hf = GPT2LMHeadModel.from_pretrained(small_dir).eval()
+    n = sum(int(b.mask.sum()) for b in w.batches(ids))
+    joint = {h: torch.tensor(c) for h, c in zip(SET, fit["c"])}
+    at_joint, _ = guide_loop(hf_with_constants(hf, joint), ids, SEQ, STRIDE)
+    at_mean, _ = guide_loop(hf_with_constants(hf, {h: scored.means[h] for h in SET}), ids, SEQ, STRIDE)
+    at_single, _ = guide_loop(hf_with_constants(hf, {h: scored.optimal[h] for h in SET}), ids, SEQ, STRIDE)
+    print(f"\nNLL with the set ablated: means {at_mean:.5f}, single-head c* {at_single:.5f}, joint {at_joint:.5f}")
+    assert fit["nll_best"] / n == pytest.approx(at_joint, abs=1e-5)
+    assert fit["nll_init"] / n == pytest.approx(at_mean, abs=1e-5)
+    assert at_joint < at_mean - 1e-3 and at_joint < at_single
+    again = joint_constants(model, ids, SET, w, steps=STEPS, show_progress=False)  # the API: means measured itself
+    assert all(torch.allclose(again[h], joint[h], atol=1e-5) for h in SET)
+
+
+def test_joint_fit_of_one_head_is_at_least_abl_opt(small_dir, ids, scored):
+    """For a single head the set's fit (torch's L-BFGS, no trust region) and abl_opt's per-head BFGS (steps of at
+    most 1 σ) minimise the same loss from the same start: the set's fit gets at least as low, and its NLL is the
+    HF loss with that head's z overwritten by its constant."""
+    model = load_model(small_dir)
+    w = Windowing(SEQ, STRIDE, BATCH)
+    n = sum(int(b.mask.sum()) for b in w.batches(ids))
+    table = scored.table.set_index(["layer", "head"])
+    hf = GPT2LMHeadModel.from_pretrained(small_dir).eval()
+    base, _ = guide_loop(hf, ids, SEQ, STRIDE)
+    for head in [(0, 1), (2, 0)]:
+        fit = fit_set(model, w.batches(ids), [head], scored.means[head].float().view(1, -1), STEPS)
+        ablated, _ = guide_loop(hf_with_constants(hf, {head: torch.tensor(fit["c"][0])}), ids, SEQ, STRIDE)
+        print(f"\nL{head[0]}H{head[1]}: abl_mean {table.abl_mean[head]:.4f}, abl_opt {table.abl_opt[head]:.4f}, "
+              f"set fit {ablated - base:.4f}")
+        assert fit["nll_best"] / n == pytest.approx(ablated, abs=1e-5)
+        assert ablated - base <= table.abl_opt[head] + 1e-6
+
+
 def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
     """Each layer's fit is one progress unit holding the constants: a rerun reads them and fits nothing."""
     model = load_model(small_dir)
@@ -139,8 +183,8 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
 @pytest.mark.slow  # fits 3, then all 12 heads of a model with GPT-2's 50257-token LM head
 def test_prune_compensate_optimal_export_equals_optimally_ablated_hf(tiny_dir, corpus, tmp_path):
     """The exported (HF format) model without L0H1, L1H2, L1H3 has the NLL of the original with those heads' z
-    overwritten by their optimal constants (each fitted with that head alone ablated, on the scoring data),
-    and curve --compensate optimal reports that NLL at the same head set and says where the fills came from."""
+    overwritten by the constants optimal for ablating the three together (fitted on the scoring data), and
+    curve --compensate optimal reports that NLL at the same head set and says where the fills came from."""
     window = ["--seq-len", str(SEQ), "--stride", str(STRIDE), "--max-tokens", "300", "--quiet"]
     heads = [(0, 1), (1, 2), (1, 3)]
     out = tmp_path / "pruned"
@@ -152,7 +196,7 @@ def test_prune_compensate_optimal_export_equals_optimally_ablated_hf(tiny_dir, c
     model = load_model(tiny_dir)
     score_ids = corpus_ids(str(corpus), "validation", load_tokenizer(tiny_dir, vocab_size=TINY["vocab_size"]), 300)
     w = Windowing(SEQ, STRIDE, 8)
-    constants = optimal_constants(model, score_ids, heads, w, show_progress=False)
+    constants = joint_constants(model, score_ids, heads, w, show_progress=False)
     assert sorted(constants) == heads
     eval_ids = corpus_ids(str(corpus), "test", load_tokenizer(tiny_dir, vocab_size=TINY["vocab_size"]), 300)
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()

@@ -13,11 +13,12 @@
   mean line with a +-1 std band; one Okabe-Ito hue per method family;
 - ``pruning_order.png``: per ranking method, the step at which each head is removed (layer x head grid);
 - ``scatters.png``: each score against ``abl_zero`` (small multiples; points coloured by layer, a discrete legend;
-  Spearman rho in the titles; values or, with ``scale="rank"``, ranks);
+  Spearman rho with its 95% interval in the titles; values with each score's 95% bootstrap interval as grey bars
+  or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
-  the random band at 30% and 50%, the scores that rank heads inversely, what mean compensation buys), the
+  the random band at 30% and 50%, the scores that rank heads inversely, what mean and optimal compensation buy), the
   perplexity (and bits per byte where the baseline has ``bytes``) at 10/30/50% pruned, top-10 heads by
   ``abl_zero``, heads removed per layer, predictiveness, then settings and timings;
 - ``report.html``: one self-contained page with all of the above (pictures as data: URIs, inline CSS and a few

@@ -36,7 +36,7 @@ from .ablation import AblationScores
 from .activations import ActivationScores
 from .base import Family, ScoringContext, Unit, by_head
 from .gradients import GradientScores
-from .optimal import STEPS, OptimalFit, fit_layer
+from .optimal import STEPS, OptimalFit, fit_layer, fit_set
 from .weights import WeightScores
 
 # The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
@@ -169,3 +169,25 @@ def optimal_constants(
     results = run_units(jobs, progress or NoProgress(), _bar(show_progress, "optimal ablation fit"))
     return {head: torch.tensor(c, dtype=model.dtype, device=model.device)
             for (key, _), layer_heads in zip(jobs, fitted) for head, c in zip(layer_heads, results[key]["c"])}
+
+
+def joint_constants(
+    model: GPT2,
+    ids: torch.Tensor,
+    heads: Iterable[Head],
+    windowing: Windowing | None = None,
+    means: dict[Head, torch.Tensor] | None = None,
+    steps: int = STEPS,
+    show_progress: bool = True,
+) -> dict[Head, torch.Tensor]:
+    """{(layer, head): c} for removing ``heads`` together with optimal compensation: the constants that minimise
+    the NLL on ``ids`` with all of them ablated at once (:func:`~headprune.scoring.optimal.fit_set`, from their
+    mean outputs ``means``, measured here when not given). Never worse than mean compensation on ``ids``."""
+    heads = sorted(set(heads))
+    if not heads:
+        return {}
+    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    means = means or head_means(model, ids, windowing, show_progress=show_progress)
+    init = torch.stack([means[h] for h in heads]).float()
+    fit = fit_set(model, windowing.batches(ids), heads, init, steps)
+    return {head: torch.tensor(c, dtype=model.dtype, device=model.device) for head, c in zip(heads, fit["c"])}

@@ -148,6 +148,65 @@ def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, posit
     return {"c": x.tolist(), "nll_init": nll_init.tolist(), "nll_best": f.tolist(), "best_step": best_step}
 
 
+def fit_set(model: GPT2, batches: list[Batch], heads: list[tuple[int, int]], init: Tensor, steps: int = STEPS
+            ) -> dict[str, Any]:
+    """Jointly optimal constants for ablating the set ``heads`` together (what pruning them with compensation
+    does): argmin over c_S of L(z_i := c_i for every i in S), from ``init`` [|S|, d_k] (their z̄), by L-BFGS
+    with a strong-Wolfe line search (torch.optim.LBFGS): at most ``steps`` iterations and 5/4 as many passes
+    over the fit data, each a forward and backward from the first layer of S. The best point seen is kept, so
+    on the fit data the result is never worse than mean compensation (c = z̄).
+
+    Constants fitted one head at a time (abl_opt's c_i*) do not compose: on the shipped model each c_i* carries
+    a shift that lowers the loss on its own and these shifts share a direction, so folding 24 of them adds it
+    24 times (see README, Optimal ablation). A set is therefore fitted as a set.
+
+    Returns lists: ``c`` [|S|][d_k] (the heads in the given order), ``nll_init`` and ``nll_best`` (NLL sums
+    over the fit data at z̄ and at c)."""
+    batches = [b.to(model.device) for b in batches]
+    start = min(layer for layer, _ in heads)
+    kept = model.cfg.kept_heads
+    positions = [kept[layer].index(h) for layer, h in heads]
+    n_layers = model.cfg.n_layers
+    gates: list[Tensor | None] = [None] * n_layers
+    for layer in {layer for layer, _ in heads}:
+        gate = torch.ones(len(kept[layer]), device=model.device)
+        gate[[p for (l, _), p in zip(heads, positions) if l == layer]] = 0
+        gates[layer] = gate
+    x = init.detach().to(model.device, torch.float32).clone().requires_grad_(True)  # [|S|, d_k]
+    with torch.no_grad():
+        resid = [model.run_blocks(model.embed(b.tokens), stop=start) for b in batches]  # entering layer `start`
+
+    def fills() -> list[Tensor | None]:
+        out: list[Tensor | None] = [None] * n_layers
+        for layer in {layer for layer, _ in heads}:
+            rows = [i for i, (l, _) in enumerate(heads) if l == layer]
+            fill = torch.zeros(len(kept[layer]), x.shape[1], device=model.device)
+            out[layer] = fill.index_put((torch.tensor([positions[i] for i in rows], device=model.device),), x[rows])
+        return out
+
+    best: dict[str, Any] = {}
+
+    def closure() -> Tensor:  # NLL sum over the fit data; its gradient (only with respect to x) into x.grad
+        total, grad = torch.zeros((), dtype=torch.float64), torch.zeros_like(x)
+        with torch.enable_grad():
+            for batch, r in zip(batches, resid):
+                out = model.run_blocks(r, start=start, gates=gates, fills=fills())
+                loss = (token_nll(model.unembed(out), batch.tokens).double() * batch.mask).sum()
+                grad += torch.autograd.grad(loss, x)[0]
+                total += loss.detach().cpu()
+        x.grad = grad
+        if not best or total < best["nll"]:
+            best.update(nll=total, c=x.detach().clone())
+        return total
+
+    nll_init = float(closure())
+    if steps > 0:
+        opt = torch.optim.LBFGS([x], lr=1.0, max_iter=steps, max_eval=steps * 5 // 4, history_size=10,
+                                tolerance_grad=1e-12, tolerance_change=1e-12, line_search_fn="strong_wolfe")
+        opt.step(closure)
+    return {"c": best["c"].double().cpu().tolist(), "nll_init": nll_init, "nll_best": float(best["nll"])}
+
+
 class OptimalFit(Family):
     """Fits abl_opt's constants: a unit per layer (after the activations family's ``mean_z``, before the
     ablation family evaluates abl_opt); output ``opt_c`` [H, d_k], layer-major."""
