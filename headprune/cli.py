@@ -201,8 +201,9 @@ def _configure_curve(p):
                                                     "--score-data, --gate-steps steps each)")
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
-                   help="mean / optimal: also measure curves with the pruned heads' mean outputs / optimal-ablation "
-                        "constants (Li & Janson 2024) folded into b_O, both from --score-data")
+                   help="mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
+                        "optimal for ablating each pruned set together (Li & Janson 2024) folded into b_O, both from "
+                        "--score-data")
     add_selection_args(p)
     add_bootstrap_arg(p)
     p.add_argument("--recover", type=int, default=0, metavar="STEPS",
@@ -364,8 +365,8 @@ def _configure_prune(p):
                    help="prune in STEPS steps, re-scoring the remaining heads between them")
     add_selection_args(p, "seed of the random selection (--method random)")
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
-                   help="mean: fold the pruned heads' mean outputs into b_O; optimal: their optimal-ablation constants "
-                        "(Li & Janson 2024), each fitted on --score-data with that head alone ablated")
+                   help="mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
+                        "ablating these heads together (Li & Janson 2024), fitted jointly on --score-data")
     p.add_argument("--format", choices=["native", "hf"], default="native",
                    help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
     add_run_flags(p, "output directory for the pruned checkpoint",

@@ -135,7 +135,7 @@ def pruning_curves(
         if comp not in constants:
             raise HeadpruneError(f"compensation {comp!r} is not one of none, mean, optimal")
         if comp != "none" and constants[comp] is None:
-            need = "mean outputs" if comp == "mean" else "optimal-ablation constants"
+            need = "mean outputs" if comp == "mean" else "optimal-ablation fit"
             raise HeadpruneError(f"{comp} compensation needs the heads' {need}; give the scoring data")
     batches = w.batches(ids)
     n = torch.cat([b.mask.sum(1) for b in batches]).double()  # [W] scored tokens per window

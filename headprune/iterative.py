@@ -3,8 +3,8 @@
 Iterative with S steps: after step s the model has lost round(k·(s+1)/S) of the k heads to prune
 (per layer: round(k_l·(s+1)/S)); before each step after the first the remaining heads are re-scored on
 the pruned model (with the same method, on the scoring data), so a head's importance is judged without
-the heads already gone. With mean (optimal) compensation each step folds the means (optimal-ablation constants)
-measured on the model of that step.
+the heads already gone. With mean (optimal) compensation each step folds the means (the constants optimal for
+ablating that step's heads together) measured on the model of that step.
 """
 
 from __future__ import annotations

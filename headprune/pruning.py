@@ -10,7 +10,8 @@ the data instead of 0; a constant term, it folds into the bias:
     out = Σ_{i∉P} z_i W_O^(i) + (b_O + Σ_{i∈P} z̄_i W_O^(i))
 
 so the physically pruned model equals the mean-ablated one (gates 0, fills z̄) up to rounding. Optimal
-compensation folds the optimal-ablation constants c_i* (Li & Janson, 2024) the same way: any constant fill does.
+compensation folds constants fitted to be optimal for ablating the set P together (Li & Janson, 2024;
+:func:`headprune.scoring.joint_constants`) the same way: any constant fill does.
 
 Physical pruning keeps, per layer, only the remaining heads' Q/K/V columns of c_attn ([d, 3·h·d_k]:
 Q block, K block, V block, head-major inside each) and W_O rows of c_proj ([h·d_k, d]); ``cfg.kept_heads``

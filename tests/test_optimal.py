@@ -161,6 +161,15 @@ def test_joint_fit_of_one_head_is_at_least_abl_opt(small_dir, ids, scored):
         assert ablated - base <= table.abl_opt[head] + 1e-6
 
 
+def test_optimal_constants_of_some_heads_are_the_scores_constants(small_dir, ids, scored):
+    """The API for a few heads (a unit per layer holding only them) fits what score's abl_opt fitted for them."""
+    c = optimal_constants(load_model(small_dir), ids, [(0, 1), (2, 0), (2, 3)], Windowing(SEQ, STRIDE, BATCH),
+                          show_progress=False, steps=STEPS, ablation_rows=6)
+    assert sorted(c) == [(0, 1), (2, 0), (2, 3)]
+    for head, constant in c.items():
+        torch.testing.assert_close(constant.double(), scored.optimal[head].double(), atol=1e-4, rtol=0)
+
+
 def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
     """Each layer's fit is one progress unit holding the constants: a rerun reads them and fits nothing."""
     model = load_model(small_dir)

@@ -135,8 +135,8 @@ def _span(values: pd.Series) -> str:
 
 
 COMPENSATION_WORDS = {"mean": "Mean compensation (the pruned heads' mean output folded into the bias)",
-                      "optimal": "Optimal compensation (each pruned head's optimal-ablation constant c* folded into "
-                                 "the bias, Li & Janson 2024)"}
+                      "optimal": "Optimal compensation (constants fitted to be optimal for ablating the pruned heads "
+                                 "together, folded into the bias; Li & Janson 2024)"}
 
 
 def compensation_sentences(curves: pd.DataFrame) -> list[str]:
