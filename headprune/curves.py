@@ -47,6 +47,7 @@ CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation s
 
 def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
+    comp = "optimal-set" if comp == "optimal" else comp  # constants fitted per pruned set (older runs: per head)
     return f"curve/w/{f'recover{recover_steps}/' if recover_steps else ''}{method}/{comp}/{fraction!r}/s{seed}"
 
 

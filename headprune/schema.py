@@ -87,6 +87,7 @@ METHOD_UNITS = {
     "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
     "grad": "nats/token per unit gate", "taylor": "nats/token",
     "abl_zero": "ΔNLL, nats/token", "abl_zero_folded": "ΔNLL, nats/token", "abl_mean": "ΔNLL, nats/token",
+    "abl_opt": "ΔNLL, nats/token", "gate": "P(gate open)",
 }
 
 # ---------------------------------------------------------------- columns
