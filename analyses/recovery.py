@@ -1,7 +1,7 @@
 """Recovery after pruning: how much of the perplexity lost at 50% of heads removed do a few fine-tuning or
 distillation steps win back, for the best one-shot head set and for a jointly learned one?
 
-    python -m analyses.recovery [--steps 40] [--methods abl_zero,abl_mean,grad] [--gate-steps 150]   -> reports/recovery/
+    python -m analyses.recovery [--steps 400] [--methods abl_zero,abl_mean,grad] [--gate-steps 150]   -> reports/recovery/
 
 Two head sets of the same size are removed physically: the best one-shot set (of ``--methods``, columns of a
 score run, ``--scores``, default the committed ``reports/stdlib-gpt2-mini/scores.csv``; lowest test perplexity
