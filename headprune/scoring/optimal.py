@@ -26,6 +26,9 @@ Default budget :data:`STEPS` = 16 passes after the one at z̄ (each a forward an
 sweep, ≈ 3 abl_mean sweeps, the last forward only), so the fit costs ≈ 3·16 abl_mean sweeps: affordable for
 `score`, too slow for the default `run` on 2 CPU cores (see benchmarks/bench_optimal.py). The budget is a
 trade: on the test model 16 passes reach 85% of the gain that 48 reach.
+
+Pruning a set S with optimal compensation needs the constants optimal for ablating S *together*:
+:func:`fit_set` fits them jointly (torch's L-BFGS), because the single-head c_i* do not compose.
 """
 
 from __future__ import annotations
