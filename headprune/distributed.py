@@ -14,6 +14,7 @@ those of a run with another number of processes included.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import heapq
@@ -90,12 +91,22 @@ class _Heartbeat:
         self.store, self.rank, self.world, self.timeout, self.where = store, rank, world, timeout, where
         self.failure: str | None = None
         self._barriers = 0
+        self._stop = threading.Event()
         client.add(f"headprune/beat/{rank}", 1)
-        threading.Thread(target=self._beat, args=(client,), daemon=True, name="headprune-heartbeat").start()
+        self._thread = threading.Thread(target=self._beat, args=(client,), daemon=True, name="headprune-heartbeat")
+        self._thread.start()
+        # stop the thread before the interpreter tears down the store it is using: a C++ store destroyed under a
+        # running call aborts the process ("terminate called without an active exception") after a finished run
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the heartbeat thread and wait for its current store call (at most one heartbeat plus a second)."""
+        self._stop.set()
+        self._thread.join(timeout=HEARTBEAT_SECONDS + 1)
 
     def _beat(self, client: dist.Store) -> None:
         seen = {r: (-1, time.monotonic()) for r in range(self.world) if r != self.rank}
-        while self.failure is None:
+        while self.failure is None and not self._stop.is_set():
             try:
                 client.add(f"headprune/beat/{self.rank}", 1)
                 now = time.monotonic()
@@ -109,7 +120,7 @@ class _Heartbeat:
             except (RuntimeError, ValueError, OSError):  # the store's host (rank 0 or its torchrun agent) is gone
                 self.failure = (f"lost the torch.distributed store at {self.where}: the process or machine hosting "
                                 "it (rank 0 or its torchrun agent) died; rerun the same command to resume")
-            time.sleep(HEARTBEAT_SECONDS)
+            self._stop.wait(HEARTBEAT_SECONDS)
 
     def check(self) -> None:
         if self.failure is not None:
