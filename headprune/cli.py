@@ -258,11 +258,10 @@ def cmd_curve(args) -> None:
                               gate_steps=args.gate_steps if learned else None, gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
     means = optimal = None
-    if score_ids is not None and args.compensate == "mean":
-        means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable
-    if score_ids is not None and args.compensate == "optimal":  # fitted per pruned set, inside its resumable unit
-        set_means = head_means(model, score_ids, w, progress, not args.quiet)
-        optimal = partial(joint_constants, model, score_ids, windowing=w, means=set_means, show_progress=False)
+    if score_ids is not None and compensate:
+        means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable; optimal fits start here
+    if score_ids is not None and means is not None and args.compensate == "optimal":  # fitted per pruned set
+        optimal = partial(joint_constants, model, score_ids, windowing=w, means=means, show_progress=False)
     fill_data = fill_source(args, score_ids)
     head_sets = None
     if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints

@@ -170,21 +170,19 @@ def fit_set(model: GPT2, batches: list[Batch], heads: list[tuple[int, int]], ini
     kept = model.cfg.kept_heads
     positions = [kept[layer].index(h) for layer, h in heads]
     n_layers = model.cfg.n_layers
+    rows = {layer: [i for i, (l, _) in enumerate(heads) if l == layer] for layer, _ in heads}  # rows of x per layer
+    where = {layer: torch.tensor([positions[i] for i in r], device=model.device) for layer, r in rows.items()}
     gates: list[Tensor | None] = [None] * n_layers
-    for layer in {layer for layer, _ in heads}:
-        gate = torch.ones(len(kept[layer]), device=model.device)
-        gate[[p for (l, _), p in zip(heads, positions) if l == layer]] = 0
-        gates[layer] = gate
+    for layer in rows:
+        gates[layer] = torch.ones(len(kept[layer]), device=model.device).index_fill(0, where[layer], 0)
     x = init.detach().to(model.device, torch.float32).clone().requires_grad_(True)  # [|S|, d_k]
     with torch.no_grad():
         resid = [model.run_blocks(model.embed(b.tokens), stop=start) for b in batches]  # entering layer `start`
 
-    def fills() -> list[Tensor | None]:
+    def fills() -> list[Tensor | None]:  # per layer [n_heads_l, d_k]: x's rows at the ablated heads' positions
         out: list[Tensor | None] = [None] * n_layers
-        for layer in {layer for layer, _ in heads}:
-            rows = [i for i, (l, _) in enumerate(heads) if l == layer]
-            fill = torch.zeros(len(kept[layer]), x.shape[1], device=model.device)
-            out[layer] = fill.index_put((torch.tensor([positions[i] for i in rows], device=model.device),), x[rows])
+        for layer, r in rows.items():
+            out[layer] = torch.zeros(len(kept[layer]), x.shape[1], device=model.device).index_put((where[layer],), x[r])
         return out
 
     best: dict[str, Any] = {}
