@@ -13,9 +13,10 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure
 
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, model_tokenizer
-from headprune.outputs import ensure_dir, write_bytes, write_json, write_table, write_text
+from headprune.data.tokens import corpus_ids
+from headprune.io.files import ensure_dir, write_bytes, write_json, write_table, write_text
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing
 from headprune.schema import DEFAULT_MAX_TOKENS, DEFAULT_MODEL
 

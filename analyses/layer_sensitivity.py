@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from analyses.common import save, setup
 from headprune.perplexity import evaluate
-from headprune.pruning import prune_model
+from headprune.pruning.prune import prune_model
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 

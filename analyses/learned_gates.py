@@ -2,7 +2,7 @@
 
     python -m analyses.learned_gates [--model M] [--max-tokens K]   -> reports/learned_gates/
 
-At 30/50/70% of heads removed: gates learned at that target sparsity (headprune.gates, STEPS steps of BATCH
+At 30/50/70% of heads removed: gates learned at that target sparsity (headprune.pruning.gates, STEPS steps of BATCH
 windows of SEQ tokens on the validation split), one-shot pruning by zero- and mean-ablation scores
 (abl_zero, abl_mean) and iterative pruning by abl_zero (ITERATIVE steps, re-scoring the remaining heads
 between them); every set is removed physically and judged by test-split perplexity.
@@ -15,14 +15,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analyses.common import save, setup
-from headprune.gates import gate_head_sets
-from headprune.heads import format_heads
-from headprune.iterative import prune_iteratively
+from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate
-from headprune.pruning import prune_model
+from headprune.pruning.gates import gate_head_sets
+from headprune.pruning.iterative import prune_iteratively
+from headprune.pruning.prune import prune_model
+from headprune.pruning.selection import select_heads
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
-from headprune.selection import select_heads
 
 FRACTIONS = (0.3, 0.5, 0.7)
 STEPS, SEQ, BATCH = 150, 128, 4  # gate training per fraction: STEPS batches of BATCH windows of SEQ tokens

@@ -7,8 +7,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analyses.common import save, setup
-from headprune.iterative import prune_iteratively
 from headprune.perplexity import evaluate
+from headprune.pruning.iterative import prune_iteratively
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 

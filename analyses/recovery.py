@@ -25,18 +25,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analyses.common import REPORTS, save, setup
-from headprune.corpus import corpus_ids
-from headprune.finetune import Recipe, finetune
-from headprune.gates import GATE, gate_head_sets
-from headprune.heads import format_heads
-from headprune.loading import model_tokenizer
-from headprune.model import GPT2
-from headprune.outputs import read_scores
+from headprune.data.tokens import corpus_ids
+from headprune.io.files import read_scores
+from headprune.io.tokenizer import model_tokenizer
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate
-from headprune.pruning import prune_model
-from headprune.recovery import gap_recovered
+from headprune.pruning.finetune import Recipe, finetune, gap_recovered
+from headprune.pruning.gates import GATE, gate_head_sets
+from headprune.pruning.prune import prune_model
+from headprune.pruning.selection import check_scores_match, select_heads
 from headprune.report import markdown_table
-from headprune.selection import check_scores_match, select_heads
 
 GATE_SEQ, GATE_BATCH = 128, 4  # gate training windows, as analyses.learned_gates
 GATES = "learned gates"

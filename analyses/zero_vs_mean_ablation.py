@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from analyses.common import save, setup
-from headprune.curves import pruning_curves
+from headprune.pruning.curves import pruning_curves
 from headprune.report import markdown_table
 from headprune.report.plots import label_points, layer_legend, scatter_by_layer
 from headprune.scoring import score_heads

@@ -20,7 +20,7 @@ import time
 import torch
 
 from benchmarks.common import gpt2_small_checkpoint
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 from headprune.perplexity import Windowing, evaluate, window_batches
 from headprune.scoring import score_heads
 

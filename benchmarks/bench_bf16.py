@@ -14,8 +14,9 @@ import argparse
 import torch
 from scipy import stats
 
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, model_tokenizer
+from headprune.data.tokens import corpus_ids
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import evaluate
 from headprune.scoring import score_heads
 

@@ -14,9 +14,10 @@ import time
 
 import numpy as np
 
-import headprune.curves as curves_module
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, model_tokenizer
+import headprune.pruning.curves as curves_module
+from headprune.data.tokens import corpus_ids
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.runtime import reuse_freed_memory
 from headprune.schema import ACTIVATION_METHODS, IMPORTANCE_METHODS, LAYER_NORMALIZED, RANDOM, WEIGHT_METHODS

@@ -11,7 +11,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 
 
 def main() -> None:

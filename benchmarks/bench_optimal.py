@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, model_tokenizer
+from headprune.data.tokens import corpus_ids
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
 from headprune.scoring import score_heads

@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
-from headprune.checkpoint import export_native
-from headprune.heads import format_heads
-from headprune.ledger import pruning_stats
-from headprune.loading import load_model
-from headprune.model import GPT2, Capture
-from headprune.pruning import prune_model
-from headprune.selection import select_heads
+from headprune.io.export import export_native
+from headprune.io.loading import load_model
+from headprune.models.gpt2 import GPT2, Capture
+from headprune.models.heads import format_heads
+from headprune.models.ledger import pruning_stats
+from headprune.pruning.prune import prune_model
+from headprune.pruning.selection import select_heads
 
 
 def attention_inputs(model: GPT2, tokens: torch.Tensor) -> list[torch.Tensor]:

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .errors import HeadpruneError, warn
-from .model import GPT2, token_nll
+from headprune.errors import HeadpruneError, warn
+from headprune.models.gpt2 import GPT2, token_nll
 
 
 @dataclass(frozen=True)

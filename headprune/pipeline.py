@@ -13,21 +13,24 @@ from functools import partial
 
 import pandas as pd
 
-from . import __version__
-from .bootstrap import DEFAULT_REPLICATES
-from .corpus import corpus_ids, token_digest
-from .curves import pruning_curves
-from .distributed import is_main, progress_files
-from .errors import HeadpruneError
-from .gates import GATE, gate_head_sets
-from .ledger import format_info
-from .loading import load_model, model_fingerprint, model_tokenizer
-from .outputs import Progress, check_writable, ensure_dir, write_text
-from .perplexity import Windowing, scored_bytes
-from .report import best_method, build_report, summary_table
-from .report.tables import bpb_factor
-from .runtime import reuse_freed_memory
-from .schema import (
+from headprune import __version__
+from headprune.bootstrap import DEFAULT_REPLICATES
+from headprune.data.tokens import corpus_ids, token_digest
+from headprune.errors import HeadpruneError
+from headprune.io.distributed import is_main, progress_files
+from headprune.io.files import check_writable, ensure_dir, write_text
+from headprune.io.fingerprint import model_fingerprint
+from headprune.io.loading import load_model
+from headprune.io.progress import Progress
+from headprune.io.tokenizer import model_tokenizer
+from headprune.models.ledger import format_info
+from headprune.perplexity import Windowing, scored_bytes
+from headprune.pruning.curves import pruning_curves
+from headprune.pruning.gates import GATE, gate_head_sets
+from headprune.report import best_method, build_report, summary_table
+from headprune.report.tables import bpb_factor
+from headprune.runtime import reuse_freed_memory
+from headprune.schema import (
     ACTIVATION_METHODS,
     DEFAULT_MAX_TOKENS,
     IMPORTANCE_METHODS,
@@ -37,7 +40,7 @@ from .schema import (
     WEIGHT_METHODS,
     parse_methods,
 )
-from .scoring import joint_constants, score_heads
+from headprune.scoring import joint_constants, score_heads
 
 
 @dataclass
@@ -48,7 +51,7 @@ class RunSettings:
     out: str = "headprune-report"
     device: str = "auto"
     dtype: str = "fp32"
-    fold_value_bias: bool = False  # fold value biases into b_O at load (headprune.folding)
+    fold_value_bias: bool = False  # fold value biases into b_O at load (headprune.models.folding)
     batch_size: int = 8
     seq_len: int | None = None
     stride: int | None = None
@@ -59,7 +62,7 @@ class RunSettings:
     ablation_rows: int | None = None  # see score_heads
     bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
     optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
-    learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.gates; slow)
+    learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
     gate_steps: int = 200  # training steps per fraction
     methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt); those that rank heads
     #                                      also get curves
@@ -152,7 +155,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     if not is_main():
         return None
     log("[4/4] report (with the head anatomy)")
-    from .anatomy.report_inputs import anatomy_report
+    from headprune.anatomy.for_report import anatomy_report
 
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, score_ids, windowing, scores, tokenizer.decode, s.seed)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .errors import HeadpruneError
+from headprune.errors import HeadpruneError
 
 DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 #: The token budget of ``headprune run`` and of every analysis in analyses/ (per corpus split), so all committed
@@ -28,7 +28,7 @@ ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
 METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # what `score` computes
 DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # measured on data: bootstrap intervals
 COSTLY = ("abl_opt",)  # left out of "all": about 50 ablation sweeps (name it to get it)
-# Learned by training (headprune.gates, `learn-gates`), never by `score`: columns of their own scores tables.
+# Learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own scores tables.
 LEARNED_METHODS = ("gate",)
 ALL_METHODS = METHODS + LEARNED_METHODS  # every method column a scores table may hold
 DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
@@ -101,7 +101,7 @@ CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params",
 CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_INTERVAL and c != "model_fingerprint"]
 CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: Optional curves column (``curve --recover STEPS``): 0 for a pruned point as measured, STEPS for the same point after
-#: STEPS fine-tuning steps (headprune.finetune); a table without it holds only unrecovered points.
+#: STEPS fine-tuning steps (headprune.pruning.finetune); a table without it holds only unrecovered points.
 RECOVER_COLUMN = "recover_steps"
 FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
 TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN)  # kept as text when read from csv (a hex id may look numeric)

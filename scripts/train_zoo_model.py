@@ -29,7 +29,9 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from headprune.corpus import default_documents, load_texts, split_of, tokenize_corpus
+from headprune.data.sources import load_texts
+from headprune.data.stdlib_docs import default_documents, split_of
+from headprune.data.tokens import tokenize_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -237,11 +239,11 @@ Load with `transformers.GPT2TokenizerFast.from_pretrained(folder)`.
 
 ## Data
 
-`headprune.corpus.default_documents()`: one document per `pydoc_data.topics` entry and one per
+`headprune.data.stdlib_docs.default_documents()`: one document per `pydoc_data.topics` entry and one per
 stdlib module (module, class and function docstrings in source order, `inspect.cleandoc`-ed,
 docstrings under 40 characters skipped; test directories and site-packages excluded).
 Split by document name: the first 8 bytes of sha256(name), big-endian, mod 100:
-< 90 train, < 95 validation, else test (`headprune.corpus.split_of`).
+< 90 train, < 95 validation, else test (`headprune.data.stdlib_docs.split_of`).
 Documents are joined with `<|endoftext|>`. Train: {train_docs} documents, {train_tokens:,} tokens;
 validation: {validation_docs} documents, {validation_tokens:,} tokens; test: {test_docs} documents, {test_tokens:,} tokens.
 

@@ -23,9 +23,9 @@ from headprune.anatomy import (
     wo_geometry,
 )
 from headprune.errors import HeadpruneError
-from headprune.loading import load_model
-from headprune.model import GPT2, ModelConfig
-from headprune.pruning import prune_model
+from headprune.io.loading import load_model
+from headprune.models.gpt2 import GPT2, ModelConfig
+from headprune.pruning.prune import prune_model
 
 from helpers import TINY, random_tokens, save_hf_gpt2
 
@@ -292,7 +292,7 @@ def test_head_anatomy_joins_every_measure(tiny_dir):
 def test_anatomy_command_writes_the_tables(tiny_dir, corpus, tmp_path, capsys):
     import pandas as pd
 
-    from headprune.cli import main
+    from headprune.cli.main import main
 
     out = tmp_path / "anatomy"
     argv = ["anatomy", "--model", str(tiny_dir), "--data", str(corpus), "--seq-len", "32", "--rows", "2",

@@ -18,11 +18,13 @@ import pytest
 import torch
 from scipy import stats
 
-from headprune.cli import main
-from headprune.corpus import load_texts, tokenize_corpus
-from headprune.loading import load_model, load_tokenizer
-from headprune.model import token_nll
-from headprune.outputs import read_scores
+from headprune.cli.main import main
+from headprune.data.sources import load_texts
+from headprune.data.tokens import tokenize_corpus
+from headprune.io.files import read_scores
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import load_tokenizer
+from headprune.models.gpt2 import token_nll
 from headprune.perplexity import evaluate
 from headprune.schema import DEFAULT_MODEL
 

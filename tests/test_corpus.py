@@ -1,4 +1,4 @@
-"""Tests for headprune.corpus: default corpus, splits, loaders, errors, cached tokenization."""
+"""Tests for headprune.data.corpus: default corpus, splits, loaders, errors, cached tokenization."""
 
 import hashlib
 import inspect
@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from headprune import corpus
-from headprune.corpus import default_documents, load_texts, split_of, tokenize_corpus
+from headprune.data import stdlib_docs
+from headprune.data.sources import load_texts
+from headprune.data.stdlib_docs import default_documents, split_of
+from headprune.data.tokens import tokenize_corpus
 from headprune.errors import HeadpruneError
 
 EOS = "<|endoftext|>"
@@ -46,9 +48,9 @@ def tokenizer(tmp_path_factory):
 
 def test_default_documents_deterministic_sorted_unique(docs):
     # rebuilding the whole corpus takes seconds; rebuild one package twice, compare with the corpus
-    root = corpus._stdlib_dir()
-    email_docs = corpus._module_documents(root, root / "email")
-    assert email_docs == corpus._module_documents(root, root / "email")
+    root = stdlib_docs._stdlib_dir()
+    email_docs = stdlib_docs._module_documents(root, root / "email")
+    assert email_docs == stdlib_docs._module_documents(root, root / "email")
     assert email_docs == {n: t for n, t in docs if n.startswith("module:email")}
     assert "module:email.message" in email_docs and "module:email" in email_docs
     names = [n for n, _ in docs]
@@ -82,13 +84,13 @@ def fake_stdlib(tmp_path, monkeypatch):
     (root / "pkg").mkdir(parents=True)
     (root / "alpha.py").write_text('"""Alpha: a module docstring long enough to be kept in the corpus."""\n')
     (root / "pkg" / "__init__.py").write_text('"""Pkg: another module docstring that is long enough to keep."""\n')
-    monkeypatch.setattr(corpus, "_stdlib_dir", lambda: root)
+    monkeypatch.setattr(stdlib_docs, "_stdlib_dir", lambda: root)
     parses = []
-    real = corpus._parse_default_documents
-    monkeypatch.setattr(corpus, "_parse_default_documents", lambda: parses.append(1) or real())
-    corpus._default_documents.cache_clear()
+    real = stdlib_docs._parse_default_documents
+    monkeypatch.setattr(stdlib_docs, "_parse_default_documents", lambda: parses.append(1) or real())
+    stdlib_docs._default_documents.cache_clear()
     yield root, parses
-    corpus._default_documents.cache_clear()
+    stdlib_docs._default_documents.cache_clear()
 
 
 def test_default_documents_cached_on_disk_and_validated(fake_stdlib, tmp_path):
@@ -97,18 +99,18 @@ def test_default_documents_cached_on_disk_and_validated(fake_stdlib, tmp_path):
     assert len(parses) == 1 and ("module:alpha", "Alpha: a module docstring long enough to be kept in the corpus.") \
         in first and ("module:pkg", "Pkg: another module docstring that is long enough to keep.") in first
     [entry] = (tmp_path / "token-cache").glob("stdlib-documents-*.json")
-    corpus._default_documents.cache_clear()
+    stdlib_docs._default_documents.cache_clear()
     assert default_documents() == first and len(parses) == 1  # a new process: read, not parsed
     text = entry.read_text(encoding="utf-8")
     entry.write_text(text.replace("Alpha: a module", "Alpha: a mod-ule"), encoding="utf-8")  # damaged, same shape
-    corpus._default_documents.cache_clear()
+    stdlib_docs._default_documents.cache_clear()
     assert default_documents() == first and len(parses) == 2  # the checksum caught it: parsed again, entry rewritten
     assert entry.read_text(encoding="utf-8") == text
     entry.write_text("{not json", encoding="utf-8")
-    corpus._default_documents.cache_clear()
+    stdlib_docs._default_documents.cache_clear()
     assert default_documents() == first and len(parses) == 3
     (root / "alpha.py").write_text('"""Alpha, edited: the standard library changed under the cache entry."""\n')
-    corpus._default_documents.cache_clear()
+    stdlib_docs._default_documents.cache_clear()
     assert ("module:alpha", "Alpha, edited: the standard library changed under the cache entry.") in default_documents()
     assert len(parses) == 4 and len(list((tmp_path / "token-cache").glob("stdlib-documents-*.json"))) == 2
 

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-import headprune.curves as curves_module
+import headprune.pruning.curves as curves_module
 from headprune.bootstrap import interval, window_counts
-from headprune.curves import pruning_curves
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 from headprune.perplexity import Windowing, evaluate
-from headprune.pruning import prune_model
+from headprune.pruning.curves import pruning_curves
+from headprune.pruning.prune import prune_model
+from headprune.pruning.selection import select_heads
 from headprune.scoring import score_heads
-from headprune.selection import select_heads
 
 from helpers import TINY
 

@@ -12,14 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from headprune import finetune as ft
-from headprune.cli import main
-from headprune.corpus import load_texts, tokenize_corpus
-from headprune.finetune import Recipe, finetune, lr_factor, make_optimizer, recovery_loss
-from headprune.loading import load_model, model_tokenizer
+from headprune.cli.main import main
+from headprune.data.sources import load_texts
+from headprune.data.tokens import tokenize_corpus
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import evaluate
-from headprune.pruning import prune_model
-from headprune.recovery import gap_recovered
+from headprune.pruning import finetune as ft
+from headprune.pruning.finetune import Recipe, finetune, gap_recovered, lr_factor, make_optimizer, recovery_loss
+from headprune.pruning.prune import prune_model
 
 RECIPE = {"lr": 1e-3, "batch_size": 2, "seq_len": 16, "checkpoint_every": 2}
 
@@ -273,8 +274,8 @@ def test_sigkilled_finetune_resumes_to_bit_identical_weights(tiny_dir, corpus, e
 def test_curve_recover_adds_recovered_points_and_the_report_shows_them(tiny_dir, corpus, eval_corpus, tmp_path, capsys):
     import pandas as pd
 
-    from headprune.outputs import read_scores, read_table
-    from headprune.selection import select_heads
+    from headprune.io.files import read_scores, read_table
+    from headprune.pruning.selection import select_heads
 
     scores, curves, report = tmp_path / "s.csv", tmp_path / "c.csv", tmp_path / "report"
     common = ["--model", str(tiny_dir), "--device", "cpu", "--quiet", "--max-tokens", "400"]
@@ -332,7 +333,7 @@ def test_check_curves_keeps_recovered_rows_apart():
 def test_recovery_table_share_of_the_gap_by_hand():
     import pandas as pd
 
-    from headprune.report.recovery import recovery_sentence, recovery_table
+    from headprune.report.recovery_section import recovery_sentence, recovery_table
 
     base = {"method": "grad", "compensation": "none", "heads_pruned": 4}
     before = pd.DataFrame([base | {"fraction": 0.0, "ppl": 100.0}, base | {"fraction": 0.5, "ppl": 140.0}])

@@ -1,4 +1,4 @@
-"""Learned hard-concrete head gates (headprune.gates): the distribution against its closed form, training, the
+"""Learned hard-concrete head gates (headprune.pruning.gates): the distribution against its closed form, training, the
 sparsity target, resume, and the learn-gates / prune / curve commands."""
 
 import math
@@ -11,8 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from headprune.cli import main
-from headprune.gates import (
+from headprune.cli.main import main
+from headprune.io.files import read_table
+from headprune.io.loading import load_model
+from headprune.io.progress import Progress
+from headprune.perplexity import Windowing
+from headprune.pruning.gates import (
     deterministic_gates,
     gate_cdf,
     gate_head_sets,
@@ -21,11 +25,8 @@ from headprune.gates import (
     prob_open,
     sample_gates,
 )
-from headprune.loading import load_model
-from headprune.outputs import Progress, read_table
-from headprune.perplexity import Windowing
+from headprune.pruning.selection import select_heads
 from headprune.schema import ALL_METHODS, METHODS, check_scores, method_family, parse_methods
-from headprune.selection import select_heads
 
 from helpers import random_tokens
 
@@ -103,8 +104,8 @@ def test_training_reduces_the_objective(tiny, batches):
 def test_without_penalty_no_gate_closes_and_with_one_they_shut():
     """On the shipped model (trained heads), NLL alone keeps every gate open; the same training with a penalty
     drives them towards shut: closing is the penalty's doing."""
-    from headprune.corpus import corpus_ids
-    from headprune.loading import model_tokenizer
+    from headprune.data.tokens import corpus_ids
+    from headprune.io.tokenizer import model_tokenizer
 
     model = load_model("stdlib-gpt2-mini", device="cpu")
     ids = corpus_ids("default", "validation", model_tokenizer(model), 4 * 32)
@@ -210,8 +211,8 @@ def test_curve_learns_one_gate_set_per_fraction(tiny_dir, corpus, tmp_path, caps
     assert list(gate["heads_pruned"]) == [0, 6]
     # the learned set at 0.5, pruned and evaluated by hand, gives the curve's NLL
     model = load_model(tiny_dir, device="cpu")
-    from headprune.cli import build_parser, data_from_args
-    from headprune.pruning import prune_model
+    from headprune.cli.main import build_parser, data_from_args
+    from headprune.pruning.prune import prune_model
 
     args = build_parser().parse_args(["curve", "--scores", "x", "--data", str(corpus), "--max-tokens", "300",
                                       "--out", "x.csv"])

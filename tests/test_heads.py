@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headprune.errors import HeadpruneError
-from headprune.heads import check_heads, format_heads, head_id, parse_head_spec
-from headprune.model import ModelConfig
+from headprune.models.gpt2 import ModelConfig
+from headprune.models.heads import check_heads, format_heads, head_id, parse_head_spec
 
 CFG = ModelConfig(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64)
 PRUNED = ModelConfig(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64,
@@ -83,8 +83,8 @@ def test_garbage_only_raises_headprune_error(spec):
 
 
 def test_spec_against_a_loaded_model(tiny_dir):
-    from headprune.loading import load_model
-    from headprune.pruning import prune_model
+    from headprune.io.loading import load_model
+    from headprune.pruning.prune import prune_model
 
     model = prune_model(load_model(tiny_dir), [(0, 1)])
     assert parse_head_spec("L0H0,L2H3", model) == [(0, 0), (2, 3)]

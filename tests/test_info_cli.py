@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from headprune.cli import main
-from headprune.ledger import attention_flops_per_token, param_table, wo_table
-from headprune.loading import load_model
+from headprune.cli.main import main
+from headprune.io.loading import load_model
+from headprune.models.ledger import attention_flops_per_token, param_table, wo_table
 
 
 @pytest.mark.slow
@@ -159,7 +159,7 @@ def hook(event, args):  # any DNS lookup or connect: report it and die with a st
         sys.stderr.flush()
         os._exit(99)
 sys.addaudithook(hook)
-from headprune.cli import main
+from headprune.cli.main import main
 sys.exit(main(["info", "--model", "no-such-org/no-such-model"]))
 """
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from headprune.cli import main
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, load_tokenizer
-from headprune.outputs import Progress
+from headprune.cli.main import main
+from headprune.data.tokens import corpus_ids
+from headprune.io.loading import load_model
+from headprune.io.progress import Progress
+from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing
 from headprune.scoring import joint_constants, optimal_constants, score_heads
 from headprune.scoring.optimal import _layer_losses, fit_set

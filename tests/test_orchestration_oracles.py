@@ -15,10 +15,11 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from headprune.cli import main
-from headprune.corpus import corpus_ids
-from headprune.loading import load_model, load_tokenizer
-from headprune.selection import select_heads
+from headprune.cli.main import main
+from headprune.data.tokens import corpus_ids
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import load_tokenizer
+from headprune.pruning.selection import select_heads
 
 from helpers import TINY, guide_loop
 

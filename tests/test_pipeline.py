@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from headprune.cli import main
-from headprune.interventions import mask_gates
-from headprune.loading import load_model
-from headprune.outputs import read_scores
+from headprune.cli.main import main
+from headprune.io.files import read_scores
+from headprune.io.loading import load_model
+from headprune.models.interventions import mask_gates
 from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
 
 RUN_METHODS = [m for m in METHODS if m != "abl_opt"]  # abl_opt only with RunSettings(optimal=True)
@@ -115,14 +115,14 @@ def test_run_html_self_contained(run_dir):
 WORK = {"weights": ("headprune.scoring.weights", "weight_scores"),
         "act": ("headprune.scoring.activations", "batch_sums"), "grad": ("headprune.scoring.gradients", "batch_gate_grad"),
         "abl": ("headprune.scoring.ablation", "ablate_layer"), "base": ("headprune.scoring.ablation", "cache_batch"),
-        "curve": ("headprune.curves", "pruned_window_sums")}
+        "curve": ("headprune.pruning.curves", "pruned_window_sums")}
 
 
 def _count_work(monkeypatch):
     """Count the calls of every unit family's work function and the units computed through any Progress."""
     import importlib
 
-    from headprune.outputs import Progress
+    from headprune.io.progress import Progress
 
     calls, computed = Counter(), []
 
@@ -212,7 +212,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
 
 def _interrupt_after(monkeypatch, n: int):
     """Make the n+1-th unit computed through a Progress raise KeyboardInterrupt (as Ctrl-C would)."""
-    from headprune.outputs import Progress
+    from headprune.io.progress import Progress
 
     get_or_compute, done = Progress.get_or_compute, []
 
@@ -314,7 +314,7 @@ def test_run_reports_head_anatomy(run_dir, tiny_dir, tmp_path):
     """run adds the head-anatomy section: its tables equal the anatomy API on the same probe and windows, its
     pictures are on the page, and ``headprune report`` rebuilds it from the saved files."""
     from headprune.anatomy import copying_scores, detect_heads, repeated_random_tokens
-    from headprune.anatomy.report_inputs import PROBE_COUNT, PROBE_LENGTH
+    from headprune.anatomy.for_report import PROBE_COUNT, PROBE_LENGTH
 
     model = load_model(tiny_dir)
     heads = pd.read_csv(run_dir / "anatomy.csv")

@@ -7,14 +7,14 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from headprune.checkpoint import EXPORT_MARKER, export_hf, export_native
 from headprune.errors import HeadpruneError
-from headprune.heads import head_id
-from headprune.interventions import fill_tensors, mask_gates
-from headprune.ledger import pruning_stats
-from headprune.loading import load_model
-from headprune.model import Capture, Origin, count_params
-from headprune.pruning import prune_model, removed_heads
+from headprune.io.export import EXPORT_MARKER, export_hf, export_native
+from headprune.io.loading import load_model
+from headprune.models.gpt2 import Capture, Origin, count_params
+from headprune.models.heads import head_id
+from headprune.models.interventions import fill_tensors, mask_gates
+from headprune.models.ledger import pruning_stats
+from headprune.pruning.prune import prune_model, removed_heads
 
 from helpers import random_tokens
 

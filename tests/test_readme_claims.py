@@ -29,10 +29,11 @@ from safetensors.torch import load_file, save_file
 from scipy import stats
 from transformers import GPT2LMHeadModel
 
-from headprune.cli import main
-from headprune.corpus import corpus_ids, tokenize_corpus
-from headprune.loading import load_model, load_tokenizer
-from headprune.outputs import read_scores
+from headprune.cli.main import main
+from headprune.data.tokens import corpus_ids, tokenize_corpus
+from headprune.io.files import read_scores
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing
 from headprune.report.tables import rank_correlations
 from headprune.schema import COSTLY, METHODS, score_columns
@@ -304,7 +305,7 @@ def test_old_masked_bias_keys(prefix, tmp_path):
 _BIN_ONLY = """
 import sys, torch
 from transformers import GPT2LMHeadModel
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 ours = load_model("testorg/tiny-bin")
 hf = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
 x = torch.arange(40).view(2, 20) * 7
@@ -348,7 +349,7 @@ def hook(event, args):
         sys.stderr.flush()
         os._exit(99)
 sys.addaudithook(hook)
-from headprune.corpus import load_texts
+from headprune.data.sources import load_texts
 print(json.dumps([load_texts("hf:testorg/tiny-texts:test"), load_texts("hf:testorg/tiny-texts:default:test")]))
 """
 

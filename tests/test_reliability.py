@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headprune.cli import main
+from headprune.cli.main import main
 
 from helpers import TINY, save_hf_gpt2
 
@@ -210,8 +210,9 @@ def _forge_cache(tiny, text_file: Path, cache: Path, ids: list[int]) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from headprune.corpus import _cache_key, _ids_digest, load_texts
-    from headprune.loading import load_tokenizer
+    from headprune.data.sources import load_texts
+    from headprune.data.tokens import _cache_key, _ids_digest
+    from headprune.io.tokenizer import load_tokenizer
 
     key = _cache_key(load_texts(str(text_file)), load_tokenizer(tiny))
     cache.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,7 @@ def _forge_cache(tiny, text_file: Path, cache: Path, ids: list[int]) -> None:
 
 def _prepare(tmp: Path, tiny: Path, corpus: Path) -> None:
     """The files the bad cases read, written before the 'nothing written' snapshot."""
-    from headprune.outputs import read_scores
+    from headprune.io.files import read_scores
 
     (tmp / "empty.txt").write_text("")
     (tmp / "afile").write_text("not a folder")

@@ -15,11 +15,15 @@ import pandas as pd
 import pytest
 import torch
 
-from headprune.cli import main
-from headprune.corpus import load_texts, tokenize_corpus
+from headprune.cli.main import main
+from headprune.data.sources import load_texts
+from headprune.data.tokens import tokenize_corpus
 from headprune.errors import HeadpruneError
-from headprune.loading import load_model, load_tokenizer, model_fingerprint
-from headprune.outputs import Progress, read_table, write_table
+from headprune.io.files import read_table, write_table
+from headprune.io.fingerprint import model_fingerprint
+from headprune.io.loading import load_model
+from headprune.io.progress import Progress
+from headprune.io.tokenizer import load_tokenizer
 
 
 def _one_line_error(capsys, words: str) -> str:
@@ -89,8 +93,7 @@ def test_a_run_refused_before_any_work_does_not_block_the_corrected_rerun(tiny_d
 def test_progress_survives_an_output_that_cannot_be_written(tiny_dir, corpus, tmp_path, capsys, monkeypatch):
     import errno
 
-    from headprune import sweeps
-
+    from headprune.cli import sweeps
     out = tmp_path / "s.csv"
     progress = tmp_path / "s.csv.progress.jsonl"
     args = ["score", "--model", str(tiny_dir), "--data", str(corpus), "--max-tokens", "200", "--methods",
@@ -137,7 +140,7 @@ def test_a_previous_export_left_by_a_kill_between_the_swap_renames_is_restored_o
     first = json.loads((out / "headprune_export.json").read_text())
     killed_between = tmp_path / f".out.{dead}.abcd1234.old"
     out.rename(killed_between)  # target missing: the previous export must come back, not be lost
-    from headprune.checkpoint import clear_stale_old
+    from headprune.io.export import clear_stale_old
 
     clear_stale_old(out)
     assert not killed_between.exists() and json.loads((out / "headprune_export.json").read_text()) == first
@@ -316,8 +319,7 @@ def test_pieces_of_a_long_line_tokenize_exactly_like_the_whole(tiny_dir, tmp_pat
 
 
 def test_a_huge_one_line_text_with_max_tokens_reads_only_its_start(tiny_dir, tmp_path, monkeypatch, capsys):
-    from headprune import corpus
-
+    from headprune.data import tokens
     calls: list[int] = []
     tok = load_tokenizer(tiny_dir)
     real = type(tok).__call__
@@ -328,7 +330,7 @@ def test_a_huge_one_line_text_with_max_tokens_reads_only_its_start(tiny_dir, tmp
     assert main(["eval", "--model", str(tiny_dir), "--data", str(tmp_path / "big.txt"), "--max-tokens", "300",
                  "--device", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] > 0
-    assert sum(calls) <= 2 * corpus.PIECE_CHARS  # not 20 MB
+    assert sum(calls) <= 2 * tokens.PIECE_CHARS  # not 20 MB
 
 
 def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monkeypatch):
@@ -336,21 +338,20 @@ def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monk
     than a few chunks in memory, where reading it whole would hold 20 MB of bytes and 20 MB of text."""
     import tracemalloc
 
-    from headprune import corpus
-
+    from headprune.data import sources, tokens
     big = tmp_path / "big.txt"
     big.write_text(_long_line(20_000_000) + " \N{SNOWMAN} tail")
     tok = load_tokenizer(tiny_dir)
     decoded: list[int] = []
-    real_chunks = corpus.TextFile.chunks
-    monkeypatch.setattr(corpus.TextFile, "chunks", lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
+    real_chunks = sources.TextFile.chunks
+    monkeypatch.setattr(sources.TextFile, "chunks", lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
     small = tmp_path / "small.txt"
     small.write_text(_long_line(100_000))
 
     def peak_bytes(path) -> tuple[int, torch.Tensor]:
         tracemalloc.start()
         try:
-            ids = corpus.corpus_ids(str(path), "test", tok, 300)
+            ids = tokens.corpus_ids(str(path), "test", tok, 300)
             return tracemalloc.get_traced_memory()[1], ids
         finally:
             tracemalloc.stop()
@@ -359,10 +360,10 @@ def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monk
     base, _ = peak_bytes(small)
     decoded.clear()
     peak, ids = peak_bytes(big)
-    assert len(ids) == 300 and peak - base < 4 * corpus.READ_BYTES  # not 20 MB
-    assert sum(decoded) <= 2 * corpus.READ_BYTES  # only the start was decoded
+    assert len(ids) == 300 and peak - base < 4 * sources.READ_BYTES  # not 20 MB
+    assert sum(decoded) <= 2 * sources.READ_BYTES  # only the start was decoded
     whole = big.read_text()
     assert ids.tolist() == tok(whole[:20_000], add_special_tokens=False)["input_ids"][:300]
-    assert corpus._cache_key([corpus.TextFile(big)], tok) == corpus._cache_key([whole], tok)  # the same entry
-    full = corpus.tokenize_corpus([corpus.TextFile(big)], tok, tmp_path / "c")  # read to the end, chunk by chunk
+    assert tokens._cache_key([sources.TextFile(big)], tok) == tokens._cache_key([whole], tok)  # the same entry
+    full = tokens.tokenize_corpus([sources.TextFile(big)], tok, tmp_path / "c")  # read to the end, chunk by chunk
     assert full[-3:].tolist() == tok(whole[-40:], add_special_tokens=False)["input_ids"][-3:]

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 from headprune.perplexity import evaluate
 from headprune.runtime import reuse_freed_memory
 

@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from headprune import distributed
-from headprune.distributed import assign_units, progress_files
 from headprune.errors import HeadpruneError
-from headprune.loading import load_model
-from headprune.outputs import Progress, fingerprint
+from headprune.io import distributed
+from headprune.io.distributed import assign_units, progress_files
+from headprune.io.loading import load_model
+from headprune.io.progress import Progress, fingerprint
 from headprune.perplexity import Windowing
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.base import ScoringContext
@@ -102,7 +102,7 @@ def test_overwrite_discards_progress_of_another_process_count(tmp_path):
 
 _PEAK = """
 import json, sys, torch
-from headprune.loading import load_model
+from headprune.io.loading import load_model
 def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096
 load_model(sys.argv[4], dtype=sys.argv[2], fold_value_bias=sys.argv[3] == "fold")  # every lazy import done
 def hwm(): return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024

@@ -6,8 +6,8 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.folding import fold_value_biases, has_value_biases
-from headprune.loading import load_model
+from headprune.io.loading import load_model
+from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
 from headprune.schema import DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
 from headprune.scoring import score_heads

@@ -6,10 +6,11 @@ import pandas as pd
 import pytest
 
 from headprune.errors import HeadpruneError
-from headprune.heads import head_id
-from headprune.loading import load_model, model_fingerprint
-from headprune.pruning import prune_model
-from headprune.selection import check_scores_match, rank_heads, select_heads
+from headprune.io.fingerprint import model_fingerprint
+from headprune.io.loading import load_model
+from headprune.models.heads import head_id
+from headprune.pruning.prune import prune_model
+from headprune.pruning.selection import check_scores_match, rank_heads, select_heads
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headprune.selection import rank_heads, select_heads
+from headprune.pruning.selection import rank_heads, select_heads
 
 
 @st.composite

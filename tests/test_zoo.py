@@ -6,9 +6,11 @@ import platform
 import pytest
 import torch
 
-from headprune.cli import main
-from headprune.corpus import load_texts, tokenize_corpus
-from headprune.loading import ZOO, load_model, load_tokenizer
+from headprune.cli.main import main
+from headprune.data.sources import load_texts
+from headprune.data.tokens import tokenize_corpus
+from headprune.io.loading import ZOO, load_model
+from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import evaluate
 from headprune.schema import DEFAULT_MODEL
 

@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..errors import HeadpruneError
-from ..model import GPT2
-from .attribution import Attribution, logit_attribution
-from .composition import composition_from_weights, composition_scores
-from .copying import copying_scores
-from .geometry import effective_rank, wo_geometry
-from .roles import ROLES, detect_heads, head_patterns, repeated_random_tokens
+from headprune.anatomy.attribution import Attribution, logit_attribution
+from headprune.anatomy.composition import composition_from_weights, composition_scores
+from headprune.anatomy.copying import copying_scores
+from headprune.anatomy.geometry import effective_rank, wo_geometry
+from headprune.anatomy.roles import ROLES, detect_heads, head_patterns, repeated_random_tokens
+from headprune.errors import HeadpruneError
+from headprune.models.gpt2 import GPT2
 
 __all__ = [
     "HEAD_COLUMNS",

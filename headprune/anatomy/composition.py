@@ -24,9 +24,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..heads import head_id
-from ..model import GPT2
-from .geometry import one_thread
+from headprune.anatomy.geometry import one_thread
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
 
 MODES = ("q_comp", "k_comp", "v_comp")
 CHUNK_HEADS = 256  # reading heads per core matmul

@@ -18,10 +18,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..heads import head_id
-from ..model import GPT2
-from .attribution import unembedding
-from .geometry import one_thread
+from headprune.anatomy.attribution import unembedding
+from headprune.anatomy.geometry import one_thread
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
 
 
 def copying_score(eigenvalues: Tensor) -> Tensor:

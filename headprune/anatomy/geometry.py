@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..heads import head_id
-from ..model import GPT2
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
 
 
 @contextlib.contextmanager

@@ -20,9 +20,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..errors import HeadpruneError
-from ..heads import head_id
-from ..model import GPT2, Capture
+from headprune.errors import HeadpruneError
+from headprune.models.gpt2 import GPT2, Capture
+from headprune.models.heads import head_id
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 

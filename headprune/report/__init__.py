@@ -38,15 +38,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import HeadpruneError
-from ..outputs import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
-from ..schema import check_curves, check_scores
-from .anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
-from .page import render_html
-from .plots import SCALES, make_pictures
-from .recovery import recovery_parts, split_recovered
-from .render import make_content, markdown_table, render_markdown, sections
-from .tables import (
+from headprune.errors import HeadpruneError
+from headprune.io.files import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
+from headprune.report.anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
+from headprune.report.page import render_html
+from headprune.report.plots import SCALES, make_pictures
+from headprune.report.recovery_section import recovery_parts, split_recovered
+from headprune.report.render import make_content, markdown_table, render_markdown, sections
+from headprune.report.tables import (
     baseline_from_curves,
     best_method,
     check_baseline,
@@ -55,6 +54,7 @@ from .tables import (
     predictiveness,
     summary_table,
 )
+from headprune.schema import check_curves, check_scores
 
 __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_table", "predictiveness",
            "rebuild_report", "summary_table"]

@@ -1,5 +1,5 @@
 """The report's head-anatomy section: role scores next to importance, composition among the important heads, and
-attention-pattern thumbnails (torch-free: :mod:`headprune.anatomy.report_inputs` computes the inputs).
+attention-pattern thumbnails (torch-free: :mod:`headprune.anatomy.for_report` computes the inputs).
 
 - a head × role table of the top heads by ``abl_zero``;
 - Spearman ρ of every anatomy column with ``abl_zero`` over heads, with a 95% percentile bootstrap interval
@@ -25,12 +25,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats
 
-from ..errors import HeadpruneError
-from ..outputs import read_table, write_table, write_text
-from ..schema import TRUTH
-from .plots import Picture, _png
-from .render import Block, Findings, Note, Paragraph, Section, Table
-from .tables import rank_stats
+from headprune.errors import HeadpruneError
+from headprune.io.files import read_table, write_table, write_text
+from headprune.report.plots import Picture, _png
+from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
+from headprune.report.tables import rank_stats
+from headprune.schema import TRUTH
 
 ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction")
 #: The anatomy columns compared with importance (roles, then what a head writes).

@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..schema import DESCRIPTIVE, RANDOM, TRUTH
-from .tables import FRACTION_TOL, nearest_row
+from headprune.report.tables import FRACTION_TOL, nearest_row
+from headprune.schema import DESCRIPTIVE, RANDOM, TRUTH
 
 FINDING_FRACTIONS = (0.3, 0.5)
 INVERSE_DETAIL = 2  # more inverse scores than this: one range of ρ and of ROC-AUC instead of each

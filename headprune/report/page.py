@@ -12,8 +12,8 @@ import html
 
 import pandas as pd
 
-from .plots import Picture
-from .render import Block, Facts, Findings, Note, Paragraph, Section, Table
+from headprune.report.plots import Picture
+from headprune.report.render import Block, Facts, Findings, Note, Paragraph, Section, Table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222;
 line-height:1.45}

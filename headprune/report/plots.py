@@ -16,7 +16,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..schema import (
+from headprune.report.tables import groups, pruning_order, rank_correlations, ranked_methods
+from headprune.schema import (
     DESCRIPTIVE,
     LAYER_NORMALIZED,
     METHOD_UNITS,
@@ -27,7 +28,6 @@ from ..schema import (
     method_family,
     split_ranking,
 )
-from .tables import groups, pruning_order, rank_correlations, ranked_methods
 
 LOG_Y_RATIO = 10.0  # curves.png uses a log y axis when max/min perplexity exceeds this
 DPI = 110

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..errors import HeadpruneError
-from ..schema import TRUTH
-from .findings import findings
-from .plots import Picture
-from .tables import (
+from headprune.errors import HeadpruneError
+from headprune.report.findings import findings
+from headprune.report.plots import Picture
+from headprune.report.tables import (
     BEST_MAX_FRACTION,
     FRACTION_TOL,
     SUMMARY_FRACTIONS,
@@ -34,6 +33,7 @@ from .tables import (
     summary_table,
     top_heads,
 )
+from headprune.schema import TRUTH
 
 SCORE_DATA_KEYS = ("score_data", "scoring_data", "data_score")
 EVAL_DATA_KEYS = ("eval_data", "evaluation_data", "data_eval")

@@ -13,10 +13,10 @@ import pandas as pd
 from scipy import stats
 from sklearn.linear_model import LinearRegression
 
-from ..bootstrap import interval
-from ..errors import HeadpruneError
-from ..schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
-from ..selection import rank_heads, select_heads
+from headprune.bootstrap import interval
+from headprune.errors import HeadpruneError
+from headprune.pruning.selection import rank_heads, select_heads
+from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
                           "kendall_tau", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_top10", "roc_auc_ci_lo",

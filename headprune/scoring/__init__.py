@@ -8,8 +8,8 @@ Methods (higher = more important for all but ``entropy``, which describes a head
               are fitted first, by :mod:`.optimal`)
 
 Every family implements :class:`~.base.Family` (units of work, then a combine); data methods run over
-sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.outputs.Progress`,
-so a killed sweep resumes, and shared among processes under torchrun (:func:`~headprune.distributed.run_units`).
+sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.io.progress.Progress`,
+so a killed sweep resumes, and shared among processes under torchrun (:func:`~headprune.io.distributed.run_units`).
 """
 
 from __future__ import annotations
@@ -23,25 +23,25 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
-from ..distributed import run_units
-from ..heads import head_id
-from ..interventions import Head
-from ..loading import model_fingerprint
-from ..model import GPT2
-from ..outputs import NoProgress, Progress
-from ..perplexity import Windowing
-from ..schema import METHODS, parse_methods
-from .ablation import AblationScores
-from .activations import ActivationScores
-from .base import Family, ScoringContext, Unit, by_head
-from .gradients import GradientScores
-from .optimal import STEPS, OptimalFit, fit_layer, fit_set
-from .weights import WeightScores
+from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
+from headprune.io.distributed import run_units
+from headprune.io.fingerprint import model_fingerprint
+from headprune.io.progress import NoProgress, Progress
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
+from headprune.models.interventions import Head
+from headprune.perplexity import Windowing
+from headprune.schema import METHODS, parse_methods
+from headprune.scoring.ablation import AblationScores
+from headprune.scoring.activations import ActivationScores
+from headprune.scoring.base import Family, ScoringContext, Unit, by_head
+from headprune.scoring.gradients import GradientScores
+from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
+from headprune.scoring.weights import WeightScores
 
 # The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
 # optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). It computes
-# exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.gates instead.
+# exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.pruning.gates instead.
 FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores())
 assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
 

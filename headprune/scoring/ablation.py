@@ -1,7 +1,7 @@
 """Ablation scores: the NLL change (nats/token, ablated − baseline) from removing one head.
 
     abl_zero:        z_i := 0        (the value-bias share goes too, as transformers 4.x's head_mask did)
-    abl_zero_folded: z_i := b_V^(i)  (zero ablation after value-bias folding, see :mod:`headprune.folding`:
+    abl_zero_folded: z_i := b_V^(i)  (zero ablation after value-bias folding, see :mod:`headprune.models.folding`:
                                      only what the head computes goes, its constant b_V^(i) W_O^(i) stays)
     abl_mean:        z_i := z̄_i      (z̄_i: the head's mean output over the scoring windows' scored tokens)
     abl_opt:         z_i := c_i*     (the loss-minimising constant, Li & Janson 2024; fitted in :mod:`.optimal`)
@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..bootstrap import ratio
-from ..interventions import fill_tensors
-from ..model import GPT2, Capture, token_nll
-from ..perplexity import Batch, window_sums
-from ..schema import ABLATION_METHODS
-from .base import Family, ScoringContext, Unit, by_head
+from headprune.bootstrap import ratio
+from headprune.models.gpt2 import GPT2, Capture, token_nll
+from headprune.models.interventions import fill_tensors
+from headprune.perplexity import Batch, window_sums
+from headprune.schema import ABLATION_METHODS
+from headprune.scoring.base import Family, ScoringContext, Unit, by_head
 
 
 @torch.no_grad()

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..bootstrap import ratio
-from ..model import GPT2, Capture
-from ..perplexity import Batch
-from ..schema import ACTIVATION_METHODS
-from .base import Family, ScoringContext, Unit
+from headprune.bootstrap import ratio
+from headprune.models.gpt2 import GPT2, Capture
+from headprune.perplexity import Batch
+from headprune.schema import ACTIVATION_METHODS
+from headprune.scoring.base import Family, ScoringContext, Unit
 
 
 def _per_window(t: Tensor, mask: Tensor) -> Tensor:

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from ..bootstrap import ratio
-from ..model import GPT2, token_nll
-from ..perplexity import Batch
-from ..schema import GRADIENT_METHODS
-from .base import Family, ScoringContext, Unit
+from headprune.bootstrap import ratio
+from headprune.models.gpt2 import GPT2, token_nll
+from headprune.perplexity import Batch
+from headprune.schema import GRADIENT_METHODS
+from headprune.scoring.base import Family, ScoringContext, Unit
 
 
 def batch_gate_grad(model: GPT2, batch: Batch) -> dict:

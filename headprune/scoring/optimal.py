@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import GPT2, Capture, token_nll
-from ..perplexity import Batch
-from .base import Family, ScoringContext, Unit, by_head
+from headprune.models.gpt2 import GPT2, Capture, token_nll
+from headprune.perplexity import Batch
+from headprune.scoring.base import Family, ScoringContext, Unit, by_head
 
 STEPS = 16  # passes over the fit data per layer after the one at z̄ (each a forward and backward, all heads)
 FIRST_STEP = 0.3  # length of the first (gradient) step: 0.3 σ per coordinate (RMS)

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import GPT2
-from ..schema import WEIGHT_METHODS
-from .base import Family, ScoringContext, Unit
+from headprune.models.gpt2 import GPT2
+from headprune.schema import WEIGHT_METHODS
+from headprune.scoring.base import Family, ScoringContext, Unit
 
 
 def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:

@@ -1,0 +1,45 @@
+"""The ``anatomy`` command's folder: heads.csv, composition.csv, singular_values.csv, wo_pairs.csv,
+attribution.csv and settings.json, written atomically (a new folder appears complete or not at all)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from headprune.anatomy import Anatomy, corpus_rows, head_anatomy, repeated_random_tokens
+from headprune.data.tokens import token_digest
+from headprune.io.files import atomic_dir, write_json, write_table
+from headprune.io.fingerprint import model_fingerprint
+from headprune.models.gpt2 import GPT2
+from headprune.perplexity import Windowing
+
+
+def write_anatomy(out: Path, anatomy: Anatomy) -> None:
+    """The tables of ``anatomy`` into the folder ``out``."""
+    write_table(anatomy.heads, out / "heads.csv")
+    write_table(anatomy.composition, out / "composition.csv")
+    write_table(anatomy.singular_values, out / "singular_values.csv")
+    write_table(anatomy.pairs, out / "wo_pairs.csv")
+    components = anatomy.attribution.components
+    write_table(components, out / "attribution.csv")
+
+
+def run_anatomy(model: GPT2, ids: torch.Tensor, windowing: Windowing, probe_length: int, probe_count: int, seed: int,
+                rows: int, out: str | os.PathLike, settings: dict) -> tuple[Path, Anatomy]:
+    """Probe, measure and write: the induction probe is ``probe_count`` random sequences of ``probe_length`` tokens
+    repeated twice (seeded), the corpus part the first ``rows`` windows of ``windowing.seq_len`` tokens of ``ids``."""
+    t0 = time.perf_counter()
+    probe = repeated_random_tokens(model.cfg.vocab_size, probe_length, probe_count, seed)
+    corpus = corpus_rows(ids, windowing.seq_len, rows)
+    anatomy = head_anatomy(model, probe, corpus, windowing.batch_size)
+    record = settings | {"model_fingerprint": model_fingerprint(model), "tokens": token_digest(ids),
+                         "probe_length": probe_length, "probe_count": probe_count, "seed": seed,
+                         "corpus_rows": int(corpus.shape[0]), "corpus_row_tokens": int(corpus.shape[1]),
+                         "mean_correct_logit": anatomy.attribution.logit, "seconds": round(time.perf_counter() - t0, 2)}
+    with atomic_dir(out) as folder:
+        write_anatomy(folder, anatomy)
+        write_json(folder / "settings.json", record)
+    return Path(out), anatomy

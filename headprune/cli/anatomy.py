@@ -1,0 +1,37 @@
+"""``headprune anatomy``: what each head does: roles, composition, logit attribution."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.common import data_from_args, load_from_args, windowing_from_args
+from headprune.cli.options import add_anatomy_args, add_data_args, add_model_args
+from headprune.errors import HeadpruneError
+
+HELP = 'what each head does: roles, composition, logit attribution'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, "validation")
+    add_anatomy_args(p)
+    p.add_argument("--out", required=True, help="output directory (heads.csv, composition.csv, ...)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from headprune.anatomy.write import run_anatomy
+    from headprune.io.files import check_writable
+
+    check_writable(args.out)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    if 2 * args.probe_length > model.cfg.n_positions:
+        raise HeadpruneError(f"--probe-length {args.probe_length} is too long: twice it must fit n_positions "
+                             f"{model.cfg.n_positions}")
+    out, anatomy = run_anatomy(model, ids, w, args.probe_length, args.probe_count, args.seed, args.rows, args.out,
+                               {"model": args.model, "data": args.data, "split": args.split})
+    top = anatomy.heads.sort_values("induction", ascending=False).head(5)
+    print(top[["head_id", "previous_token", "duplicate_token", "induction", "dla", "copying"]].to_string(
+        index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"{len(anatomy.heads)} heads, {len(anatomy.composition):,} composition pairs -> {out}")

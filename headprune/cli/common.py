@@ -1,0 +1,55 @@
+"""What every command does with its options: load the model, resolve the windows, read the data."""
+
+from __future__ import annotations
+
+import math
+
+from headprune.errors import HeadpruneError
+
+
+def load_from_args(args):
+    from headprune.io.loading import load_model
+
+    return load_model(args.model, device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias)
+
+
+def windowing_from_args(args, model):
+    """The ``--seq-len/--stride/--batch-size`` of ``args``, resolved against ``model``."""
+    from headprune.perplexity import Windowing
+
+    return Windowing.resolve(model.cfg.n_positions, args.seq_len, args.stride, args.batch_size)
+
+
+def data_from_args(args, model, data: str | None = None, split: str | None = None):
+    """Token ids (1-D) of ``data`` (default ``--data``, its ``--split``) for ``model``, cut to ``--max-tokens``."""
+    from headprune.data.tokens import corpus_ids
+    from headprune.io.tokenizer import model_tokenizer
+
+    return corpus_ids(data or args.data, split or args.split, model_tokenizer(model), args.max_tokens or None)
+
+
+def fill_source(args, score_ids) -> str:
+    """Where compensation fills came from, said in the outputs: ``--score-data``'s validation split and its
+    token count (without ``--score-data``: the default corpus' scoring split), or "" without compensation."""
+    if score_ids is None:
+        return ""
+    given = "" if args.score_data != "default" else "; no --score-data given: the scoring split"
+    return f"{args.score_data} (validation split), {len(score_ids):,} tokens{given}"
+
+
+def _json_number(x: float) -> float | None:
+    """NaN as null: strict JSON has no NaN."""
+    import math
+
+    return None if math.isnan(x) else x
+
+
+def check_gate_args(args, steps_flag: str, lr_flag: str) -> None:
+    """``--sparsity`` (where the command has it) in [0, 1] and the gate steps >= 1, before any work."""
+    sparsity = getattr(args, "sparsity", None)
+    if sparsity is not None and not 0.0 <= sparsity <= 1.0:  # NaN fails too
+        raise HeadpruneError(f"--sparsity {sparsity} must lie in [0, 1]")
+    if args.gate_steps < 1:
+        raise HeadpruneError(f"{steps_flag} {args.gate_steps} must be at least 1")
+    if not (math.isfinite(args.gate_lr) and args.gate_lr > 0):
+        raise HeadpruneError(f"{lr_flag} {args.gate_lr} must be a positive number")

@@ -1,0 +1,128 @@
+"""``headprune curve``: perplexity as heads are pruned, per method, against random."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+from headprune.cli.common import check_gate_args, data_from_args, fill_source, load_from_args, windowing_from_args
+from headprune.cli.options import (
+    add_bootstrap_arg,
+    add_data_args,
+    add_fraction_args,
+    add_gate_lr_arg,
+    add_model_args,
+    add_run_flags,
+    add_selection_args,
+)
+from headprune.errors import HeadpruneError
+from headprune.schema import IMPORTANCE_METHODS
+
+HELP = 'perplexity as heads are pruned, per method, against random'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, "test")
+    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
+    p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
+                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
+                                                    "random; gate learns hard-concrete gates for each fraction (on "
+                                                    "--score-data, --gate-steps steps each)")
+    add_fraction_args(p)
+    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
+                   help="mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
+                        "optimal for ablating each pruned set together (Li & Janson 2024) folded into b_O, both from "
+                        "--score-data")
+    add_selection_args(p)
+    add_bootstrap_arg(p)
+    p.add_argument("--recover", type=int, default=0, metavar="STEPS",
+                   help="also fine-tune every pruned point STEPS steps (headprune finetune's recipe) and add the "
+                        "recovered points (column recover_steps; random left out)")
+    p.add_argument("--train-data", default="default", help="corpus --recover trains on, its train split")
+    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction of --methods gate")
+    add_gate_lr_arg(p)
+    add_run_flags(p, "output table, .csv or .parquet")
+
+
+def run(args: argparse.Namespace) -> None:
+    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+    from headprune.data.tokens import token_digest
+    from headprune.io.files import read_scores
+    from headprune.pruning.curves import pruning_curves
+    from headprune.pruning.gates import GATE, gate_head_sets
+    from headprune.pruning.recovered_curves import recovered_curves
+    from headprune.pruning.selection import check_scores_match
+    from headprune.schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
+    from headprune.scoring import head_means, joint_constants
+
+    check_gate_args(args, "--gate-steps", "--gate-lr")
+    out = table_output(args)
+    fractions = parse_fractions(args.fractions)
+    model = load_from_args(args)
+    scores = read_scores(args.scores)
+    check_scores_match(scores, model, args.scores)
+    available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
+    methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in (RANDOM, GATE) and m not in available:
+            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
+                                 f"{', '.join([*available, GATE, RANDOM])}")
+    methods = [m for m in methods if m != RANDOM]
+    learned = GATE in methods
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    compensate = args.compensate != "none"
+    needs_score_ids = compensate or learned
+    score_ids = data_from_args(args, model, args.score_data, "validation") if needs_score_ids else None
+    variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
+    variants += [(m, args.compensate) for m in methods] if compensate else []
+    train_ids = curve_train_ids(args, model, ids) if args.recover else None
+    settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
+                              recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
+                              fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
+                              normalize=args.normalize, standardize=args.standardize,
+                              score_data=args.score_data if needs_score_ids else None,
+                              score_tokens=token_digest(score_ids) if score_ids is not None else None,
+                              gate_steps=args.gate_steps if learned else None, gate_lr=args.gate_lr if learned else None)
+    progress = sweep_progress(args, out, settings)
+    means = optimal = None
+    if score_ids is not None and compensate:
+        means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable; optimal fits start here
+    if score_ids is not None and means is not None and args.compensate == "optimal":  # fitted per pruned set
+        optimal = partial(joint_constants, model, score_ids, windowing=w, means=means, show_progress=False)
+    fill_data = fill_source(args, score_ids)
+    head_sets = None
+    if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
+        assert score_ids is not None
+        head_sets = gate_head_sets(model, w.batches(score_ids), fractions, args.gate_steps, args.gate_lr, args.seed,
+                                   progress, show_progress=not args.quiet)
+    curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
+                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
+                            optimal=optimal, fill_data=fill_data, bootstrap=args.bootstrap, head_sets=head_sets)
+    if args.recover:
+        import pandas as pd
+
+        recovered = recovered_curves(model, train_ids, args.recover, not args.quiet, ids=ids, scores=scores,
+                                     variants=variants, fractions=fractions, windowing=w, seeds=args.seeds, means=means,
+                                     optimal=optimal, per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
+                                     seed=args.seed, progress=progress)
+        curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
+    if not finish_sweep(progress, curves, out):
+        return
+    print(curves.drop(columns="fill_data").to_string(index=False, float_format="%.4f"))
+    if fill_data:
+        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
+    print(f"-> {out}")
+
+
+def curve_train_ids(args: argparse.Namespace, model, eval_ids):
+    """The training tokens of ``curve --recover`` (``--train-data``, train split), refused where they are the
+    evaluation data; checked before any work."""
+    from headprune.data.overlap import refuse_same_data
+    from headprune.data.tokens import corpus_ids
+    from headprune.io.tokenizer import model_tokenizer
+
+    train_ids = corpus_ids(args.train_data, "train", model_tokenizer(model))
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    return train_ids

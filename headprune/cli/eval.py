@@ -1,0 +1,48 @@
+"""``headprune eval``: sliding-window perplexity of a model on a corpus."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.common import _json_number, data_from_args, load_from_args, windowing_from_args
+from headprune.cli.options import add_data_args, add_model_args
+
+HELP = 'sliding-window perplexity of a model on a corpus'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, "test")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the header's fields, tokens, windows, "
+                                                       "nll, nll_se, ppl, ppl_se, bytes, bits_per_byte")
+
+
+def run(args: argparse.Namespace) -> None:
+    import json
+    import math
+
+    from headprune.io.tokenizer import model_tokenizer
+    from headprune.perplexity import evaluate, scored_bytes
+
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    header = {"model": args.model, "data": args.data, "split": args.split if args.data == "default" else None,
+              "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
+    if not args.json:
+        split = f" ({header['split']} split)" if header["split"] else ""
+        print(f"model: {args.model}\ndata: {args.data}{split}, {len(ids):,} tokens\n"
+              f"windows: seq_len {w.seq_len}, stride {w.stride}")
+    result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.json)
+    n_bytes = scored_bytes(model_tokenizer(model), ids, w)
+    bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan
+    if args.json:
+        print(json.dumps(header | {"tokens": result.tokens, "windows": result.windows, "nll": result.nll,
+                                   "nll_se": _json_number(result.nll_se), "ppl": result.ppl,
+                                   "ppl_se": _json_number(result.ppl_se), "bytes": n_bytes,
+                                   "bits_per_byte": _json_number(bpb)}))
+        return
+    se = "" if math.isnan(result.nll_se) else f" ± {result.ppl_se:.4f} (standard error over {result.windows} windows)"
+    nll_se = "" if math.isnan(result.nll_se) else f" ± {result.nll_se:.6f}"
+    print(f"tokens scored: {result.tokens:,} ({n_bytes:,} bytes)\nperplexity: {result.ppl:.4f}{se}\n"
+          f"mean NLL: {result.nll:.6f}{nll_se} nats/token\nbits per byte: {bpb:.4f}")

@@ -1,0 +1,105 @@
+"""``headprune finetune``: recover a pruned model by fine-tuning or distillation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from headprune.cli.options import CORPUS_FORMS, add_finetune_args
+from headprune.errors import HeadpruneError
+
+HELP = 'recover a pruned model by fine-tuning or distillation'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
+    p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
+    p.add_argument("--out", required=True, help="output directory for the recovered checkpoint")
+    p.add_argument("--format", choices=["native", "hf"], default=None,
+                   help="native or hf (default: the format of PRUNED_DIR)")
+    add_finetune_args(p)
+    p.add_argument("--data", default="default", help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
+    p.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first K tokens only (default: all)")
+    p.add_argument("--device", default="auto", help="where to compute: auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+    p.add_argument("--overwrite", action="store_true", help="discard the checkpoint of a different earlier fine-tune "
+                                                            "and replace --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
+
+
+def run(args: argparse.Namespace) -> None:
+    import json
+
+    summary = run_finetune(args)
+    print(json.dumps(summary) if args.json else format_summary(summary))
+
+
+CHECKPOINT_SUFFIX = ".finetune-checkpoint.pt"
+
+
+def checkpoint_path(out: str) -> Path:
+    """The fine-tune's resumable checkpoint beside the output folder ``out``."""
+    out_path = Path(out).absolute()
+    return out_path.with_name(out_path.name + CHECKPOINT_SUFFIX)
+
+
+def run_finetune(args: argparse.Namespace) -> dict:
+    """The ``finetune`` command: returns the summary it prints (before/after perplexity, losses, output)."""
+    from headprune.data.overlap import refuse_same_data
+    from headprune.data.tokens import corpus_ids
+    from headprune.io.export import check_export_target
+    from headprune.io.files import check_writable
+    from headprune.io.loading import load_model
+    from headprune.io.tokenizer import model_tokenizer
+    from headprune.perplexity import evaluate
+    from headprune.pruning.finetune import Recipe, export_recovered, finetune, gap_recovered, load_pruned
+
+    if args.distill_weight is not None and args.teacher is None:
+        raise HeadpruneError("--distill-weight needs --teacher ORIGINAL (the unpruned model to distil from)")
+    out = check_writable(args.out)
+    if Path(args.pruned).expanduser().is_dir() and out.resolve() == Path(args.pruned).expanduser().resolve():
+        raise HeadpruneError(f"--out {args.out} is PRUNED_DIR itself; write the recovered model to another folder")
+    check_export_target(out, args.overwrite)
+    ckpt = checkpoint_path(args.out)
+    check_writable(ckpt, file=True)
+    model, marker = load_pruned(args.pruned, args.device, args.dtype)
+    teacher = load_model(args.teacher, args.device, args.dtype) if args.teacher is not None else None
+    alpha = (0.5 if args.distill_weight is None else args.distill_weight) if teacher is not None else 0.0
+    recipe = Recipe(steps=args.train_steps, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
+                    seq_len=args.seq_len, seed=args.seed, distill_weight=alpha, temperature=args.temperature,
+                    checkpoint_every=args.checkpoint_every).resolve(model.cfg.n_positions)
+    tok = model_tokenizer(model)
+    train_ids = corpus_ids(args.train_data, "train", tok, args.max_train_tokens)
+    eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    fmt = args.format or marker.get("format", "native")
+    n = model.cfg.n_positions
+    measure = lambda m: evaluate(m, eval_ids, n, n, recipe.batch_size, progress=not args.quiet).as_dict()
+    before = measure(model)
+    teacher_ppl = measure(teacher) if teacher is not None else None
+    result = finetune(model, train_ids, recipe, teacher, ckpt, overwrite=args.overwrite, show_progress=not args.quiet)
+    after = measure(model)
+    info = {"recipe": recipe.as_dict(), "train_data": args.train_data, "train_tokens": len(train_ids),
+            "teacher": args.teacher, "eval_data": args.data, "before": before, "after": after,
+            "teacher_eval": teacher_ppl, "first_loss": result.losses[0], "last_loss": result.losses[-1]}
+    if teacher_ppl is not None:
+        info["gap_recovered"] = gap_recovered(teacher_ppl["ppl"], before["ppl"], after["ppl"])
+    export_recovered(model, out, fmt, marker, info, overwrite=args.overwrite)
+    ckpt.unlink(missing_ok=True)  # only once the recovered model is safely written
+    return {"out": str(out), "format": fmt, **info}
+
+
+def format_summary(s: dict) -> str:
+    """The lines ``headprune finetune`` prints."""
+    r = s["recipe"]
+    kind = f"distilled (alpha {r['distill_weight']:g}, T {r['temperature']:g})" if r["distill_weight"] else "fine-tuned"
+    lines = [(f"{kind} {r['steps']} steps on {s['train_data']} (train split, {s['train_tokens']:,} tokens): loss "
+              f"{s['first_loss']:.4f} -> {s['last_loss']:.4f}"),
+             (f"test perplexity on {s['eval_data']} ({s['before']['tokens']:,} tokens): {s['before']['ppl']:.3f} -> "
+              f"{s['after']['ppl']:.3f} (delta NLL {s['after']['nll'] - s['before']['nll']:+.4f} nats/token)")]
+    if s.get("teacher_eval"):
+        lines.append(f"teacher (unpruned) perplexity {s['teacher_eval']['ppl']:.3f}: "
+                     f"{100 * s['gap_recovered']:.1f}% of the pruning gap recovered")
+    lines.append(f"saved {s['format']} checkpoint -> {s['out']}")
+    return "\n".join(lines)

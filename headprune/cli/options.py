@@ -1,0 +1,177 @@
+"""The command line's shared options: each declared once, in the helper of every command that takes it."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.errors import HeadpruneError
+from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
+
+# ``headprune --help``: what the tool is for, in a user's words, then (after the commands) three examples.
+DESCRIPTION = """\
+Which attention heads of a GPT-2 model matter, and what does removing the others cost?
+
+headprune scores every head (weight norms, activations, gradients, ablation), measures perplexity as more
+and more heads are removed, compared with removing heads at random, writes a report (report.html and
+summary.md) and exports the smaller model. It runs on the model shipped with it, offline, in minutes on a CPU."""
+
+EPILOG = """\
+examples:
+  headprune run --out report                          # the whole analysis of the shipped model -> report/
+  headprune score --model gpt2 --data notes.txt --out scores.csv
+  headprune prune --scores report/scores.csv --method taylor --fraction 0.3 --out pruned-model
+
+Run headprune COMMAND --help for a command's options."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's help ends with its default (flags: off), or says
+    it is required, unless the help already gives its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if action.required:
+            return f"{text} (required)"
+        if action.nargs == 0:  # store_true
+            return f"{text} (default: off)"
+        value = "none" if action.default is None else str(action.default).replace("%", "%%")
+        return f"{text} (default: {value})"
+
+    def add_argument(self, action: argparse.Action) -> None:
+        """As argparse's, but the command names count towards the help column (argparse leaves them out, so a name
+        longer than the others, like learn-gates, would push its help onto the next line)."""
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(a.dest) for a in action._get_subactions()), default=0)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 4)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"the GPT-2 to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
+                        "Hugging Face hub id such as gpt2")
+    p.add_argument("--device", default="auto",
+                   help="where to compute: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+    p.add_argument("--fold-value-bias", action="store_true",
+                   help="fold each head's value bias into b_O first (logits unchanged; zero ablation and pruning then "
+                        "remove only what a head computes, not its constant b_V W_O)")
+
+
+def add_window_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seq-len", type=int, default=None, help="window length in tokens (default: the model's n_positions)")
+    p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: seq-len)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+
+
+CORPUS_FORMS = "default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT"
+
+
+def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None,
+                  data_help: str | None = None) -> None:
+    """``--data`` (default: the default corpus; ``data_help`` for an optional one: its default is none)."""
+    p.add_argument("--data", default=None if data_help else "default",
+                   help=data_help or f"corpus ({split} split of the default corpus): {CORPUS_FORMS}")
+    add_window_args(p)
+    all_note = "; 0: all" if max_tokens else ""
+    p.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help=f"use only the first K tokens of each corpus (default: {max_tokens or 'all'}{all_note})")
+    p.set_defaults(split=split)
+
+
+def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--score-data", default="default", help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
+
+
+def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline and the bootstrap") -> None:
+    p.add_argument("--seed", type=int, default=0, help=help)
+
+
+def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:
+    p.add_argument(flag, type=float, default=0.1, dest="gate_lr",  # 0.1 = headprune.pruning.gates.LR
+                   help="Adam learning rate of the gates' log alpha")
+
+
+def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap replicates (resampled windows) for the 95%% intervals; 0: no intervals")
+
+
+def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3, fractions=DEFAULT_FRACTIONS) -> None:
+    p.add_argument("--fractions", default=",".join(map(str, fractions)),
+                   help="comma-separated fractions of all heads to prune, each in [0, 1]")
+    p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
+
+
+def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None,
+                  overwrite_help: str = "discard the progress of a different earlier run") -> None:
+    p.add_argument("--out", required=out_default is None, default=out_default, help=out_help)
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_selection_args(p: argparse.ArgumentParser, seed_help: str = "seed of the random baseline and the bootstrap"
+                       ) -> None:
+    p.add_argument("--per-layer", action="store_true", help="prune the same fraction/count in every layer")
+    p.add_argument("--normalize", choices=["layer"], default=None,
+                   help="divide each layer's scores by their L2 norm before global ranking (Michel et al.)")
+    p.add_argument("--standardize", action="store_true", help="rank by per-layer z-scores (FLAP)")
+    add_seed_arg(p, seed_help)
+    add_score_data_arg(p, "mean compensation and re-scoring")
+
+
+def add_anatomy_args(p: argparse.ArgumentParser) -> None:
+    """The induction probe (random tokens repeated twice) and how much corpus text ``anatomy`` reads."""
+    p.add_argument("--probe-length", type=int, default=32,
+                   help="length of the random token sequence that the induction probe repeats twice")
+    p.add_argument("--probe-count", type=int, default=8, help="number of repeated random sequences in the probe")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe's random tokens")
+    p.add_argument("--rows", type=int, default=8,
+                   help="corpus windows (of --seq-len tokens) for the corpus roles and the logit attribution")
+
+
+#: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
+MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
+            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1,
+            "train_steps": 1, "checkpoint_every": 1, "max_train_tokens": 2, "recover": 0}
+#: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
+MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
+            "bootstrap": 100_000, "probe_count": 1 << 16, "rows": 1 << 16}
+
+
+def check_counts(args) -> None:
+    """The numeric options of every command, checked before any work (one rule per option, in every command)."""
+    for dest, low in MINIMUMS.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < low:
+            raise HeadpruneError(f"{dest} {value} must be at least {low}", dest)
+        if value is not None and dest in MAXIMUMS and value > MAXIMUMS[dest]:
+            raise HeadpruneError(f"{dest} {value} is too large; use at most {MAXIMUMS[dest]}", dest)
+    if (fraction := getattr(args, "fraction", None)) is not None and not 0 <= fraction <= 1:
+        raise HeadpruneError(f"--fraction {fraction} must lie in [0, 1]")
+    max_tokens = getattr(args, "max_tokens", None)
+    if max_tokens is not None and max_tokens < 2 and not (max_tokens == 0 and args.command == "run"):
+        raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2" + (" (or 0: all)" if args.command == "run"
+                                                                               else ""), "max_tokens")
+
+
+def add_finetune_args(p: argparse.ArgumentParser) -> None:
+    """The recipe of ``headprune finetune`` (see headprune.pruning.finetune.Recipe)."""
+    p.add_argument("--train-data", default="default",
+                   help=f"training corpus (train split of the default corpus): {CORPUS_FORMS}")
+    p.add_argument("--max-train-tokens", type=int, default=None, help="use only the first K training tokens (default: all)")
+    p.add_argument("--teacher", default=None,
+                   help="the unpruned model to distil from: zoo name, directory or hub id (without it: plain fine-tuning)")
+    p.add_argument("--distill-weight", type=float, default=None,
+                   help="alpha in (1-alpha) CE + alpha T^2 KL(teacher || student), in [0, 1] (default: 0.5 with --teacher)")
+    p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the distillation KL")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
+    p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "
+                                                            "(default: 10%% of --steps)")
+    p.add_argument("--seq-len", type=int, default=None, help="training window length in tokens (default: the model's "
+                                                             "n_positions; evaluation always uses n_positions)")
+    p.add_argument("--batch-size", type=int, default=8, help="training windows per step (and evaluation windows per forward)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training batches (which windows each step sees)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="write the resumable checkpoint every N steps")

@@ -1,0 +1,90 @@
+"""``headprune prune``: remove heads (listed or by score), export the smaller model."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.common import data_from_args, fill_source, load_from_args, windowing_from_args
+from headprune.cli.options import CORPUS_FORMS, add_data_args, add_model_args, add_run_flags, add_selection_args
+from headprune.errors import HeadpruneError
+from headprune.schema import RANKABLE_METHODS
+
+HELP = 'remove heads (listed or by score), export the smaller model'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, "test", data_help="also measure perplexity before and after pruning on this corpus, its test split: "
+                                       f"{CORPUS_FORMS} (default: none, not measured)")
+    p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
+    p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
+    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
+    amount.add_argument("--count", type=int, help="number of heads to remove")
+    p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
+                   help="prune in STEPS steps, re-scoring the remaining heads between them")
+    add_selection_args(p, "seed of the random selection (--method random)")
+    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
+                   help="mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
+                        "ablating these heads together (Li & Janson 2024), fitted jointly on --score-data")
+    p.add_argument("--format", choices=["native", "hf"], default="native",
+                   help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
+    add_run_flags(p, "output directory for the pruned checkpoint",
+                  overwrite_help="replace --out even when it is a non-empty folder that is not a headprune export")
+
+
+def run(args: argparse.Namespace) -> None:
+    from headprune.io.export import export_hf, export_native
+    from headprune.io.files import check_writable, read_scores
+    from headprune.models.heads import format_heads, parse_head_spec
+    from headprune.models.ledger import pruning_stats
+    from headprune.perplexity import evaluate
+    from headprune.pruning.iterative import needs_score_data, prune_iteratively
+    from headprune.pruning.prune import prune_model
+    from headprune.pruning.selection import check_scores_match
+    from headprune.scoring import head_means, joint_constants
+
+    if (args.heads is None) == (args.scores is None):
+        raise HeadpruneError("give either --heads L0H1,... or --scores FILE --method M (--fraction F | --count K)")
+    if args.scores is not None and (args.method is None or (args.fraction is None) == (args.count is None)):
+        raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
+    check_writable(args.out)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
+    compensate = args.compensate
+    score_ids = None
+    if compensate != "none" or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
+        score_ids = data_from_args(args, model, args.score_data, "validation")
+    if args.heads is not None:
+        heads = parse_head_spec(args.heads, model)
+        fills = None
+        if compensate == "mean" and score_ids is not None:
+            fills = head_means(model, score_ids, w, show_progress=not args.quiet)
+        elif compensate == "optimal" and score_ids is not None:
+            fills = joint_constants(model, score_ids, heads, w, show_progress=not args.quiet)
+        pruned = prune_model(model, heads, fills)
+    else:
+        scores = read_scores(args.scores)
+        check_scores_match(scores, model, args.scores)
+        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, args.steps,
+                                          args.per_layer, args.normalize, args.standardize, args.seed, score_ids, w,
+                                          compensate, show_progress=not args.quiet)
+    stats = pruning_stats(model, pruned, w.seq_len)
+    fill_data = fill_source(args, score_ids if compensate != "none" else None)
+    meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats}
+    export = export_native if args.format == "native" else export_hf
+    export(pruned, args.out, overwrite=args.overwrite, metadata=meta)
+    print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
+    if fill_data:
+        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
+    print(f"parameters: {stats['params_before']:,} -> {stats['params_after']:,} (removed {stats['params_removed']:,})")
+    print(f"attention FLOPs/token at T={w.seq_len}: {stats['attention_flops_per_token_before']:,} -> "
+          f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
+    if ids is not None:
+        before = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
+        after = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
+        print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
+              f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
+    print(f"saved {args.format} checkpoint -> {args.out}")

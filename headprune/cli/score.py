@@ -1,0 +1,47 @@
+"""``headprune score``: score heads: weight norms, activations, gradients, ablation."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.common import data_from_args, load_from_args, windowing_from_args
+from headprune.cli.options import add_bootstrap_arg, add_data_args, add_model_args, add_run_flags, add_seed_arg
+from headprune.schema import METHODS
+
+HELP = 'score heads: weight norms, activations, gradients, ablation'
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, "validation")
+    p.add_argument("--methods", default="all", help=f"all (every method but the slow abl_opt: all,abl_opt adds it), or a "
+                                                    f"comma-separated list of: {', '.join(METHODS)}")
+    add_run_flags(p, "output table, .csv or .parquet")
+    p.add_argument("--ablation-rows", type=int, default=None,
+                   help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
+    add_bootstrap_arg(p)
+    add_seed_arg(p, "seed of the bootstrap resampling")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
+
+
+def run(args: argparse.Namespace) -> None:
+    import json
+
+    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+    from headprune.schema import parse_methods
+    from headprune.scoring import score_heads
+
+    out = table_output(args)
+    methods = parse_methods(args.methods)
+    model = load_from_args(args)
+    w = windowing_from_args(args, model)
+    ids = data_from_args(args, model)
+    progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
+    scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet,
+                         bootstrap=args.bootstrap, seed=args.seed)
+    if not finish_sweep(progress, scored.table, out):
+        return
+    summary = {"out": str(out), "heads": len(scored.table), "fold_value_bias": args.fold_value_bias,
+               "seconds": scored.seconds}
+    summary |= {"baseline": scored.baseline} if scored.baseline else {}
+    print(json.dumps(summary) if args.json else f"scored {len(scored.table)} heads with {', '.join(methods)} -> {out}")

@@ -1,0 +1,127 @@
+"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
+
+Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
+tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
+meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
+tensor. Keys are renamed by :func:`headprune.io.hf_keys.convert_state_dict`; the model records where it came
+from in ``model.origin``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headprune.errors import HeadpruneError
+
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's weight files: safetensors (single or sharded), else pytorch_model.bin."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return _index_files(index)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    if (folder / "pytorch_model.bin").is_file():
+        return [folder / "pytorch_model.bin"]
+    raise HeadpruneError(f"{folder} has no model.safetensors or pytorch_model.bin weights")
+
+
+class CheckpointReader:
+    """The tensors of a checkpoint's weight files, read one at a time.
+
+    Names, shapes and dtypes come from the safetensors headers (checked by safetensors; no data read); :meth:`get`
+    reads one tensor's bytes with plain file reads, so nothing stays memory-mapped and the process holds only what
+    the model keeps.
+    A ``pytorch_model.bin`` is memory-mapped where its format allows (else read whole: old pickles only)."""
+
+    def __init__(self, folder: Path):
+        self.specs: dict[str, tuple[tuple[int, ...], bool]] = {}  # name -> (shape, is floating point)
+        self._where: dict[str, Any] = {}  # name -> (file, offset, bytes, dtype) of safetensors, or a .bin's tensor
+        for file in weight_files(folder):
+            with _read_errors(file):
+                if file.suffix == ".bin":
+                    self._add_pickle(file)
+                else:
+                    self._add_safetensors(file)
+
+    def _add_safetensors(self, file: Path) -> None:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt"):  # safetensors validates the header (offsets, sizes, dtypes)
+            pass
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        for name, info in header.items():
+            self.specs[name] = (tuple(info["shape"]), info["dtype"] in _SAFETENSORS_FLOATS)
+            begin, end = info["data_offsets"]
+            self._where[name] = (file, 8 + size + begin, end - begin, info["dtype"])
+
+    def _add_pickle(self, file: Path) -> None:
+        # weights_only: a pickle is never allowed to build arbitrary objects (or run code)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr: one line only
+            warnings.simplefilter("ignore")
+            try:
+                part = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:
+                if "mmap" not in str(err):  # only old-format pickles cannot be memory-mapped
+                    raise
+                part = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                 for k, v in part.items()):
+            raise HeadpruneError(f"weights {file} are not a mapping of names to tensors; the checkpoint is damaged")
+        for name, tensor in part.items():
+            self.specs[name] = (tuple(tensor.shape), tensor.is_floating_point())
+            self._where[name] = tensor
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor, read now (memory of its own, whatever the file format)."""
+        where = self._where[name]
+        if isinstance(where, torch.Tensor):
+            return where.clone()  # a .bin's tensor may be a view of the memory-mapped file
+        file, offset, length, dtype = where
+        with _read_errors(file), open(file, "rb") as f:  # plain reads, no memory map: the model owns its memory
+            f.seek(offset)
+            data = torch.empty(length, dtype=torch.uint8)
+            if f.readinto(data.numpy().data) != length:
+                raise OSError("file ended early")
+        shape = self.specs[name][0]
+        return data.view(_SAFETENSORS_FLOATS.get(dtype, torch.uint8)).reshape(shape)
+
+
+@contextlib.contextmanager
+def _read_errors(file: Path):
+    try:
+        yield
+    except HeadpruneError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors, unpickling and I/O raise many kinds
+        msg = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated, or an unsafe pickle ({msg})") from None
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """Every raw tensor of the checkpoint at once (:class:`CheckpointReader` reads them one at a time)."""
+    reader = CheckpointReader(folder)
+    return {name: reader.get(name) for name in reader.specs}
+
+
+def _index_files(index: Path) -> list[Path]:
+    """The shard files a ``model.safetensors.index.json`` names, each checked to exist inside the folder."""
+    try:
+        files = {index.parent / f for f in json.loads(index.read_text())["weight_map"].values()}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise HeadpruneError(f"{index} is not a valid weight index ({type(err).__name__}); the checkpoint is damaged"
+                             ) from None
+    if bad := [f for f in files if not f.is_file() or index.parent.resolve() not in f.resolve().parents]:
+        raise HeadpruneError(f"{index} names {len(bad)} shard(s) missing from {index.parent} (first: {bad[0].name})")
+    return sorted(files)

@@ -1,0 +1,41 @@
+"""Checkpoint keys and exports: Hugging Face GPT-2 names <-> ours, and pruned models saved to folders.
+
+Hugging Face GPT-2 stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our parameter names are
+the same without the prefix, so loading is a key rename (:func:`convert_state_dict`) and exporting its
+inverse (:func:`hf_tensors`). The causal-mask buffers (``attn.bias``, ``attn.masked_bias``) are dropped and
+``lm_head.weight`` is tied to ``wte.weight``.
+
+Exports are built in a temporary folder beside the target and renamed into place (never half-written):
+``native`` keeps the pruned model's smaller tensors (``config.json`` records ``headprune_kept_heads``);
+``hf`` writes the original shapes with every removed head's Q/K/V columns, biases and W_O rows zeroed, which
+stock ``GPT2LMHeadModel`` loads."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from torch import Tensor
+
+from headprune.models.gpt2 import ModelConfig
+
+T = TypeVar("T")
+
+
+def convert_state_dict(state: dict[str, T], cfg: ModelConfig) -> dict[str, T]:
+    """Hugging Face GPT-2 keys -> ours: strip ``transformer.``, drop mask buffers, tie the LM head (the values,
+    tensors or anything else, are kept as they are)."""
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of older checkpoints
+        if key == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        out[key] = value
+    return out
+
+
+def hf_tensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our keys -> Hugging Face GPT2LMHeadModel keys (``transformer.`` prefix), contiguous CPU copies."""
+    return {(k if k.startswith("lm_head.") else "transformer." + k): v.detach().cpu().contiguous().clone()
+            for k, v in state.items()}

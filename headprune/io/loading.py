@@ -1,0 +1,178 @@
+"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
+
+Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
+tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
+meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
+tensor. Keys are renamed by :func:`headprune.io.hf_keys.convert_state_dict`; the model records where it came
+from in ``model.origin``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from headprune.errors import HeadpruneError
+from headprune.io.checkpoint import CheckpointReader
+from headprune.io.hf_keys import convert_state_dict
+from headprune.models.folding import fold_value_biases_
+from headprune.models.gpt2 import GPT2, ModelConfig, Origin
+from headprune.schema import DEFAULT_MODEL
+
+ZOO = Path(__file__).parent.parent / "zoo"
+
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+_WEIGHT_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
+
+
+_SIDE_PATTERNS = ["config.json", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json"]
+
+
+def resolve_source(source: str | os.PathLike) -> Path:
+    """The local directory holding ``source``: a zoo name, a directory, or a hub id (HF cache or download)."""
+    source = str(source)
+    if (ZOO / source / "config.json").is_file():
+        return ZOO / source
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise HeadpruneError(f"model {source!r} is a file; pass the directory holding config.json and weights")
+    if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source:
+        raise HeadpruneError(f"model directory {source!r} does not exist; pass a GPT-2 directory or hub id")
+    return _snapshot(source)
+
+
+def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + _WEIGHT_PATTERNS))
+        if not any(folder.glob("*.safetensors")):
+            folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + ["pytorch_model.bin"]))
+    except HFValidationError:
+        raise HeadpruneError(f"model {repo_id!r} is neither a local directory nor a valid hub id") from None
+    except Exception as err:  # noqa: BLE001 - offline without cache, unknown repo, network failure, ...
+        raise HeadpruneError(
+            f"model {repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
+            f"or its cache ({type(err).__name__}); pass a local GPT-2 directory or pre-download it"
+        ) from None
+    return folder
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise HeadpruneError(f"{folder} has no config.json; it is not a Hugging Face model directory")
+    try:
+        hf = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    if not isinstance(hf, dict):
+        raise HeadpruneError(f"{path} must hold a JSON object, not {type(hf).__name__}; the checkpoint is damaged")
+    if hf.get("model_type") != "gpt2":
+        raise HeadpruneError(
+            f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'); headprune "
+            "analyses GPT-2 models only"
+        )
+    try:
+        return ModelConfig.from_hf(hf)
+    except (KeyError, ValueError, TypeError) as err:
+        raise HeadpruneError(f"{path} is not a usable GPT-2 config ({err})") from None
+
+
+def load_model(
+    source: str | os.PathLike = DEFAULT_MODEL,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    check_finite: bool = True,
+    fold_value_bias: bool = False,
+) -> GPT2:
+    """Load a GPT-2 checkpoint into :class:`GPT2`, on ``device`` in ``dtype``, in eval mode.
+
+    ``fold_value_bias``: fold every head's value bias into b_O (:func:`headprune.models.folding.fold_value_biases`),
+    done in float32 before the cast to ``dtype``."""
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    check_device_dtype(device, dtype)
+    folder = resolve_source(source)
+    cfg = read_config(folder)
+    reader = CheckpointReader(folder)
+    names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key
+    specs = {key: reader.specs[raw] for key, raw in names.items()}
+    with torch.device("meta"):  # shapes only: nothing is allocated, an absurd config included
+        model = GPT2(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(specs))
+    unexpected = sorted(set(specs) - set(expected))
+    if missing or unexpected:
+        raise HeadpruneError(
+            f"{folder} is not a GPT-2 checkpoint matching its config: missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}"
+        )
+    for key, (shape, _) in specs.items():
+        if shape != tuple(expected[key].shape):
+            raise HeadpruneError(
+                f"{folder}: weight {key} has shape {shape}, config implies {tuple(expected[key].shape)}"
+            )
+    if bad := [k for k, (_, is_float) in specs.items() if not is_float]:  # never cast integers silently
+        raise HeadpruneError(f"{folder}: {len(bad)} weight(s) are not floating point (first: {bad[0]}); a GPT-2 "
+                             "checkpoint holds float weights")
+    # One tensor at a time: read, check, cast and move it, then let the model own it (assign=True: no copy into
+    # randomly initialised parameters). Peak memory is the model plus one tensor. Folding runs in float32.
+    load_dtype = torch.float32 if fold_value_bias else dtype
+    state = {}
+    for key, raw in names.items():
+        tensor = reader.get(raw)
+        if check_finite and not torch.isfinite(tensor).all():
+            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {key}); the checkpoint is broken")
+        state[key] = tensor.to(device=device, dtype=load_dtype)
+        del tensor
+    del reader
+    model.load_state_dict(state, assign=True)
+    del state
+    model.origin = Origin(str(source), folder)
+    if fold_value_bias:
+        fold_value_biases_(model)
+        model.to(dtype=dtype)  # parameter by parameter: the float32 model plus one cast tensor at the peak
+    return model.eval().requires_grad_(False)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise HeadpruneError(f"unknown device {device!r}; use auto, cpu or cuda") from None
+    if resolved.type not in ("cpu", "cuda"):  # meta, mps, xpu, ...: torch knows them, headprune runs on cpu and cuda
+        raise HeadpruneError(f"device {device!r} is not supported; use auto, cpu or cuda")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise HeadpruneError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                             "GPU(s); use cuda:0.. or cpu")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise HeadpruneError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16")
+    return DTYPES[dtype]
+
+
+def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    """Fail early, with a clear message, where the device cannot run the dtype."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise HeadpruneError("device cuda requested but no CUDA GPU is available; use --device cpu")
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise HeadpruneError("this GPU cannot run bf16; use --dtype fp16 or fp32")
+    if device.type == "cpu" and dtype == torch.float16:
+        raise HeadpruneError("fp16 is not supported on the CPU (no fast kernels, poor accuracy); use fp32 or bf16")

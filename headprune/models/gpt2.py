@@ -1,0 +1,400 @@
+"""A faithful GPT-2 with explicit multi-head attention, per-head gates and per-head weight views.
+
+Parameter names and layouts follow Hugging Face's GPT-2 (Conv1D weights are ``[in, out]``), minus the
+``transformer.`` prefix, so a checkpoint loads by renaming keys and a pruned model exports the same way.
+
+Attention of layer l with h heads of width d_k on x: (B,T,d):
+
+    [Q|K|V] = x W_attn + b_attn                        (B,T,3·h·d_k), split and viewed as (B,h,T,d_k)
+    A       = softmax(Q Kᵀ / √d_k + causal mask)        (B,h,T,T)
+    z       = A V                                       (B,h,T,d_k)
+    z_i    ← g_i z_i + (1 − g_i) f_i                    gates g (1 keeps, 0 ablates), fill f (0 or a mean)
+    out     = concat_i(z_i) W_O + b_O = Σ_i z_i W_O^(i) + b_O    (B,T,d), W_O^(i) = rows i·d_k..(i+1)·d_k
+
+A layer may keep any subset of the original heads (physical pruning): ``kept_heads[l]`` lists their
+original indices, and W_attn / W_O hold only their columns / rows. A layer that keeps no head adds b_O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import cast, overload
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headprune.errors import HeadpruneError
+
+
+@dataclass
+class ModelConfig:
+    """GPT-2 hyper-parameters, plus the heads each layer keeps (original indices) after pruning."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12  # heads per layer before pruning
+    d_mlp: int = 3072
+    layer_norm_eps: float = 1e-5
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    tie_word_embeddings: bool = True
+    kept_heads: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        sizes = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp")
+        for name in sizes:  # a damaged config.json must fail here, not as a ZeroDivisionError or a 100 GB allocation
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        eps = self.layer_norm_eps
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
+        for name in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.kept_heads, list) or not all(
+            isinstance(k, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in k)
+            for k in self.kept_heads
+        ):
+            raise ValueError(f"kept_heads must be a list of lists of head indices, got {self.kept_heads!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if not self.kept_heads:
+            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
+        if len(self.kept_heads) != self.n_layers or any(
+            list(k) != sorted(set(k)) or any(not 0 <= h < self.n_heads for h in k) for k in self.kept_heads
+        ):
+            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
+                             f"{self.n_layers} layers; got {self.kept_heads}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def is_pruned(self) -> bool:
+        return any(len(k) != self.n_heads for k in self.kept_heads)
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        """Build from a Hugging Face GPT-2 ``config.json`` dict (plus headprune's ``kept_heads`` if any)."""
+        d_model = hf["n_embd"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            n_positions=hf["n_positions"],
+            d_model=d_model,
+            n_layers=hf["n_layer"],
+            n_heads=hf["n_head"],
+            d_mlp=hf.get("n_inner") or 4 * d_model,
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            scale_attn_weights=hf.get("scale_attn_weights", True),
+            scale_attn_by_inverse_layer_idx=hf.get("scale_attn_by_inverse_layer_idx", False),
+            tie_word_embeddings=hf.get("tie_word_embeddings", True),
+            kept_heads=[list(k) if isinstance(k, list) else k for k in hf.get("headprune_kept_heads", [])],
+        )
+
+    def to_hf(self) -> dict:
+        """The Hugging Face GPT-2 config dict for this model (``headprune_kept_heads`` when pruned)."""
+        hf = {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": self.vocab_size,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "n_embd": self.d_model,
+            "n_layer": self.n_layers,
+            "n_head": self.n_heads,
+            "n_inner": self.d_mlp,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": self.layer_norm_eps,
+            "scale_attn_weights": self.scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        }
+        if self.is_pruned:
+            hf["headprune_kept_heads"] = self.kept_heads
+        return hf
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Capture:
+    """Activations a forward records, by absolute layer (pass one as ``capture=`` to ``GPT2.forward``).
+
+    resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
+    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
+    """
+
+    resid_pre: dict[int, Tensor] = field(default_factory=dict)
+    z: dict[int, Tensor] = field(default_factory=dict)
+    attn: dict[int, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model's weights came from: what the user asked to load, and the folder read."""
+
+    source: str | None = None
+    folder: Path | None = None
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: y = x W + b with W stored [in, out]."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = (*x.shape[:-1], self.weight.shape[1])
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention; every head in one batched call, gates and fills per head."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads = len(cfg.kept_heads[layer])  # heads this layer keeps
+        self.d_head = cfg.d_head
+        self.c_attn = Conv1D(cfg.d_model, 3 * self.n_heads * self.d_head)
+        self.c_proj = Conv1D(self.n_heads * self.d_head, cfg.d_model)
+        self.scale = (self.d_head**-0.5 if cfg.scale_attn_weights else 1.0) / (
+            layer + 1 if cfg.scale_attn_by_inverse_layer_idx else 1
+        )
+
+    # Per-head views of the weights (no copies), TransformerLens layout.
+    def _qkv_view(self, t: Tensor, which: int) -> Tensor:
+        hd = self.n_heads * self.d_head
+        part = t[..., which * hd : (which + 1) * hd]
+        if t.dim() == 1:
+            return part.view(self.n_heads, self.d_head)  # [n_heads, d_head]
+        return part.view(-1, self.n_heads, self.d_head).permute(1, 0, 2)  # [n_heads, d_model, d_head]
+
+    @property
+    def W_Q(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 0)
+
+    @property
+    def W_K(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 1)
+
+    @property
+    def W_V(self) -> Tensor:
+        return self._qkv_view(self.c_attn.weight, 2)
+
+    @property
+    def b_Q(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 0)
+
+    @property
+    def b_K(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 1)
+
+    @property
+    def b_V(self) -> Tensor:
+        return self._qkv_view(self.c_attn.bias, 2)
+
+    @property
+    def W_O(self) -> Tensor:
+        """[n_heads, d_head, d_model]: row block W_O^(i) of head i."""
+        return self.c_proj.weight.view(self.n_heads, self.d_head, -1)
+
+    @property
+    def b_O(self) -> Tensor:
+        return self.c_proj.bias
+
+    @staticmethod
+    def qkv_columns(positions: Tensor, n_heads: int, d_head: int) -> Tensor:
+        """c_attn output columns of the heads at ``positions``: part·h·d_k + p·d_k + k, Q then K then V."""
+        part = torch.arange(3, device=positions.device).view(3, 1, 1) * n_heads * d_head
+        k = torch.arange(d_head, device=positions.device).view(1, 1, d_head)
+        return (part + positions.view(1, -1, 1) * d_head + k).reshape(-1)  # [3·len(positions)·d_k]
+
+    @staticmethod
+    def wo_rows(positions: Tensor, d_head: int) -> Tensor:
+        """c_proj input rows (W_O row blocks) of the heads at ``positions``: p·d_k + k."""
+        return (positions.view(-1, 1) * d_head + torch.arange(d_head, device=positions.device)).reshape(-1)
+
+    def forward(
+        self,
+        x: Tensor,  # (B,T,d)
+        gate: Tensor | None = None,  # [n_heads] or [B, n_heads]
+        fill: Tensor | None = None,  # [n_heads, d_head]: what an ablated head outputs instead of z_i
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        B, T, d = x.shape
+        if self.n_heads == 0:
+            return self.c_proj.bias.expand(B, T, d)
+        h, dk = self.n_heads, self.d_head
+        q, k, v = self.c_attn(x).view(B, T, 3, h, dk).permute(2, 0, 3, 1, 4)  # each (B,h,T,d_k)
+        if need_weights:
+            scores = (q @ k.transpose(-1, -2)).float() * self.scale  # (B,h,T,T)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1).to(v.dtype)
+            z = probs @ v  # (B,h,T,d_k)
+            if capture is not None:
+                capture.attn[self.layer] = probs
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
+        if capture is not None:
+            capture.z[self.layer] = z
+        if gate is not None:
+            g = gate.view(-1, h, 1, 1).to(z.dtype)
+            z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
+        z = z.transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
+        return self.c_proj(z)  # (B,T,d)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = Conv1D(cfg.d_model, cfg.d_mlp)
+        self.c_proj = Conv1D(cfg.d_mlp, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, gate: Tensor | None = None, fill: Tensor | None = None,
+                capture: Capture | None = None, need_weights: bool = False) -> Tensor:
+        x = x + self.attn(self.ln_1(x), gate, fill, capture, need_weights)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Blocks(nn.ModuleList):
+    """The ``nn.ModuleList`` of a GPT2's Blocks, typed so ``model.h[l]`` and ``for blk in model.h`` give a Block."""
+
+    @overload
+    def __getitem__(self, idx: slice) -> Blocks: ...
+
+    @overload
+    def __getitem__(self, idx: int) -> Block: ...
+
+    def __getitem__(self, idx: int | slice) -> Block | Blocks:
+        return cast("Block | Blocks", super().__getitem__(idx))  # only Blocks are ever stored
+
+    def __iter__(self) -> Iterator[Block]:
+        return cast("Iterator[Block]", super().__iter__())
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model: token + position embeddings, pre-LN blocks, final LayerNorm, tied LM head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.d_model)
+        self.h = Blocks(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.origin = Origin()  # set by the loader; kept by pruning
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wte.weight.dtype
+
+    @property
+    def head_ids(self) -> list[tuple[int, int]]:
+        """(layer, original head index) of every head the model holds, in weight order."""
+        return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
+
+    def require_heads(self, what: str) -> None:
+        """Refuse head-level work (``what``) on a model that has no heads left (fully pruned)."""
+        if not self.head_ids:
+            raise HeadpruneError(f"the model has no attention heads left (fully pruned); {what} needs at least one")
+
+    @property
+    def active_layers(self) -> list[int]:
+        """Layers that hold at least one head, in order (layer-major head order skips the others)."""
+        return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens (B,T) -> residual stream (B,T,d)."""
+        T = tokens.shape[1]
+        if T > self.cfg.n_positions:
+            raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+        return self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+
+    def run_blocks(
+        self,
+        resid: Tensor,  # (B,T,d), the residual stream entering layer `start`
+        start: int = 0,
+        stop: int | None = None,
+        gates: Sequence[Tensor | None] | None = None,
+        fills: Sequence[Tensor | None] | None = None,
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
+        for layer in range(start, self.cfg.n_layers if stop is None else stop):
+            if capture is not None:
+                capture.resid_pre[layer] = resid
+            gate = gates[layer] if gates is not None else None
+            fill = fills[layer] if fills is not None else None
+            resid = self.h[layer](resid, gate, fill, capture, need_weights)
+        return resid
+
+    def unembed(self, resid: Tensor) -> Tensor:
+        """Final LayerNorm and LM head: (B,T,d) -> logits (B,T,vocab)."""
+        x = self.ln_f(resid)
+        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
+
+    def forward(
+        self,
+        tokens: Tensor,  # (B,T) int64
+        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l] or [B, n_heads_l]
+        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head]
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """tokens (B,T) -> logits (B,T,vocab)."""
+        return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
+
+    def ones_gates(self, requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """One gate tensor per layer, all ones: [n_heads_l]."""
+        return [torch.ones(blk.attn.n_heads, device=self.device, dtype=dtype, requires_grad=requires_grad)
+                for blk in self.h]
+
+
+def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1), in fp32 or wider.
+
+    The last position (no next token) gets target -100 (ignored) instead of being sliced off, so fp32 logits
+    are used in place rather than copied (a batch's logits are tens of MB)."""
+    B, T, V = logits.shape
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    targets = F.pad(tokens[:, 1:], (0, 1), value=-100)  # (B,T)
+    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1), reduction="none").view(B, T)[:, :-1]
+
+
+def count_params(model: GPT2) -> int:
+    return sum(p.numel() for p in model.parameters())
