@@ -1,4 +1,4 @@
-"""README claims that had no test of their own (issue 17, point 9).
+"""Documented claims that have no test of their own.
 
 - scoring a pruned model: emptied layers, original head names, scores equal the unpruned model's with the
   removed heads zeroed (weight methods exactly; data methods against the ``--format hf`` zero-filled export;

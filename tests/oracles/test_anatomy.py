@@ -330,10 +330,11 @@ def test_report_section_from_saved_anatomy_without_torch_inputs(tmp_path):
     """The report section from a hand-made AnatomyReport: the top-heads table follows abl_zero, the findings quote
     the numbers, and the files round-trip through rebuild_report."""
     import pandas as pd
-    from test_report import BASELINE, SETTINGS, make_curves, make_scores
 
     from headprune.report import build_report, rebuild_report
     from headprune.report.anatomy import AnatomyReport, Thumbnail
+
+    from report_tables import BASELINE, SETTINGS, make_curves, make_scores
 
     scores = make_scores()
     heads = scores[["layer", "head", "head_id"]].copy()

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_report import BASELINE, SETTINGS, make_curves, make_scores
 
 import headprune
 from headprune.cli.main import COMMANDS, build_parser, command_module, main
@@ -19,7 +18,9 @@ from headprune.cli.options import HelpFormatter
 from headprune.report import build_report
 from headprune.schema import IMPORTANCE_METHODS, METHODS
 
-ROOT = Path(__file__).resolve().parents[1]
+from report_tables import BASELINE, SETTINGS, make_curves, make_scores
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -7,11 +7,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from test_report import BASELINE, SETTINGS, make_curves, make_scores
 
 from headprune.report import build_report
 
-ROOT = Path(__file__).resolve().parents[1]
+from report_tables import BASELINE, SETTINGS, make_curves, make_scores
+
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("screenshot_report", ROOT / "scripts" / "screenshot_report.py")
 assert spec is not None and spec.loader is not None
 shots = importlib.util.module_from_spec(spec)

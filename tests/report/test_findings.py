@@ -12,13 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from test_report import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores
 
 from headprune.report import build_report
 from headprune.report.findings import findings
 from headprune.report.render import flatten
 from headprune.report.tables import layer_counts, predictiveness, pruning_order, summary_table
 from headprune.schema import check_curves, check_scores, method_family
+
+from report_tables import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores
 
 METHODS = ["wo_fro", "ov_spec", "taylor", "abl_zero", "abl_mean"]
 SLOPES = {"taylor": 1.0, "abl_mean": 1.5, "wo_fro": 3.02, "ov_spec": 4.0, "random": 3.0}  # wo_fro: in the band
@@ -201,7 +202,7 @@ def test_method_families():
 
 
 def test_many_inverse_scores_are_summarised_as_ranges_and_tiny_changes_as_none():
-    from test_report import auc_by_ranks
+    from report_tables import auc_by_ranks
 
     df = make_scores(methods=METHODS)
     rng = np.random.default_rng(3)

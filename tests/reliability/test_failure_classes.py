@@ -1,4 +1,4 @@
-"""Reliability, second pass (issue 13): the right behaviour behind the bad-input cases of test_reliability.py.
+"""Reliability classes: the right behaviour behind the bad-input cases of test_resume_and_bad_input.py.
 
 Each test names the issue's class it covers. The one-line/exit-2/nothing-written cases are in
 ``test_reliability._bad_cases`` and ``test_info_cli.test_bad_model_one_line_exit_2``.
@@ -218,9 +218,9 @@ def test_cli_names_a_damaged_progress_header(tiny_dir, corpus, tmp_path, capsys)
 def test_a_report_folder_is_complete_or_absent(tmp_path, capsys, monkeypatch):
     import errno
 
-    from test_report import BASELINE, SETTINGS, make_curves, make_scores
-
     from headprune import report
+
+    from report_tables import BASELINE, SETTINGS, make_curves, make_scores
 
     calls = []
 
