@@ -17,7 +17,7 @@ MODULE = re.compile(r"python -m ((?:benchmarks|analyses)\.[a-z_][a-z0-9_]*)\b") 
 
 def _prose(text: str) -> str:
     """The text outside fenced code blocks."""
-    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
 
 
 def _ids(doc: Path) -> str:
@@ -59,7 +59,7 @@ def test_readme_is_a_front_door():
 @pytest.mark.parametrize("name", ["README.md", "docs/python-api.md"])
 def test_python_recipe_starts_cheap_and_says_what_all_costs(name):
     text = (ROOT / name).read_text()
-    first = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    first = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
     calls = re.findall(r"score_heads\(([^\n]*)\)", first)
     assert calls and '"all"' not in calls[0], calls
     assert "1,345 CPU-s" in text
