@@ -83,7 +83,7 @@ finding = [
 ]
 text = (f"# Head roles vs importance ({args.model})\n\nImportance: abl_zero on the validation split ({len(score_ids):,} "
         f"tokens). Roles: TransformerLens detect_head scores ('mul') on the induction probe (seed {SEED}) and on the "
-        f"first {ROWS} scoring windows (*_corpus); dla, copying and W_O geometry as in the README.\n\n"
+        f"first {ROWS} scoring windows (*_corpus); dla, copying and W_O geometry as in docs/anatomy.md.\n\n"
         + "\n".join(finding) + "\n\n## Correlations\n\n" + markdown_table(corr)
         + "\n\n## Top heads by abl_zero\n\n" + markdown_table(heads.sort_values("importance_rank").head(12).round(4))
         + "\n\n## Strongest K-composition among the top 20% heads\n\n"

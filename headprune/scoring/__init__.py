@@ -81,7 +81,7 @@ def score_heads(
     ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
     ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches
     only cost cache, 64 on a GPU, where batching copies is the win).
-    ``optimal_steps``: Adam steps of abl_opt's fit per layer (:mod:`.optimal`).
+    ``optimal_steps``: passes of abl_opt's per-head BFGS fit per layer (:mod:`.optimal`).
     """
     methods = parse_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")

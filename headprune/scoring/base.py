@@ -31,7 +31,7 @@ class ScoringContext:
     methods: list[str]
     ablation_rows: int = 8  # ablated copies × windows per forward
     outputs: dict[str, Tensor] = field(default_factory=dict)  # non-score results of earlier families (mean_z)
-    optimal_steps: int = 16  # Adam steps of abl_opt's fit per layer (see scoring/optimal.py)
+    optimal_steps: int = 16  # passes of abl_opt's per-head BFGS fit per layer (see scoring/optimal.py)
 
 
 class Family:

@@ -161,7 +161,7 @@ def fit_set(model: GPT2, batches: list[Batch], heads: list[tuple[int, int]], ini
 
     Constants fitted one head at a time (abl_opt's c_i*) do not compose: on the shipped model each c_i* carries
     a shift that lowers the loss on its own and these shifts share a direction, so folding 24 of them adds it
-    24 times (see README, Optimal ablation). A set is therefore fitted as a set.
+    24 times (docs/methods.md, Pruning). A set is therefore fitted as a set.
 
     Returns lists: ``c`` [|S|][d_k] (the heads in the given order), ``nll_init`` and ``nll_best`` (NLL sums
     over the fit data at z̄ and at c)."""

@@ -1,4 +1,6 @@
-"""Documented claims that have no test of their own.
+"""Documented claims that have no test of their own. They are stated in docs/methods.md
+(Loading, Pruning, Reports) and in the README (``--data``); the file names in docs/ and the README are checked
+by test_docs_links.py.
 
 - scoring a pruned model: emptied layers, original head names, scores equal the unpruned model's with the
   removed heads zeroed (weight methods exactly; data methods against the ``--format hf`` zero-filled export;
