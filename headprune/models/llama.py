@@ -75,6 +75,7 @@ class Attention(HeadAttention):
     def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
         self.set_groups(cfg, layer)
+        self.d_model = cfg.d_model
         d, h, h_kv, dk = cfg.d_model, self.n_heads, self.n_kv_heads, cfg.d_head
         self.q_proj = nn.Linear(d, h * dk, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(d, h_kv * dk, bias=cfg.qkv_bias)
@@ -87,7 +88,7 @@ class Attention(HeadAttention):
 
     # Per-head views (no copies): nn.Linear stores [out, in], so head i's q rows are W_Q^(i)ᵀ.
     def _heads(self, lin: nn.Linear, n: int) -> Tensor:
-        return lin.weight.view(n, self.d_head, -1).transpose(1, 2)  # [n, d_model, d_head]
+        return lin.weight.view(n, self.d_head, self.d_model).transpose(1, 2)  # [n, d_model, d_head]
 
     def _bias(self, lin: nn.Linear, n: int) -> Tensor:
         if lin.bias is None:
@@ -109,7 +110,7 @@ class Attention(HeadAttention):
     @property
     def W_O(self) -> Tensor:
         """[n_heads, d_head, d_model]: W_O^(i) = o_proj.weight[:, i·d_k:(i+1)·d_k]ᵀ."""
-        return self.o_proj.weight.view(-1, self.n_heads, self.d_head).permute(1, 2, 0)
+        return self.o_proj.weight.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)
 
     @property
     def b_Q(self) -> Tensor:

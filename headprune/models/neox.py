@@ -62,13 +62,14 @@ class Attention(HeadAttention):
     def __init__(self, cfg: NeoXConfig, layer: int):
         super().__init__()
         self.set_groups(cfg, layer)
+        self.d_model = cfg.d_model
         d, h, dk = cfg.d_model, self.n_heads, cfg.d_head
         self.query_key_value = nn.Linear(d, 3 * h * dk, bias=cfg.attention_bias)
         self.dense = nn.Linear(h * dk, d, bias=True)  # b_O: zero where the checkpoint has none (cfg.o_bias)
         self.scale = dk**-0.5
 
     def _qkv(self, which: int) -> Tensor:  # [h, d, d_k] view of part `which` (0 q, 1 k, 2 v)
-        return self.query_key_value.weight.view(self.n_heads, 3, self.d_head, -1)[:, which].transpose(1, 2)
+        return self.query_key_value.weight.view(self.n_heads, 3, self.d_head, self.d_model)[:, which].transpose(1, 2)
 
     def _qkv_bias(self, which: int) -> Tensor:  # [h, d_k]
         bias = self.query_key_value.bias
@@ -90,7 +91,7 @@ class Attention(HeadAttention):
 
     @property
     def W_O(self) -> Tensor:
-        return self.dense.weight.view(-1, self.n_heads, self.d_head).permute(1, 2, 0)  # [h, d_k, d]
+        return self.dense.weight.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)  # [h, d_k, d]
 
     @property
     def b_Q(self) -> Tensor:
