@@ -246,8 +246,9 @@ class HeadModel(nn.Module):
     cfg: HeadConfig
     h: HeadBlocks
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: HeadConfig) -> None:
         super().__init__()
+        self.cfg = cfg
         self.origin = Origin()  # set by the loader; kept by pruning
 
     @property
@@ -333,8 +334,8 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
     from ..heads import check_heads
     from ..interventions import check_fills
 
-    heads = check_heads(model, heads)
-    checked = check_fills(model, heads, fills)  # type: ignore[arg-type]  # any HeadModel has the GPT2 interface
+    heads = check_heads(model, heads)  # type: ignore[arg-type]  # any HeadModel has GPT2's interface
+    checked = check_fills(model, heads, fills)  # type: ignore[arg-type]
     drop: dict[int, set[int]] = {}
     for layer, head in heads:
         drop.setdefault(layer, set()).add(head)
@@ -356,8 +357,8 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
         new = type(model)(cfg)
     new.load_state_dict(state, assign=True)
     grads = {name: p.requires_grad for name, p in model.named_parameters()}
-    for name, p in new.named_parameters():
-        p.requires_grad_(grads.get(name, False))
+    for name, param in new.named_parameters():
+        param.requires_grad_(grads.get(name, False))
     new.train(model.training)
     new.origin = model.origin
     return new

@@ -124,13 +124,15 @@ class Family:
         return key
 
 
-_DECODER = {"read_config": read_decoder_config, "model_class": Decoder, "prefix": "model.", "attn": "self_attn",
-            "lm_head": "lm_head"}
+def _decoder(architecture: str) -> Family:
+    return Family(read_decoder_config, Decoder, "model.", "self_attn", "lm_head", architecture)
+
+
 REGISTRY: dict[str, Family] = {
-    "llama": Family(**_DECODER, architecture="LlamaForCausalLM"),
-    "mistral": Family(**_DECODER, architecture="MistralForCausalLM"),
-    "qwen2": Family(**_DECODER, architecture="Qwen2ForCausalLM"),
-    "qwen3": Family(**_DECODER, architecture="Qwen3ForCausalLM"),
+    "llama": _decoder("LlamaForCausalLM"),
+    "mistral": _decoder("MistralForCausalLM"),
+    "qwen2": _decoder("Qwen2ForCausalLM"),
+    "qwen3": _decoder("Qwen3ForCausalLM"),
     "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")),
 }

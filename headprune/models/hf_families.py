@@ -95,7 +95,8 @@ def load_family_model(
             continue
         tensor = reader.get(names[key])
         if check_finite and not torch.isfinite(tensor).all():
-            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {names[key]}); the checkpoint is broken")
+            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {names[key]}); the checkpoint is "
+                                 "broken")
         state[key] = tensor.to(device=device, dtype=dtype)
         del tensor
     del reader

@@ -200,9 +200,10 @@ class Block(HeadBlock):
 class Decoder(HeadModel):
     """A Llama-family language model: token embedding, pre-norm blocks, final RMSNorm, LM head (tied or not)."""
 
+    cfg: DecoderConfig
+
     def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.cfg: DecoderConfig = cfg
+        super().__init__(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.h = HeadBlocks(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)

@@ -16,6 +16,7 @@ Parameter names follow transformers' (``gpt_neox.layers.{l}.attention.dense`` is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,7 +28,7 @@ from ..model import Capture
 from .base import HeadAttention, HeadBlock, HeadBlocks, HeadConfig, HeadModel
 from .rotary import apply_rotary, inv_frequencies, rotary_tables
 
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
                "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu, "silu": F.silu}
 
 
@@ -165,9 +166,10 @@ class Block(HeadBlock):
 class NeoX(HeadModel):
     """A GPT-NeoX language model: embed_in, blocks, final LayerNorm, embed_out (or the tied embedding)."""
 
+    cfg: NeoXConfig
+
     def __init__(self, cfg: NeoXConfig):
-        super().__init__()
-        self.cfg: NeoXConfig = cfg
+        super().__init__(cfg)
         self.embed_in = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.h = HeadBlocks(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

@@ -38,31 +38,26 @@ BASE = {"vocab_size": VOCAB, "num_hidden_layers": 2, "max_position_embeddings": 
 
 # name -> (config class, model class, config kwargs): GQA ratios 1, 2 and 4, odd head counts, head_dim != d/h,
 # biases, llama3 rope scaling, a sliding window shorter than the sequence, tied and untied embeddings.
+def shape(d: int, h: int, kv: int | None, mlp: int, **extra) -> dict:
+    """transformers config kwargs: hidden size d, h query heads, kv KV heads (None: no such key), MLP width."""
+    kv_key = {} if kv is None else {"num_key_value_heads": kv}
+    return {"hidden_size": d, "num_attention_heads": h, "intermediate_size": mlp, **kv_key, **extra}
+
+
 CASES = {
-    "llama-gqa2-bias-llama3": (LlamaConfig, LlamaForCausalLM, dict(
-        hidden_size=48, num_attention_heads=6, num_key_value_heads=3, intermediate_size=64, attention_bias=True,
-        mlp_bias=True, rope_parameters=LLAMA3)),
-    "llama-gqa4-tied": (LlamaConfig, LlamaForCausalLM, dict(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=48, tie_word_embeddings=True)),
-    "llama-mha-odd": (LlamaConfig, LlamaForCausalLM, dict(
-        hidden_size=40, num_attention_heads=5, num_key_value_heads=5, intermediate_size=56)),
-    "mistral-window": (MistralConfig, MistralForCausalLM, dict(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, sliding_window=7,
-        head_dim=12)),
-    "qwen2-bias-window": (Qwen2Config, Qwen2ForCausalLM, dict(
-        hidden_size=36, num_attention_heads=3, num_key_value_heads=1, intermediate_size=40, use_sliding_window=True,
-        sliding_window=5, max_window_layers=1, tie_word_embeddings=True)),
-    "qwen3-headdim": (Qwen3Config, Qwen3ForCausalLM, dict(
-        hidden_size=32, num_attention_heads=6, num_key_value_heads=2, head_dim=10, intermediate_size=40,
-        attention_bias=True)),
-    "qwen3-tied-gqa4": (Qwen3Config, Qwen3ForCausalLM, dict(
-        hidden_size=32, num_attention_heads=4, num_key_value_heads=1, head_dim=8, intermediate_size=40,
-        tie_word_embeddings=True)),
-    "neox-parallel": (GPTNeoXConfig, GPTNeoXForCausalLM, dict(
-        hidden_size=40, num_attention_heads=5, intermediate_size=64, rotary_pct=0.5, use_parallel_residual=True)),
-    "neox-sequential-tied": (GPTNeoXConfig, GPTNeoXForCausalLM, dict(
-        hidden_size=48, num_attention_heads=4, intermediate_size=64, rotary_pct=0.25, use_parallel_residual=False,
-        tie_word_embeddings=True)),
+    "llama-gqa2-bias-llama3": (LlamaConfig, LlamaForCausalLM, shape(
+        48, 6, 3, 64, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3)),
+    "llama-gqa4-tied": (LlamaConfig, LlamaForCausalLM, shape(32, 4, 1, 48, tie_word_embeddings=True)),
+    "llama-mha-odd": (LlamaConfig, LlamaForCausalLM, shape(40, 5, 5, 56)),
+    "mistral-window": (MistralConfig, MistralForCausalLM, shape(32, 4, 2, 48, sliding_window=7, head_dim=12)),
+    "qwen2-bias-window": (Qwen2Config, Qwen2ForCausalLM, shape(
+        36, 3, 1, 40, use_sliding_window=True, sliding_window=5, max_window_layers=1, tie_word_embeddings=True)),
+    "qwen3-headdim": (Qwen3Config, Qwen3ForCausalLM, shape(32, 6, 2, 40, head_dim=10, attention_bias=True)),
+    "qwen3-tied-gqa4": (Qwen3Config, Qwen3ForCausalLM, shape(32, 4, 1, 40, head_dim=8, tie_word_embeddings=True)),
+    "neox-parallel": (GPTNeoXConfig, GPTNeoXForCausalLM, shape(
+        40, 5, None, 64, rotary_pct=0.5, use_parallel_residual=True)),
+    "neox-sequential-tied": (GPTNeoXConfig, GPTNeoXForCausalLM, shape(
+        48, 4, None, 64, rotary_pct=0.25, use_parallel_residual=False, tie_word_embeddings=True)),
 }
 
 
@@ -135,7 +130,7 @@ def test_logits_equal_transformers(case, tmp_path_factory):
 @pytest.mark.parametrize("case", ["mistral-window", "qwen2-bias-window", "llama-gqa2-bias-llama3", "neox-parallel"])
 def test_attention_probabilities_equal_eager_transformers(case, tmp_path_factory):
     """Per query head attention patterns (sliding window and GQA included) equal HF eager's output_attentions."""
-    hf, folder, ours = build(case, tmp_path_factory)
+    _, folder, ours = build(case, tmp_path_factory)
     eager = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     x = tokens(1)
     capture = Capture()
@@ -312,7 +307,8 @@ def test_tokenizer_from_tokenizer_json(tmp_path):
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.train_from_iterator(["the cat sat on the mat"] * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"])
+    tok.train_from_iterator(["the cat sat on the mat"] * 20, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path)
     loaded = load_family_tokenizer(tmp_path, vocab_size=VOCAB)
     assert loaded.decode(loaded("the cat")["input_ids"]) == "the cat"
