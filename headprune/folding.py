@@ -20,6 +20,7 @@ import copy
 import torch
 
 from .model import GPT2
+from .models.base import HeadAttention
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def fold_value_biases_(model: GPT2) -> GPT2:
         moved |= bool(shift.any())
         # the stored value biases: a view into c_attn.bias (GPT-2), or per KV head (headprune.models, where b_V
         # gives each query head its KV head's b_V^(g(i)), a copy under grouped-query attention)
-        (attn.b_V_kv if hasattr(attn, "b_V_kv") else attn.b_V).zero_()
+        (attn.b_V_kv if isinstance(attn, HeadAttention) else attn.b_V).zero_()
     if moved and hasattr(folded.cfg, "o_bias"):
         folded.cfg.o_bias = True  # headprune.models: the family stores an o_proj bias now
     return folded

@@ -84,7 +84,7 @@ def test_ablations_equal_o_proj_prehook(models):
 
 
 def test_folding_keeps_logits_and_clears_value_biases(models):
-    hf, ours = models
+    _, ours = models
     folded = fold_value_biases(ours)
     x = IDS.view(WINDOWS, SEQ)
     with torch.no_grad():
