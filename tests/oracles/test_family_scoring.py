@@ -122,3 +122,20 @@ def test_weight_and_activation_scores_per_query_head(models):
     for h in hooks:
         h.remove()
     assert scores.table.taylor.to_numpy() == pytest.approx((-grad).reshape(-1).numpy(), abs=1e-6)
+
+
+def test_ledger_counts_the_checkpoint_parameters(models):
+    from headprune.models.base import prune_heads
+    from headprune.models.family_ledger import attention_table, format_info, param_table
+
+    hf, ours = models
+    cfg = ours.cfg
+    assert int(param_table(ours).params.sum()) == hf.num_parameters()  # tied embeddings counted once
+    table = attention_table(ours, SEQ)
+    dk, d, r = cfg.d_head, cfg.d_model, cfg.n_heads // cfg.n_kv_heads
+    assert table.qkv_flops_per_token[0] == 2 * d * (cfg.n_heads + 2 * cfg.n_kv_heads) * dk
+    pruned = prune_heads(ours, [(0, h) for h in range(r)] + [(1, 0)])  # KV head 0 of layer 0 goes with its group
+    t = attention_table(pruned, SEQ)
+    assert t.kv_heads.tolist() == [cfg.n_kv_heads - 1, cfg.n_kv_heads]
+    assert t.shared_by[1] == [r - 1] + [r] * (cfg.n_kv_heads - 1)
+    assert "grouped-query" in format_info(ours, SEQ)
