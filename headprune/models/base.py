@@ -1,5 +1,5 @@
 """What every headprune model family shares: the per-head interface, grouped-query attention with gates, the
-layer-wise forward, and physical pruning of query heads.
+layer-wise forward (physical pruning of query heads: :mod:`.prune`).
 
 Attention of a layer with h query heads and h_kv ≤ h key/value heads (grouped-query attention, GQA; h_kv = h is
 multi-head attention) on x (B,T,d); query head i reads the keys and values of KV head g(i) (``kv_group``):
@@ -23,8 +23,7 @@ a bias to go into; ``cfg.o_bias`` says whether the checkpoint stores one.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -35,7 +34,7 @@ from torch import Tensor, nn
 from ..errors import HeadpruneError
 from ..model import Capture, Origin
 
-Head = tuple[int, int]
+Head = tuple[int, int]  # (layer, original query head index)
 
 
 @dataclass
@@ -324,41 +323,3 @@ class HeadModel(nn.Module):
         return [torch.ones(blk.attn.n_heads, device=self.device, dtype=dtype, requires_grad=requires_grad)
                 for blk in self.h]
 
-
-def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:
-    """A new, physically smaller model without query ``heads`` (the input is not changed).
-
-    A KV head whose query heads all go is removed with them. ``fills``: {(layer, head): z̄ [d_head]}; when given,
-    Σ z̄_i W_O^(i) is folded into each layer's b_O, so the result equals the model with those heads gated off and
-    filled with z̄ (mean or optimal compensation)."""
-    from ..heads import check_heads
-    from ..interventions import check_fills
-
-    heads = check_heads(model, heads)  # type: ignore[arg-type]  # any HeadModel has GPT2's interface
-    checked = check_fills(model, heads, fills)  # type: ignore[arg-type]
-    drop: dict[int, set[int]] = {}
-    for layer, head in heads:
-        drop.setdefault(layer, set()).add(head)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for layer, gone in drop.items():
-        attn, kept = model.h[layer].attn, model.cfg.kept_heads[layer]
-        b_O = attn.b_O.detach().double()
-        W_O = attn.W_O.detach().double()  # [h, d_k, d]
-        for p, head in enumerate(kept):
-            if head in gone and (layer, head) in checked:
-                b_O = b_O + checked[(layer, head)].to(W_O) @ W_O[p]  # z̄_i W_O^(i)
-        keep = [p for p, head in enumerate(kept) if head not in gone]
-        state.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O.to(attn.b_O.dtype)))
-    kept_heads = [[h for h in k if h not in drop.get(layer, ())] for layer, k in enumerate(model.cfg.kept_heads)]
-    cfg = dataclasses.replace(model.cfg, kept_heads=kept_heads)
-    if checked:
-        cfg = dataclasses.replace(cfg, o_bias=True)  # the compensation is in b_O now
-    with torch.device("meta"):
-        new = type(model)(cfg)
-    new.load_state_dict(state, assign=True)
-    grads = {name: p.requires_grad for name, p in model.named_parameters()}
-    for name, param in new.named_parameters():
-        param.requires_grad_(grads.get(name, False))
-    new.train(model.training)
-    new.origin = model.origin
-    return new

@@ -26,8 +26,8 @@ from transformers import (
 from headprune.errors import HeadpruneError
 from headprune.interventions import fill_tensors, mask_gates
 from headprune.model import Capture
-from headprune.models.base import prune_heads
 from headprune.models.hf_families import load_family_model, load_family_tokenizer
+from headprune.models.prune import prune_heads
 from headprune.models.rotary import inv_frequencies
 
 TOL = 1e-4

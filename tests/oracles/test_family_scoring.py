@@ -125,8 +125,8 @@ def test_weight_and_activation_scores_per_query_head(models):
 
 
 def test_ledger_counts_the_checkpoint_parameters(models):
-    from headprune.models.base import prune_heads
     from headprune.models.family_ledger import attention_table, format_info, param_table
+    from headprune.models.prune import prune_heads
 
     hf, ours = models
     cfg = ours.cfg
