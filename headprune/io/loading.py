@@ -18,6 +18,8 @@ from headprune.errors import HeadpruneError
 from headprune.io.checkpoint import CheckpointReader
 from headprune.io.hf_keys import convert_state_dict
 from headprune.models.folding import fold_value_biases_
+from headprune.models.base import HeadModel
+from headprune.models.families import SUPPORTED
 from headprune.models.gpt2 import GPT2, ModelConfig, Origin
 from headprune.schema import DEFAULT_MODEL
 
@@ -68,7 +70,8 @@ def _snapshot(repo_id: str) -> Path:
     return folder
 
 
-def read_config(folder: Path) -> ModelConfig:
+def read_config_json(folder: Path) -> dict:
+    """``folder/config.json`` as a dict; a missing, damaged or non-object file is refused."""
     path = folder / "config.json"
     if not path.is_file():
         raise HeadpruneError(f"{folder} has no config.json; it is not a Hugging Face model directory")
@@ -78,15 +81,21 @@ def read_config(folder: Path) -> ModelConfig:
         raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
     if not isinstance(hf, dict):
         raise HeadpruneError(f"{path} must hold a JSON object, not {type(hf).__name__}; the checkpoint is damaged")
+    if hf.get("model_type") not in SUPPORTED:
+        raise HeadpruneError(f"{folder} holds a {hf.get('model_type')!r} model; headprune analyses the model types "
+                             f"{', '.join(SUPPORTED)}")
+    return hf
+
+
+def read_config(folder: Path) -> ModelConfig:
+    """The GPT-2 config of ``folder``."""
+    hf = read_config_json(folder)
     if hf.get("model_type") != "gpt2":
-        raise HeadpruneError(
-            f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2'); headprune "
-            "analyses GPT-2 models only"
-        )
+        raise HeadpruneError(f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2')")
     try:
         return ModelConfig.from_hf(hf)
     except (KeyError, ValueError, TypeError) as err:
-        raise HeadpruneError(f"{path} is not a usable GPT-2 config ({err})") from None
+        raise HeadpruneError(f"{folder / 'config.json'} is not a usable GPT-2 config ({err})") from None
 
 
 def load_model(
@@ -95,14 +104,24 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     check_finite: bool = True,
     fold_value_bias: bool = False,
-) -> GPT2:
-    """Load a GPT-2 checkpoint into :class:`GPT2`, on ``device`` in ``dtype``, in eval mode.
+) -> GPT2 | HeadModel:
+    """Load a checkpoint into its model (:class:`GPT2`, or a :class:`~headprune.models.base.HeadModel` for the other
+    families of :data:`~headprune.models.families.SUPPORTED`), on ``device`` in ``dtype``, in eval mode.
 
     ``fold_value_bias``: fold every head's value bias into b_O (:func:`headprune.models.folding.fold_value_biases`),
     done in float32 before the cast to ``dtype``."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     check_device_dtype(device, dtype)
     folder = resolve_source(source)
+    if read_config_json(folder).get("model_type") != "gpt2":
+        from headprune.models.hf_families import load_family_model
+
+        family = load_family_model(folder, device, torch.float32 if fold_value_bias else dtype, check_finite)
+        family.origin = Origin(str(source), folder)
+        if fold_value_bias:
+            fold_value_biases_(family)
+            family.to(dtype=dtype)
+        return family.eval().requires_grad_(False)
     cfg = read_config(folder)
     reader = CheckpointReader(folder)
     names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key

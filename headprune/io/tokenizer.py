@@ -41,8 +41,13 @@ def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size:
     return tok
 
 
-def model_tokenizer(model: GPT2):
-    """The tokenizer of a loaded model (its folder's own, else GPT-2's BPE), checked against its vocabulary."""
+def model_tokenizer(model):
+    """The tokenizer of a loaded model (a GPT-2's folder's own, else GPT-2's BPE; another family's own
+    tokenizer.json or SentencePiece model), checked against its vocabulary."""
+    if not isinstance(model, GPT2):
+        from headprune.models.hf_families import load_family_tokenizer
+
+        return load_family_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
     return load_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
 
 

@@ -19,6 +19,7 @@ import copy
 
 import torch
 
+from headprune.models.base import HeadAttention
 from headprune.models.gpt2 import GPT2
 
 
@@ -31,12 +32,17 @@ def fold_value_biases(model: GPT2) -> GPT2:
 @torch.no_grad()
 def fold_value_biases_(model: GPT2) -> GPT2:
     """:func:`fold_value_biases` in place (no second copy of the model): returns ``model`` itself."""
-    folded = model
+    folded, moved = model, False
     for layer in folded.active_layers:
         attn = folded.h[layer].attn
         shift = torch.einsum("hk,hkd->d", attn.b_V.double(), attn.W_O.double())  # Σ_i b_V^(i) W_O^(i)  [d]
         attn.b_O.copy_((attn.b_O.double() + shift).to(attn.b_O.dtype))
-        attn.b_V.zero_()  # a view into c_attn.bias
+        moved |= bool(shift.any())
+        # the stored value biases: a view into c_attn.bias (GPT-2), or per KV head (headprune.models, where b_V
+        # gives each query head its KV head's b_V^(g(i)), a copy under grouped-query attention)
+        (attn.b_V_kv if isinstance(attn, HeadAttention) else attn.b_V).zero_()
+    if moved and hasattr(folded.cfg, "o_bias"):
+        folded.cfg.o_bias = True  # headprune.models: the family stores an o_proj bias now
     return folded
 
 

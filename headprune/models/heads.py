@@ -34,9 +34,10 @@ def format_heads(heads: Iterable[tuple[int, int]]) -> str:
 
 
 def _config(model_or_cfg: GPT2 | ModelConfig) -> ModelConfig:
-    from headprune.models.gpt2 import GPT2
+    import torch
 
-    return model_or_cfg.cfg if isinstance(model_or_cfg, GPT2) else model_or_cfg
+    # any model family (GPT2, headprune.models.base.HeadModel) is an nn.Module holding its config as .cfg
+    return model_or_cfg.cfg if isinstance(model_or_cfg, torch.nn.Module) else model_or_cfg
 
 
 def _quote(item: str) -> str:

@@ -1,0 +1,325 @@
+"""What every headprune model family shares: the per-head interface, grouped-query attention with gates, the
+layer-wise forward (physical pruning of query heads: :mod:`.prune`).
+
+Attention of a layer with h query heads and h_kv ≤ h key/value heads (grouped-query attention, GQA; h_kv = h is
+multi-head attention) on x (B,T,d); query head i reads the keys and values of KV head g(i) (``kv_group``):
+
+    q_i = x W_Q^(i) + b_Q^(i),  k_g = x W_K^(g) + b_K^(g),  v_g = x W_V^(g) + b_V^(g)    each (B,T,d_k)
+    z_i = softmax(q_i k_g(i)ᵀ / √d_k + mask) v_g(i)                                     (B,T,d_k)
+    z_i ← g_i z_i + (1 − g_i) f_i                   gates g (1 keeps, 0 ablates) and fills f, per QUERY head
+    out = Σ_i z_i W_O^(i) + b_O                     W_O^(i): the d_k columns of o_proj that read head i
+
+Before pruning, g(i) = ⌊i / (h / h_kv)⌋ (transformers' ``repeat_kv``). A layer keeps any subset of its original
+query heads (``cfg.kept_heads[l]``, original indices) and exactly the KV heads that still serve one of them, so a KV
+head's k/v rows go when its last query head goes.
+
+Per-head views (TransformerLens layout): ``W_Q [h, d, d_k]``, ``W_O [h, d_k, d]`` and ``W_K_kv``, ``W_V_kv
+[h_kv, d, d_k]`` share the weights' storage. ``W_K`` and ``W_V [h, d, d_k]`` give each QUERY head its KV head's
+weights (W_K[i] = W_K_kv[g(i)]): a view where every KV head serves one query head; under GQA no strided tensor can
+repeat rows (index ⌊i/r⌋ is not linear in i), so there they are a gathered copy: write through the ``_kv`` views.
+``b_O`` always exists (zero where the family has no o_proj bias), so mean compensation and value-bias folding have
+a bias to go into; ``cfg.o_bias`` says whether the checkpoint stores one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headprune.errors import HeadpruneError
+from headprune.models.gpt2 import Capture, Origin
+
+Head = tuple[int, int]  # (layer, original query head index)
+
+
+@dataclass
+class HeadConfig:
+    """Hyper-parameters every family has, and the query heads each layer keeps (original indices)."""
+
+    vocab_size: int = 256
+    n_positions: int = 2048  # max_position_embeddings
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4  # query heads per layer before pruning
+    n_kv_heads: int = 4  # key/value heads per layer before pruning (n_heads for multi-head attention)
+    d_head: int = 16  # may differ from d_model / n_heads (Qwen3, Mistral's head_dim)
+    d_mlp: int = 256
+    tie_word_embeddings: bool = False
+    o_bias: bool = False  # whether the checkpoint stores an o_proj bias (the model always has b_O, zero if not)
+    kept_heads: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if not self.kept_heads:
+            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
+        if len(self.kept_heads) != self.n_layers or any(
+            not isinstance(k, list) or k != sorted(set(k)) or any(not isinstance(h, int) or not 0 <= h < self.n_heads
+                                                                  for h in k) for k in self.kept_heads
+        ):
+            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
+                             f"{self.n_layers} layers; got {self.kept_heads}")
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head before pruning (1: multi-head attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The original KV head that original query head ``head`` reads: ⌊head / group_size⌋."""
+        return head // self.group_size
+
+    def kept_kv_heads(self, layer: int) -> list[int]:
+        """Original indices of the KV heads layer ``layer`` keeps: those serving one of its kept query heads."""
+        return sorted({self.kv_head(h) for h in self.kept_heads[layer]})
+
+    @property
+    def is_pruned(self) -> bool:
+        return any(len(k) != self.n_heads for k in self.kept_heads)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Tensor:
+    """(T,T) bool, True where position t may attend to s: s ≤ t, and t − s < window when a window is set."""
+    t = torch.arange(T, device=device)
+    allowed = t[None, :] <= t[:, None]
+    return allowed if window is None else allowed & (t[None, :] > t[:, None] - window)
+
+
+class HeadAttention(nn.Module):
+    """Base of every family's attention: per-head views, the GQA map and the gated attention core.
+
+    A subclass sets ``n_heads``, ``n_kv_heads``, ``d_head``, ``layer``, ``kv_heads`` (the kept KV heads' original
+    indices), ``kv_positions`` (per kept query head, its KV head's position among them) and implements the raw
+    views below plus :meth:`pruned_state`."""
+
+    layer: int
+    n_heads: int  # query heads this layer keeps
+    n_kv_heads: int  # KV heads this layer keeps
+    d_head: int
+    kv_positions: list[int]  # [n_heads]: g(i) as a position among the kept KV heads
+
+    def set_groups(self, cfg: HeadConfig, layer: int) -> None:
+        kept, kv = cfg.kept_heads[layer], cfg.kept_kv_heads(layer)
+        self.layer, self.n_heads, self.n_kv_heads, self.d_head = layer, len(kept), len(kv), cfg.d_head
+        self.kv_positions = [kv.index(cfg.kv_head(h)) for h in kept]
+        self.one_to_one = self.kv_positions == list(range(self.n_heads))  # MHA, or one query head per KV head
+        # every KV head serves the same number r of consecutive query heads: repeat_kv's layout (SDPA's enable_gqa)
+        r = self.n_heads // max(self.n_kv_heads, 1)
+        self.repeats = r if self.kv_positions == [i // r for i in range(self.n_heads)] else 0
+
+    @property
+    def kv_group(self) -> Tensor:
+        """[n_heads] int64: g(i), the position of query head i's KV head in this layer's k/v weights."""
+        return torch.tensor(self.kv_positions, dtype=torch.long, device=self.W_O.device)
+
+    def _per_query(self, t: Tensor) -> Tensor:
+        """[n_kv, ...] -> [n_heads, ...]: row g(i) for each query head (a view when one-to-one)."""
+        return t if self.one_to_one else t.index_select(0, self.kv_group)
+
+    # Raw views the family provides.
+    @property
+    def W_Q(self) -> Tensor:  # [n_heads, d_model, d_head]
+        raise NotImplementedError
+
+    @property
+    def W_K_kv(self) -> Tensor:  # [n_kv_heads, d_model, d_head]
+        raise NotImplementedError
+
+    @property
+    def W_V_kv(self) -> Tensor:  # [n_kv_heads, d_model, d_head]
+        raise NotImplementedError
+
+    @property
+    def W_O(self) -> Tensor:  # [n_heads, d_head, d_model]
+        raise NotImplementedError
+
+    @property
+    def b_Q(self) -> Tensor:  # [n_heads, d_head] (zeros where the family has no bias)
+        raise NotImplementedError
+
+    @property
+    def b_K_kv(self) -> Tensor:  # [n_kv_heads, d_head]
+        raise NotImplementedError
+
+    @property
+    def b_V_kv(self) -> Tensor:  # [n_kv_heads, d_head]
+        raise NotImplementedError
+
+    @property
+    def b_O(self) -> Tensor:  # [d_model]
+        raise NotImplementedError
+
+    # Per query head.
+    @property
+    def W_K(self) -> Tensor:
+        return self._per_query(self.W_K_kv)
+
+    @property
+    def W_V(self) -> Tensor:
+        return self._per_query(self.W_V_kv)
+
+    @property
+    def b_K(self) -> Tensor:
+        return self._per_query(self.b_K_kv)
+
+    @property
+    def b_V(self) -> Tensor:
+        return self._per_query(self.b_V_kv)
+
+    def pruned_state(self, prefix: str, keep: list[int], b_O: Tensor) -> dict[str, Tensor]:
+        """This layer's attention tensors (state-dict keys under ``prefix``) keeping the query heads at positions
+        ``keep`` and the KV heads they read, with output bias ``b_O``."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q: Tensor,  # (B,h,T,d_k), rotated
+        k: Tensor,  # (B,h_kv,T,d_k), rotated
+        v: Tensor,  # (B,h_kv,T,d_k)
+        scale: float,
+        window: int | None = None,  # sliding window (Mistral): t attends to s with t − s < window
+        gate: Tensor | None = None,  # [h] or [B, h]
+        fill: Tensor | None = None,  # [h, d_k]
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """concat_i z_i (B,T,h·d_k) after gates and fills: the input of o_proj."""
+        B, h, T, dk = q.shape
+        mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
+        if need_weights or not (self.one_to_one or self.repeats):  # give each query head its own K/V rows
+            k, v = k.index_select(1, self.kv_group), v.index_select(1, self.kv_group)
+        if need_weights:
+            scores = (q @ k.transpose(-1, -2)).float() * scale  # (B,h,T,T)
+            allowed = sliding_causal_mask(T, window, q.device)
+            probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).to(v.dtype)
+            z = probs @ v  # (B,h,T,d_k)
+            if capture is not None:
+                capture.attn[self.layer] = probs
+        else:
+            gqa = k.shape[1] != h  # repeat_kv layout: SDPA pairs query head i with KV head ⌊i / r⌋
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                               enable_gqa=gqa)
+        if capture is not None:
+            capture.z[self.layer] = z
+        if gate is not None:
+            g = gate.view(-1, h, 1, 1).to(z.dtype)
+            z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
+        return z.transpose(1, 2).reshape(B, T, h * dk)
+
+
+class HeadBlock(nn.Module):
+    """A transformer block whose attention is a :class:`HeadAttention`."""
+
+    attn: HeadAttention
+
+
+class HeadBlocks(nn.ModuleList):
+    """``model.h``: ``model.h[l]`` and ``for blk in model.h`` give a :class:`HeadBlock`."""
+
+    def __getitem__(self, idx: int) -> HeadBlock:  # type: ignore[override]  # only ints are used
+        return cast(HeadBlock, super().__getitem__(idx))
+
+    def __iter__(self) -> Iterator[HeadBlock]:
+        return cast("Iterator[HeadBlock]", super().__iter__())
+
+
+class HeadModel(nn.Module):
+    """The interface of every family (GPT-2's :class:`headprune.models.gpt2.GPT2` has the same one):
+
+    ``embed`` (tokens -> residual), ``run_blocks`` (layers start..stop-1 from a cached residual, with per-layer gates
+    and fills), ``unembed`` (final norm and LM head), ``forward`` (all three). A family implements ``embed``,
+    ``unembed``, ``block_inputs`` (what every block needs besides the residual, e.g. rotary tables) and ``h``."""
+
+    cfg: HeadConfig
+    h: HeadBlocks
+
+    def __init__(self, cfg: HeadConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.origin = Origin()  # set by the loader; kept by pruning
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def head_ids(self) -> list[Head]:
+        """(layer, original query head index) of every query head the model holds, in weight order."""
+        return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
+
+    def require_heads(self, what: str) -> None:
+        """Refuse head-level work (``what``) on a model that has no heads left (fully pruned)."""
+        if not self.head_ids:
+            raise HeadpruneError(f"the model has no attention heads left (fully pruned); {what} needs at least one")
+
+    @property
+    def active_layers(self) -> list[int]:
+        """Layers that hold at least one head, in order."""
+        return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def unembed(self, resid: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def block_inputs(self, resid: Tensor) -> tuple[Any, ...]:
+        """Extra positional inputs of every block for a residual (B,T,d), computed once per run_blocks."""
+        return ()
+
+    def check_length(self, T: int) -> None:
+        if T > self.cfg.n_positions:
+            raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+
+    def run_blocks(
+        self,
+        resid: Tensor,  # (B,T,d), the residual stream entering layer `start`
+        start: int = 0,
+        stop: int | None = None,
+        gates: Sequence[Tensor | None] | None = None,
+        fills: Sequence[Tensor | None] | None = None,
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
+        extra = self.block_inputs(resid)
+        for layer in range(start, self.cfg.n_layers if stop is None else stop):
+            if capture is not None:
+                capture.resid_pre[layer] = resid
+            gate = gates[layer] if gates is not None else None
+            fill = fills[layer] if fills is not None else None
+            resid = self.h[layer](resid, *extra, gate, fill, capture, need_weights)
+        return resid
+
+    def forward(
+        self,
+        tokens: Tensor,  # (B,T) int64
+        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l] or [B, n_heads_l]
+        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head]
+        capture: Capture | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
+        """tokens (B,T) -> logits (B,T,vocab)."""
+        return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
+
+    def ones_gates(self, requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """One gate tensor per layer, all ones: [n_heads_l]."""
+        return [torch.ones(blk.attn.n_heads, device=self.device, dtype=dtype, requires_grad=requires_grad)
+                for blk in self.h]
+

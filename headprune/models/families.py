@@ -1,0 +1,139 @@
+"""The registry of model families beyond GPT-2: HF ``model_type`` -> config reader, model class, key mapping.
+
+A new family is one module (a :class:`~.base.HeadModel` subclass and its config) plus one :data:`REGISTRY` entry.
+Config readers accept both transformers 5's ``rope_parameters`` and the 4.x keys (``rope_theta``, ``rope_scaling``,
+``rotary_pct``, ``rotary_emb_base``); they raise ValueError / KeyError / TypeError on a config they cannot use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from headprune.models.base import HeadConfig, HeadModel
+from headprune.models.llama import Decoder, DecoderConfig
+from headprune.models.neox import NeoX, NeoXConfig
+from headprune.models.rotary import SCALINGS
+
+
+def _kept(hf: dict) -> dict:
+    return {"kept_heads": [list(k) for k in hf.get("headprune_kept_heads", [])]}
+
+
+def _rope(hf: dict) -> dict:
+    """The global rope parameters (rope_type, rope_theta, ...) of either config generation."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError("per-layer-type rope parameters are not supported")
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+    if params["rope_type"] not in SCALINGS:
+        raise ValueError(f"rope type {params['rope_type']!r} is not supported (supported: {', '.join(SCALINGS)})")
+    if params["rope_type"] == "llama3":
+        params.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+    return params
+
+
+def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
+    """Sliding window per layer: Mistral's on every layer; Qwen's on the layers ``layer_types`` marks."""
+    window = hf.get("sliding_window")
+    if family == "mistral":
+        return [window] * n_layers
+    if family not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False) or window is None:
+        return [None] * n_layers
+    types = hf.get("layer_types") or ["sliding_attention" if i >= hf.get("max_window_layers", 28) else
+                                      "full_attention" for i in range(n_layers)]
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def read_decoder_config(hf: dict) -> DecoderConfig:
+    """A Llama / Mistral / Qwen2 / Qwen3 ``config.json`` dict -> :class:`DecoderConfig`."""
+    family = hf["model_type"]
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r}: the {family} MLP is implemented with silu only")
+    rope = _rope(hf)
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor is not supported for {family}")
+    n_heads, n_layers = hf["num_attention_heads"], hf["num_hidden_layers"]
+    attention_bias = bool(hf.get("attention_bias", False)) and family in ("llama", "qwen3")
+    return DecoderConfig(
+        family=family, vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"],
+        d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        d_head=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_mlp=hf["intermediate_size"],
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
+        rope_scaling=None if rope["rope_type"] == "default" else rope,
+        qkv_bias=attention_bias or family == "qwen2", mlp_bias=bool(hf.get("mlp_bias", False)) and family == "llama",
+        qk_norm=family == "qwen3", sliding_windows=_windows(hf, family, n_layers), **_kept(hf))
+
+
+def read_neox_config(hf: dict) -> NeoXConfig:
+    """A GPT-NeoX ``config.json`` dict -> :class:`NeoXConfig`."""
+    rope = _rope(hf)
+    if rope["rope_type"] != "default":
+        raise ValueError(f"rope type {rope['rope_type']!r} is not supported for gpt_neox")
+    d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+    if d % n_heads:
+        raise ValueError(f"hidden_size {d} is not divisible by num_attention_heads {n_heads}")
+    attention_bias = bool(hf.get("attention_bias", True))
+    return NeoXConfig(
+        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=d,
+        n_layers=hf["num_hidden_layers"], n_heads=n_heads, n_kv_heads=n_heads, d_head=d // n_heads,
+        d_mlp=hf["intermediate_size"], tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), layer_norm_eps=hf.get("layer_norm_eps", 1e-5),
+        rope_theta=float(rope["rope_theta"]),
+        rotary_pct=float(rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))),
+        use_parallel_residual=bool(hf.get("use_parallel_residual", True)), attention_bias=attention_bias,
+        hidden_act=hf.get("hidden_act", "gelu"), **_kept(hf))
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one HF ``model_type`` maps onto headprune: its config reader, model class and weight names.
+
+    HF keys are ours with ``prefix`` before the embedding, the blocks (``layers.{l}`` for our ``h.{l}``) and the
+    final norm, and ``.{attn}.`` for our ``.attn.``; keys ending in one of ``ignored`` are buffers, not weights."""
+
+    read_config: Callable[[dict], HeadConfig]
+    model_class: type[HeadModel]
+    prefix: str  # "model." / "gpt_neox."
+    attn: str  # the attention module's name in a block: "self_attn" / "attention"
+    lm_head: str  # the untied LM head: "lm_head" / "embed_out"
+    architecture: str  # config.json "architectures" entry
+    ignored: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+    def hf_key(self, key: str) -> str:
+        """Our state-dict key -> the HF checkpoint's."""
+        if key.startswith(self.lm_head + "."):
+            return key
+        if key.startswith("h."):
+            key = "layers." + key[2:].replace(".attn.", f".{self.attn}.", 1)
+        return self.prefix + key
+
+    def our_key(self, hf_key: str) -> str | None:
+        """The HF checkpoint's key -> ours (None for a buffer that is not a weight)."""
+        if hf_key.endswith(self.ignored):
+            return None
+        if hf_key.startswith(self.lm_head + "."):
+            return hf_key
+        key = hf_key.removeprefix(self.prefix)
+        if key.startswith("layers."):
+            key = "h." + key[len("layers."):].replace(f".{self.attn}.", ".attn.", 1)
+        return key
+
+
+def _decoder(architecture: str) -> Family:
+    return Family(read_decoder_config, Decoder, "model.", "self_attn", "lm_head", architecture)
+
+
+REGISTRY: dict[str, Family] = {
+    "llama": _decoder("LlamaForCausalLM"),
+    "mistral": _decoder("MistralForCausalLM"),
+    "qwen2": _decoder("Qwen2ForCausalLM"),
+    "qwen3": _decoder("Qwen3ForCausalLM"),
+    "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
+                       ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")),
+}
+SUPPORTED = ("gpt2", *REGISTRY)  # every model_type headprune loads (gpt2: headprune.models.gpt2.GPT2)

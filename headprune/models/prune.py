@@ -1,0 +1,55 @@
+"""Physical pruning of query heads for every family of :mod:`headprune.models` (GPT-2's is headprune.pruning).
+
+Removing query heads P of a layer drops their W_Q rows and W_O columns; a KV head whose query heads all go loses its
+k/v rows too. With fills z̄_i (mean or optimal compensation) the constant Σ_{i∈P} z̄_i W_O^(i) moves into b_O, so the
+pruned model equals the original with those heads gated off and filled with z̄ (up to rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from headprune.models.base import Head, HeadModel
+
+
+def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:
+    """A new, physically smaller model without query ``heads`` (the input is not changed).
+
+    A KV head whose query heads all go is removed with them. ``fills``: {(layer, head): z̄ [d_head]}; when given,
+    Σ z̄_i W_O^(i) is folded into each layer's b_O, so the result equals the model with those heads gated off and
+    filled with z̄ (mean or optimal compensation)."""
+    from headprune.models.heads import check_heads
+    from headprune.models.interventions import check_fills
+
+    heads = check_heads(model, heads)  # type: ignore[arg-type]  # any HeadModel has GPT2's interface
+    checked = check_fills(model, heads, fills)  # type: ignore[arg-type]
+    drop: dict[int, set[int]] = {}
+    for layer, head in heads:
+        drop.setdefault(layer, set()).add(head)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for layer, gone in drop.items():
+        attn, kept = model.h[layer].attn, model.cfg.kept_heads[layer]
+        b_O = attn.b_O.detach().double()
+        W_O = attn.W_O.detach().double()  # [h, d_k, d]
+        for p, head in enumerate(kept):
+            if head in gone and (layer, head) in checked:
+                b_O = b_O + checked[(layer, head)].to(W_O) @ W_O[p]  # z̄_i W_O^(i)
+        keep = [p for p, head in enumerate(kept) if head not in gone]
+        state.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O.to(attn.b_O.dtype)))
+    kept_heads = [[h for h in k if h not in drop.get(layer, ())] for layer, k in enumerate(model.cfg.kept_heads)]
+    cfg = dataclasses.replace(model.cfg, kept_heads=kept_heads)
+    if checked:
+        cfg = dataclasses.replace(cfg, o_bias=True)  # the compensation is in b_O now
+    with torch.device("meta"):
+        new = type(model)(cfg)
+    new.load_state_dict(state, assign=True)
+    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    for name, param in new.named_parameters():
+        param.requires_grad_(grads.get(name, False))
+    new.train(model.training)
+    new.origin = model.origin
+    return new
