@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2, Capture
+from headprune.models.base import Capture
+from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
 
 ROLES = ("previous_token", "duplicate_token", "induction")

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from headprune.errors import HeadpruneError
 from headprune.io.checkpoint import CheckpointReader
 from headprune.io.hf_keys import convert_state_dict
-from headprune.models.folding import fold_value_biases_
-from headprune.models.base import HeadModel
+from headprune.models.base import Origin
 from headprune.models.families import SUPPORTED
-from headprune.models.gpt2 import GPT2, ModelConfig, Origin
+from headprune.models.folding import fold_value_biases_
+from headprune.models.gpt2 import GPT2, ModelConfig
 from headprune.schema import DEFAULT_MODEL
 
 ZOO = Path(__file__).parent.parent / "zoo"
@@ -104,7 +105,7 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     check_finite: bool = True,
     fold_value_bias: bool = False,
-) -> GPT2 | HeadModel:
+) -> GPT2:
     """Load a checkpoint into its model (:class:`GPT2`, or a :class:`~headprune.models.base.HeadModel` for the other
     families of :data:`~headprune.models.families.SUPPORTED`), on ``device`` in ``dtype``, in eval mode.
 
@@ -116,7 +117,8 @@ def load_model(
     if read_config_json(folder).get("model_type") != "gpt2":
         from headprune.models.hf_families import load_family_model
 
-        family = load_family_model(folder, device, torch.float32 if fold_value_bias else dtype, check_finite)
+        # typed as GPT2: every family has GPT-2's per-head interface (tests/oracles/test_families.py)
+        family = cast(GPT2, load_family_model(folder, device, torch.float32 if fold_value_bias else dtype, check_finite))
         family.origin = Origin(str(source), folder)
         if fold_value_bias:
             fold_value_biases_(family)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -32,7 +33,28 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import Capture, Origin
+
+
+@dataclass
+class Capture:
+    """Activations a forward records, by absolute layer (pass one as ``capture=`` to a model's ``forward``).
+
+    resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
+    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
+    """
+
+    resid_pre: dict[int, Tensor] = field(default_factory=dict)
+    z: dict[int, Tensor] = field(default_factory=dict)
+    attn: dict[int, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model's weights came from: what the user asked to load, and the folder read."""
+
+    source: str | None = None
+    folder: Path | None = None
+
 
 Head = tuple[int, int]  # (layer, original query head index)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import cast, overload
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
+from headprune.models.base import Capture, Origin
 
 
 @dataclass
@@ -125,27 +125,6 @@ class ModelConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class Capture:
-    """Activations a forward records, by absolute layer (pass one as ``capture=`` to ``GPT2.forward``).
-
-    resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
-    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
-    """
-
-    resid_pre: dict[int, Tensor] = field(default_factory=dict)
-    z: dict[int, Tensor] = field(default_factory=dict)
-    attn: dict[int, Tensor] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a model's weights came from: what the user asked to load, and the folder read."""
-
-    source: str | None = None
-    folder: Path | None = None
 
 
 class Conv1D(nn.Module):

@@ -16,9 +16,8 @@ import torch
 from headprune.errors import HeadpruneError
 from headprune.io.checkpoint import CheckpointReader
 from headprune.io.loading import check_device_dtype, resolve_device, resolve_dtype, resolve_source
-from headprune.models.base import HeadModel
+from headprune.models.base import HeadModel, Origin
 from headprune.models.families import REGISTRY, SUPPORTED, Family
-from headprune.models.gpt2 import Origin
 
 
 def read_hf_config(folder: Path) -> dict:

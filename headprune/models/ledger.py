@@ -14,7 +14,8 @@ import copy
 import pandas as pd
 import torch
 
-from headprune.models.gpt2 import GPT2, Capture
+from headprune.models.base import Capture
+from headprune.models.gpt2 import GPT2
 
 
 def param_table(model: GPT2) -> pd.DataFrame:
@@ -83,6 +84,12 @@ def shape_trace(model: GPT2, batch: int, seq_len: int, layer: int = 0) -> list[t
 
 
 def format_info(model: GPT2, batch: int, seq_len: int) -> str:
+    """The ``info`` text: config, parameter ledger, W_O ledger and the attention shape trace (B = ``batch``,
+    T = ``seq_len``); another family's ledger spells out its K/V sharing (:mod:`.family_ledger`)."""
+    if not isinstance(model, GPT2):
+        from headprune.models.family_ledger import format_info as format_family_info
+
+        return format_family_info(model, seq_len)
     cfg = model.cfg
     params = param_table(model)
     wo = wo_table(model)

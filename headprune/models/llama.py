@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadConfig, HeadModel
-from headprune.models.gpt2 import Capture
+from headprune.models.base import Capture, HeadAttention, HeadBlock, HeadBlocks, HeadConfig, HeadModel
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -71,7 +72,13 @@ def prune_model(model: GPT2, heads: Iterable[Head], fills: Mapping[Head, Tensor]
 
     ``fills``: {(layer, head): z̄ [d_head]}, the mean output of each pruned head; when given, Σ z̄_i W_O^(i)
     is folded into each layer's b_O, so the result equals ``model(tokens, mask_gates(...), fill_tensors(...))``.
+    Another family's model is pruned by :func:`headprune.models.prune.prune_heads` (its KV heads go with their
+    last query head).
     """
+    if not isinstance(model, GPT2):
+        from headprune.models.prune import prune_heads
+
+        return cast(GPT2, prune_heads(model, heads, fills))  # the same per-head interface
     heads = check_heads(model, heads)
     fills = check_fills(model, heads, fills)
     drop: dict[int, set[int]] = {}

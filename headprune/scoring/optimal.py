@@ -39,7 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2, Capture, token_nll
+from headprune.models.base import Capture
+from headprune.models.gpt2 import GPT2, token_nll
 from headprune.perplexity import Batch
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head
 

@@ -10,7 +10,8 @@ from transformers import GPT2LMHeadModel
 from headprune.errors import HeadpruneError
 from headprune.io.export import EXPORT_MARKER, export_hf, export_native
 from headprune.io.loading import load_model
-from headprune.models.gpt2 import Capture, Origin, count_params
+from headprune.models.base import Capture, Origin
+from headprune.models.gpt2 import count_params
 from headprune.models.heads import head_id
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.models.ledger import pruning_stats
