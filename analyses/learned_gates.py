@@ -19,6 +19,7 @@ from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.iterative import prune_iteratively
+from headprune.pruning.options import ScoringData
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import select_heads
 from headprune.report import markdown_table
@@ -53,7 +54,7 @@ for fraction in FRACTIONS:
         sets[f"one-shot {method}"] = select_heads(scores, method, fraction=fraction)
     t0 = time.perf_counter()
     _, sets[f"iterative abl_zero ({ITERATIVE} steps)"] = prune_iteratively(
-        model, scores, "abl_zero", fraction=fraction, steps=ITERATIVE, score_ids=score_ids, windowing=w,
+        model, scores, "abl_zero", fraction=fraction, steps=ITERATIVE, data=ScoringData(score_ids, w),
         show_progress=False)
     t_iter += time.perf_counter() - t0
     for name, heads in sets.items():

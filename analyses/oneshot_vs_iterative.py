@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from analyses.common import save, setup
 from headprune.perplexity import evaluate
 from headprune.pruning.iterative import prune_iteratively
+from headprune.pruning.options import ScoringData
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 
@@ -20,7 +21,7 @@ rows = []
 for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
     for steps in (1, STEPS):
         pruned, heads = prune_iteratively(model, scores, METHOD, fraction=fraction, steps=steps,
-                                          score_ids=score_ids, windowing=args.windowing, show_progress=False)
+                                          data=ScoringData(score_ids, args.windowing), show_progress=False)
         nll = evaluate(pruned, eval_ids, args.seq_len, args.seq_len, progress=False).nll
         rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",
                      "heads_pruned": len(heads), "delta_nll": nll - base})

@@ -9,6 +9,7 @@ from scipy.stats import spearmanr
 
 from analyses.common import save, setup
 from headprune.pruning.curves import pruning_curves
+from headprune.pruning.options import Compensation, CurveOptions
 from headprune.report import markdown_table
 from headprune.report.plots import label_points, layer_legend, scatter_by_layer
 from headprune.scoring import score_heads
@@ -18,7 +19,7 @@ scored = score_heads(model, score_ids, ["abl_zero", "abl_mean"], args.windowing)
 scores, means = scored.table, scored.means
 fractions = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 curves = pruning_curves(model, eval_ids, scores, [("abl_zero", "none"), ("abl_zero", "mean"), ("abl_mean", "mean")],
-                        fractions, args.windowing, means=means)
+                        CurveOptions(tuple(fractions), windowing=args.windowing), Compensation(means=means))
 rho = spearmanr(scores.abl_zero, scores.abl_mean)[0]
 fig = Figure(figsize=(10, 4.2), layout="constrained")
 ax1, ax2 = fig.subplots(1, 2)

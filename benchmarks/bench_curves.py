@@ -19,6 +19,7 @@ from headprune.data.tokens import corpus_ids
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
+from headprune.pruning.options import CurveOptions
 from headprune.runtime import reuse_freed_memory
 from headprune.schema import ACTIVATION_METHODS, IMPORTANCE_METHODS, LAYER_NORMALIZED, RANDOM, WEIGHT_METHODS
 from headprune.scoring import score_heads
@@ -56,8 +57,8 @@ def main() -> None:
     def run(cache: bool) -> tuple[float, np.ndarray]:
         curves_module.CACHE_BYTES = (2 << 30) if cache else 0
         t0 = time.perf_counter()
-        df = curves_module.pruning_curves(model, eval_ids, scores, variants, fractions, w, args.seeds,
-                                          show_progress=False, bootstrap=0)
+        options = CurveOptions(tuple(fractions), args.seeds, bootstrap=0, windowing=w)
+        df = curves_module.pruning_curves(model, eval_ids, scores, variants, options, show_progress=False)
         return time.perf_counter() - t0, df["nll"].to_numpy()
 
     runs = {"from the embeddings": run(False), "from the cached residual stream": run(True)}

@@ -24,6 +24,7 @@ from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import format_heads
 from headprune.models.ledger import pruning_stats
+from headprune.pruning.options import Selection
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import select_heads
 
@@ -57,7 +58,7 @@ def main() -> None:
 
     full = load_model(gpt2_small_checkpoint(), device=args.device)
     table = pd.DataFrame([{"layer": l, "head": h} for l, h in full.head_ids])
-    heads = select_heads(table, "random", count=args.prune_per_layer, per_layer=True, seed=0)
+    heads = select_heads(table, "random", count=args.prune_per_layer, selection=Selection(per_layer=True, seed=0))
     with tempfile.TemporaryDirectory() as tmp:
         pruned = load_model(export_native(prune_model(full, heads), f"{tmp}/pruned"), device=args.device)
     tokens = torch.randint(0, 50257, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))

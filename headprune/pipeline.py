@@ -27,6 +27,7 @@ from headprune.models.ledger import format_info
 from headprune.perplexity import Windowing, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import GATE, gate_head_sets
+from headprune.pruning.options import Compensation, CurveOptions, Selection
 from headprune.report import best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
 from headprune.runtime import reuse_freed_memory
@@ -128,12 +129,13 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
 
     optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=scored.means, show_progress=False)
+    options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
+                           selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
+    compensation = Compensation(means=scored.means, optimal=optimal, fill_data=fill_data)
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
-        return pruning_curves(model, eval_ids, scores, variants, list(s.fractions), windowing, s.seeds, scored.means,
-                              seed=s.seed, progress=progress, show_progress=not quiet, optimal=optimal,
-                              fill_data=fill_data, bootstrap=s.bootstrap,
-                              head_sets=head_sets)
+        return pruning_curves(model, eval_ids, scores, variants, options, compensation, progress,
+                              show_progress=not quiet)
 
     curves = curves_of([(m, "none") for m in rankings])
     best = best_method(curves)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from headprune.errors import HeadpruneError
@@ -53,3 +54,10 @@ def check_gate_args(args, steps_flag: str, lr_flag: str) -> None:
         raise HeadpruneError(f"{steps_flag} {args.gate_steps} must be at least 1")
     if not (math.isfinite(args.gate_lr) and args.gate_lr > 0):
         raise HeadpruneError(f"{lr_flag} {args.gate_lr} must be a positive number")
+
+
+def selection_from_args(args: argparse.Namespace):
+    """``--per-layer``, ``--normalize``, ``--standardize`` and ``--seed`` as a :class:`Selection`."""
+    from headprune.pruning.options import Selection
+
+    return Selection(per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize, seed=args.seed)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from headprune.cli.common import check_gate_args, data_from_args, fill_source, load_from_args, windowing_from_args
+from headprune.cli.common import (
+    check_gate_args,
+    data_from_args,
+    fill_source,
+    load_from_args,
+    selection_from_args,
+    windowing_from_args,
+)
 from headprune.cli.options import (
     add_bootstrap_arg,
     add_data_args,
@@ -51,6 +58,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.files import read_scores
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
+    from headprune.pruning.options import Compensation, CurveOptions
     from headprune.pruning.recovered_curves import recovered_curves
     from headprune.pruning.selection import check_scores_match
     from headprune.schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
@@ -91,22 +99,22 @@ def run(args: argparse.Namespace) -> None:
         means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable; optimal fits start here
     if score_ids is not None and means is not None and args.compensate == "optimal":  # fitted per pruned set
         optimal = partial(joint_constants, model, score_ids, windowing=w, means=means, show_progress=False)
-    fill_data = fill_source(args, score_ids)
+    fill_data = fill_source(args, score_ids if compensate else None)
     head_sets = None
     if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
         assert score_ids is not None
         head_sets = gate_head_sets(model, w.batches(score_ids), fractions, args.gate_steps, args.gate_lr, args.seed,
                                    progress, show_progress=not args.quiet)
-    curves = pruning_curves(model, ids, scores, variants, fractions, w, args.seeds, means, args.per_layer,
-                            args.normalize, args.standardize, args.seed, progress, show_progress=not args.quiet,
-                            optimal=optimal, fill_data=fill_data, bootstrap=args.bootstrap, head_sets=head_sets)
-    if args.recover:
+    options = CurveOptions(fractions=tuple(fractions), seeds=args.seeds, bootstrap=args.bootstrap,
+                           selection=selection_from_args(args), windowing=w, head_sets=head_sets)
+    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
+    curves = pruning_curves(model, ids, scores, variants, options, compensation, progress,
+                            show_progress=not args.quiet)
+    if args.recover:  # the same options and fills: intervals, compensation and learned sets carry over
         import pandas as pd
 
-        recovered = recovered_curves(model, train_ids, args.recover, not args.quiet, ids=ids, scores=scores,
-                                     variants=variants, fractions=fractions, windowing=w, seeds=args.seeds, means=means,
-                                     optimal=optimal, per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
-                                     seed=args.seed, progress=progress)
+        recovered = recovered_curves(model, ids, scores, variants, options, compensation, train_ids=train_ids,
+                                     steps=args.recover, progress=progress, show_progress=not args.quiet)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     if not finish_sweep(progress, curves, out):
         return

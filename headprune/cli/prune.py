@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from headprune.cli.common import data_from_args, fill_source, load_from_args, windowing_from_args
+from headprune.cli.common import data_from_args, fill_source, load_from_args, selection_from_args, windowing_from_args
 from headprune.cli.options import CORPUS_FORMS, add_data_args, add_model_args, add_run_flags, add_selection_args
 from headprune.errors import HeadpruneError
 from headprune.schema import RANKABLE_METHODS
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
     from headprune.pruning.iterative import needs_score_data, prune_iteratively
+    from headprune.pruning.options import ScoringData
     from headprune.pruning.prune import prune_model
     from headprune.pruning.selection import check_scores_match
     from headprune.scoring import head_means, joint_constants
@@ -68,9 +69,10 @@ def run(args: argparse.Namespace) -> None:
     else:
         scores = read_scores(args.scores)
         check_scores_match(scores, model, args.scores)
-        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, args.steps,
-                                          args.per_layer, args.normalize, args.standardize, args.seed, score_ids, w,
-                                          compensate, show_progress=not args.quiet)
+        data = ScoringData(score_ids, w) if score_ids is not None else None
+        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, steps=args.steps,
+                                          selection=selection_from_args(args), compensate=compensate, data=data,
+                                          show_progress=not args.quiet)
     stats = pruning_stats(model, pruned, w.seq_len)
     fill_data = fill_source(args, score_ids if compensate != "none" else None)
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats}

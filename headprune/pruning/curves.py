@@ -19,7 +19,6 @@ progress unit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -28,15 +27,14 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from headprune.bootstrap import DEFAULT_REPLICATES, interval, window_counts
-from headprune.errors import HeadpruneError
+from headprune.bootstrap import interval, window_counts
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
 from headprune.models.gpt2 import GPT2, token_nll
-from headprune.models.interventions import Head
 from headprune.models.ledger import param_table
 from headprune.perplexity import Batch, Windowing, window_sums
+from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import select_heads
 from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN, split_ranking
@@ -47,7 +45,7 @@ CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation s
 
 def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
-    comp = "optimal-set" if comp == "optimal" else comp  # constants fitted per pruned set (older runs: per head)
+    comp = "optimal-set" if comp == "optimal" else comp  # the constants are fitted per pruned set
     return f"curve/w/{f'recover{recover_steps}/' if recover_steps else ''}{method}/{comp}/{fraction!r}/s{seed}"
 
 
@@ -101,43 +99,29 @@ def pruning_curves(
     ids: torch.Tensor,
     scores: pd.DataFrame,
     variants: list[tuple[str, str]],  # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"
-    fractions: list[float],
-    windowing: Windowing | None = None,
-    seeds: int = 3,
-    means: dict[Head, torch.Tensor] | None = None,  # {(layer, head): z̄} for compensation "mean"
-    per_layer: bool = False,
-    normalize: str | None = None,
-    standardize: bool = False,
-    seed: int = 0,
+    options: CurveOptions,
+    compensation: Compensation = NO_COMPENSATION,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
-    bootstrap: int = DEFAULT_REPLICATES,
-    recover: Callable[[GPT2], object] | None = None,
-    recover_steps: int = 0,
-    optimal: Callable[[list[Head]], dict[Head, torch.Tensor]] | None = None,  # heads -> their joint constants
-    fill_data: str = "",  # where ``means`` / ``optimal`` were measured, e.g. "default (validation split), 8,192 tokens"
-    head_sets: dict[tuple[str, float], list[Head]] | None = None,  # (method, fraction) -> heads, chosen elsewhere
+    recovery: Recovery | None = None,
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction).
 
-    ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``bootstrap``
-    replicates, seeded by ``seed``; NaN with 0 replicates).
-    ``recover``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
+    ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``options.bootstrap``
+    replicates, seeded by ``options.selection.seed``; NaN with 0 replicates).
+    ``recovery``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
     the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the untrained
     unpruned model.
-    ``head_sets``: the heads to prune for a method that is not a ranking of ``scores`` but chooses one set per
-    fraction (the learned gates: :func:`headprune.pruning.gates.gate_head_sets`).
+    ``options.head_sets``: the heads to prune for a method that is not a ranking of ``scores`` but chooses one set
+    per fraction (the learned gates: :func:`headprune.pruning.gates.gate_head_sets`).
     """
     model.require_heads("a pruning curve")
     progress = progress or NoProgress()
-    w = windowing or Windowing.resolve(model.cfg.n_positions)
-    constants = {"none": None, "mean": means, "optimal": optimal}
+    w = options.windowing or Windowing.resolve(model.cfg.n_positions)
     for _, comp in variants:
-        if comp not in constants:
-            raise HeadpruneError(f"compensation {comp!r} is not one of none, mean, optimal")
-        if comp != "none" and constants[comp] is None:
-            need = "mean outputs" if comp == "mean" else "optimal-ablation fit"
-            raise HeadpruneError(f"{comp} compensation needs the heads' {need}; give the scoring data")
+        compensation.check(comp)
+    recover_steps = recovery.steps if recovery is not None else 0
+    selection, seed, head_sets = options.selection, options.selection.seed, options.head_sets
     batches = w.batches(ids)
     n = torch.cat([b.mask.sum(1) for b in batches]).double()  # [W] scored tokens per window
     params = int(param_table(model).params.sum())
@@ -151,7 +135,7 @@ def pruning_curves(
     base = run_units([("curve/w/baseline", lambda: evaluator_().base)], progress)["curve/w/baseline"]
     # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
     # baseline. The same model gives bit-identical numbers, so sharing changes no value.
-    evaluated: dict[tuple, dict] = {} if recover is not None else {(frozenset(), "none"): {"sums": base,
+    evaluated: dict[tuple, dict] = {} if recovery is not None else {(frozenset(), "none"): {"sums": base,
                                                                                            "params": params}}
 
     def point(method: str, comp: str, fraction: float, s: int) -> dict:
@@ -159,35 +143,29 @@ def pruning_curves(
             heads = list(head_sets[(method, fraction)])
         else:
             name, by_layer = split_ranking(method)
-            heads = select_heads(scores, name, fraction=fraction, per_layer=per_layer,
-                                 normalize="layer" if by_layer else normalize, standardize=standardize, seed=s)
+            ranking = selection.by_layer() if by_layer else selection
+            heads = select_heads(scores, name, fraction=fraction, selection=ranking.with_seed(s))
         comp = comp if heads else "none"
         key = (frozenset(heads), comp)
         if key not in evaluated:
-            fills = None
-            if comp == "mean":
-                assert means is not None
-                fills = {h: means[h] for h in heads}
-            elif comp == "optimal":  # fitted for this set: single-head constants do not compose (fit_set)
-                assert optimal is not None
-                fills = optimal(heads)
+            fills = compensation.fills(comp, heads)  # optimal: fitted for this set (single-head constants do not compose)
             pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
-            if recover is not None:
-                recover(pruned)  # every layer may change: evaluated from the embeddings on
-            start = min((l for l, _ in heads), default=0) if recover is None else 0
+            if recovery is not None:
+                recovery.train(pruned)  # every layer may change: evaluated from the embeddings on
+            start = min((l for l, _ in heads), default=0) if recovery is None else 0
             evaluated[key] = {"sums": evaluator_()(pruned, start),
                               "params": int(param_table(pruned).params.sum())}
         return {**evaluated[key], "heads_pruned": len(heads)}
 
-    jobs = [(m, c, f, s) for m, c in variants for f in fractions
-            for s in (range(seed, seed + seeds) if m == RANDOM else [seed])]
+    jobs = [(m, c, f, s) for m, c in variants for f in options.fractions
+            for s in (range(seed, seed + options.seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
     results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
-    counts = window_counts(len(base), bootstrap, seed) if bootstrap else None
+    counts = window_counts(len(base), options.bootstrap, seed) if options.bootstrap else None
     base_nll = sum(base) / float(n.sum())
     rows = []
     for m, c in variants:
-        for f in fractions:
+        for f in options.fractions:
             runs = [results[_key(job, recover_steps)] for job in jobs if job[:3] == (m, c, f)]
             nll = np.array([sum(r["sums"]) for r in runs]) / float(n.sum())
             ppl = np.exp(nll)
@@ -200,8 +178,8 @@ def pruning_curves(
                          "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
                          "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
-    if recover is not None:
+    if recovery is not None:
         df[RECOVER_COLUMN] = recover_steps
-    df[FILL_COLUMN] = [fill_data if c != "none" else "" for c in df["compensation"]]
+    df[FILL_COLUMN] = [compensation.fill_data if c != "none" else "" for c in df["compensation"]]
     df.attrs["baseline"] = {"tokens": int(n.sum()), "nll": base_nll, "ppl": math.exp(base_nll)}
     return df

@@ -12,29 +12,22 @@ from __future__ import annotations
 from collections import Counter
 
 import pandas as pd
-import torch
 
 from headprune.errors import HeadpruneError
 from headprune.models.gpt2 import GPT2
 from headprune.models.interventions import Head
-from headprune.perplexity import Windowing
+from headprune.pruning.options import DEFAULT_SELECTION, ScoringData, Selection
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import rank_heads, select_heads
-from headprune.schema import RANDOM, WEIGHT_METHODS
+from headprune.schema import COMPENSATIONS, RANDOM, WEIGHT_METHODS
 from headprune.scoring import head_means, joint_constants, score_heads
 
 
-def _compensation(compensate: bool | str) -> str:
-    """``none``, ``mean`` or ``optimal`` (True means ``mean``, False ``none``)."""
-    comp = {True: "mean", False: "none"}.get(compensate, compensate) if isinstance(compensate, bool) else compensate
-    if comp not in ("none", "mean", "optimal"):
-        raise HeadpruneError(f"compensate {compensate!r} must be none, mean or optimal")
-    return comp
-
-
-def needs_score_data(method: str, steps: int, compensate: bool | str) -> bool:
+def needs_score_data(method: str, steps: int, compensate: str) -> bool:
     """Whether pruning needs scoring data: for the fills (compensation) or to re-score by a data method."""
-    return _compensation(compensate) != "none" or (steps > 1 and method not in (*WEIGHT_METHODS, RANDOM))
+    if compensate not in COMPENSATIONS:
+        raise HeadpruneError(f"compensate {compensate!r} must be one of {', '.join(COMPENSATIONS)}")
+    return compensate != "none" or (steps > 1 and method not in (*WEIGHT_METHODS, RANDOM))
 
 
 def prune_iteratively(
@@ -43,39 +36,34 @@ def prune_iteratively(
     method: str,
     fraction: float | None = None,
     count: int | None = None,
+    *,
     steps: int = 1,
-    per_layer: bool = False,
-    normalize: str | None = None,
-    standardize: bool = False,
-    seed: int = 0,
-    score_ids: torch.Tensor | None = None,  # scoring data: see needs_score_data
-    windowing: Windowing | None = None,
-    compensate: bool | str = False,  # "mean"/"optimal" (True: "mean"): fold each step's fills into b_O
+    selection: Selection = DEFAULT_SELECTION,
+    compensate: str = "none",  # "mean" / "optimal": fold each step's fills into b_O
+    data: ScoringData | None = None,  # re-scoring and fills: see needs_score_data
     show_progress: bool = True,
 ) -> tuple[GPT2, list[Head]]:
     """The pruned model and the removed heads in removal order; ``steps == 1`` is one-shot pruning."""
     model.require_heads("pruning by scores")
     if steps < 1:
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
-    if needs_score_data(method, steps, compensate) and score_ids is None:
-        raise HeadpruneError(f"re-scoring by {method} or compensation needs scoring data (score_ids)")
-    comp = _compensation(compensate)
+    if needs_score_data(method, steps, compensate) and data is None:
+        raise HeadpruneError(f"re-scoring by {method} or compensation needs scoring data")
+    score_ids, windowing = (data.ids, data.windowing) if data is not None else (None, None)
 
     def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
         if method == RANDOM:
             return pd.DataFrame(m.head_ids, columns=["layer", "head"])
         return score_heads(m, score_ids, [method], windowing, show_progress=show_progress).table
 
-    target = select_heads(scores, method, fraction, count, per_layer, normalize=normalize, standardize=standardize,
-                          seed=seed)  # fixes how many heads go
+    target = select_heads(scores, method, fraction, count, selection)  # fixes how many heads go
     per_layer_total = Counter(layer for layer, _ in target)
     removed: list[Head] = []
     for step in range(steps):
-        ranked = rank_heads(scores if step == 0 else rescore(model), method, normalize=normalize,
-                            standardize=standardize, seed=seed)
+        ranked = rank_heads(scores if step == 0 else rescore(model), method, selection)
         if steps == 1:
             now = target
-        elif per_layer:
+        elif selection.per_layer:
             now = []
             for layer, total in per_layer_total.items():
                 done = sum(1 for l, _ in removed if l == layer)
@@ -83,9 +71,9 @@ def prune_iteratively(
         else:
             now = ranked[: round(len(target) * (step + 1) / steps) - len(removed)]
         fills = None
-        if comp != "none" and now:
+        if compensate != "none" and now:
             assert score_ids is not None
-            if comp == "mean":
+            if compensate == "mean":
                 means = head_means(model, score_ids, windowing, show_progress=show_progress)
                 fills = {h: means[h] for h in now}
             else:  # the constants optimal for removing this step's heads together, on the model of this step

@@ -23,12 +23,12 @@ import pandas as pd
 
 from headprune.errors import HeadpruneError
 from headprune.models.heads import head_id
+from headprune.pruning.options import DEFAULT_SELECTION, Selection
 from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
     from headprune.models.gpt2 import GPT2
 
-NORMALIZERS = (None, "layer")
 
 
 def _check_frame(scores: pd.DataFrame) -> pd.DataFrame:
@@ -91,33 +91,29 @@ def _zscore(s: np.ndarray) -> np.ndarray:
 
 
 def _adjusted_scores(
-    frame: pd.DataFrame, method: str, normalize: str | None, standardize: bool, seed: int
+    frame: pd.DataFrame, method: str, selection: Selection
 ) -> np.ndarray:
-    if normalize not in NORMALIZERS:
-        raise HeadpruneError(f"unknown normalize {normalize!r}; use 'layer' or none")
-    if normalize and standardize:
-        raise HeadpruneError("normalize and standardize both rescale each layer's scores; choose one")
-    values = _raw_scores(frame, method, seed)
+    values = _raw_scores(frame, method, selection.seed)
     if method == RANDOM:
         return values  # already exchangeable across all heads; rescaling per layer would bias it
     layers = frame["layer"].to_numpy()
-    if normalize == "layer":
+    if selection.normalize == "layer":
         values = _per_layer(values, layers, _l2_normalize)
-    if standardize:
+    if selection.standardize:
         values = _per_layer(values, layers, _zscore)
     return values
 
 
 def rank_heads(
-    scores: pd.DataFrame, method: str, normalize: str | None = None, standardize: bool = False, seed: int = 0
+    scores: pd.DataFrame, method: str, selection: Selection = DEFAULT_SELECTION
 ) -> list[tuple[int, int]]:
     """All heads of the table, least important first: ascending (adjusted score, raw score, layer, head).
 
     The raw score breaks ties that rescaling's rounding creates, so the order within a layer never changes.
     """
     frame = _check_frame(scores)
-    values = _adjusted_scores(frame, method, normalize, standardize, seed)
-    raw = _raw_scores(frame, method, seed)
+    values = _adjusted_scores(frame, method, selection)
+    raw = _raw_scores(frame, method, selection.seed)
     layers, heads = frame["layer"].to_numpy(), frame["head"].to_numpy()
     order = np.lexsort((heads, layers, raw, values))  # last key is primary
     return [(int(layers[i]), int(heads[i])) for i in order]
@@ -148,10 +144,7 @@ def select_heads(
     method: str,
     fraction: float | None = None,
     count: int | None = None,
-    per_layer: bool = False,
-    normalize: str | None = None,
-    standardize: bool = False,
-    seed: int = 0,
+    selection: Selection = DEFAULT_SELECTION,
 ) -> list[tuple[int, int]]:
     """The heads to prune, in ranking order (least important first).
 
@@ -159,8 +152,8 @@ def select_heads(
     ``per_layer``: the k_l = round(fraction · n_l) (or ``count``) lowest of each layer's n_l heads.
     """
     _check_amount(fraction, count)
-    ranked = rank_heads(scores, method, normalize, standardize, seed)
-    if not per_layer:
+    ranked = rank_heads(scores, method, selection)
+    if not selection.per_layer:
         return ranked[: _how_many(len(ranked), fraction, count, "the scores table")]
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for layer, head in ranked:

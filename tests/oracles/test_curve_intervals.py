@@ -10,6 +10,7 @@ from headprune.bootstrap import interval, window_counts
 from headprune.io.loading import load_model
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.curves import pruning_curves
+from headprune.pruning.options import Compensation, CurveOptions, Selection
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import select_heads
 from headprune.scoring import score_heads
@@ -29,8 +30,9 @@ def setup(tiny_dir):
     windowing = Windowing(SEQ, SEQ, 2)
     scored = score_heads(model, score_ids, ["wo_fro", "fluct", "abl_zero"], windowing, show_progress=False)
     variants = [("abl_zero", "none"), ("wo_fro@layer", "none"), ("random", "none"), ("abl_zero", "mean")]
-    curves = pruning_curves(model, ids, scored.table, variants, FRACTIONS, windowing, SEEDS, scored.means, seed=4,
-                            show_progress=False, bootstrap=REPLICATES)
+    curves = pruning_curves(model, ids, scored.table, variants,
+                            CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
+                            Compensation(means=scored.means), show_progress=False)
     return model, ids, windowing, scored, variants, curves
 
 
@@ -51,7 +53,7 @@ def test_intervals_are_percentiles_of_rescored_resampled_corpora(setup):
         deltas = []
         for b in range(REPLICATES):
             seed = 4 + int(pick[b]) if method == "random" else 4
-            heads = select_heads(scored.table, method, fraction=fraction, seed=seed)
+            heads = select_heads(scored.table, method, fraction=fraction, selection=Selection(seed=seed))
             fills = {h: scored.means[h] for h in heads} if comp == "mean" else None
             deltas.append(resampled_delta(model, prune_model(model, heads, fills), ids, counts[b]))
         lo, hi = interval(np.array(deltas))
@@ -69,8 +71,9 @@ def test_fraction_zero_has_a_zero_interval_and_every_point_has_one(setup):
 def test_cached_residual_start_equals_full_forwards(setup, monkeypatch):
     model, ids, windowing, scored, variants, curves = setup
     monkeypatch.setattr(curves_module, "CACHE_BYTES", 0)  # no cache: every point runs the whole model
-    full = pruning_curves(model, ids, scored.table, variants, FRACTIONS, windowing, SEEDS, scored.means, seed=4,
-                          show_progress=False, bootstrap=REPLICATES)
+    full = pruning_curves(model, ids, scored.table, variants,
+                            CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
+                            Compensation(means=scored.means), show_progress=False)
     np.testing.assert_allclose(full[["nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]].to_numpy(),
                                curves[["nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]].to_numpy(), rtol=0, atol=1e-9)
     # and both equal the plain sliding-window perplexity of the physically pruned model
@@ -82,7 +85,7 @@ def test_cached_residual_start_equals_full_forwards(setup, monkeypatch):
 
 def test_layer_normalized_ranking_prunes_what_selection_normalized_by_layer_picks(setup):
     model, ids, _, scored, _, curves = setup
-    heads = select_heads(scored.table, "wo_fro", fraction=0.5, normalize="layer")
+    heads = select_heads(scored.table, "wo_fro", fraction=0.5, selection=Selection(normalize="layer"))
     assert heads != select_heads(scored.table, "wo_fro", fraction=0.5)  # the variant is a different ranking here
     row = curves[(curves.method == "wo_fro@layer") & (curves.fraction == 0.5)].iloc[0]
     assert row.nll == pytest.approx(evaluate(prune_model(model, heads), ids, SEQ, SEQ, progress=False).nll, abs=1e-6)

@@ -19,6 +19,7 @@ from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
+from headprune.pruning.options import Selection
 from headprune.pruning.selection import select_heads
 
 from helpers import TINY, guide_loop
@@ -269,7 +270,7 @@ def test_curve_points_equal_hf_pruned_models(tiny_dir, hf, token_ids, scores_fil
     for row in curves.itertuples():
         k = round(row.fraction * len(HEADS))
         if row.method == "random":
-            chosen = [select_heads(table, "random", fraction=row.fraction, seed=s) for s in range(3)]
+            chosen = [select_heads(table, "random", fraction=row.fraction, selection=Selection(seed=s)) for s in range(3)]
             assert all(len(c) == k for c in chosen)
             per_seed = np.array([pruned_nll(c) for c in chosen])
             want_nll, want_ppl = per_seed.mean(), np.exp(per_seed).mean()

@@ -211,7 +211,8 @@ def test_curve_learns_one_gate_set_per_fraction(tiny_dir, corpus, tmp_path, caps
     assert list(gate["heads_pruned"]) == [0, 6]
     # the learned set at 0.5, pruned and evaluated by hand, gives the curve's NLL
     model = load_model(tiny_dir, device="cpu")
-    from headprune.cli.main import build_parser, data_from_args
+    from headprune.cli.common import data_from_args
+    from headprune.cli.main import build_parser
     from headprune.pruning.prune import prune_model
 
     args = build_parser().parse_args(["curve", "--scores", "x", "--data", str(corpus), "--max-tokens", "300",
