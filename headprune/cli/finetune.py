@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headprune.cli.options import CORPUS_FORMS, add_finetune_args
+from headprune.cli.options import CORPUS_FORMS, add_data_args, add_device_args, add_finetune_args, add_run_flags
 from headprune.errors import HeadpruneError
 
 HELP = 'recover a pruned model by fine-tuning or distillation'
@@ -14,17 +14,15 @@ HELP = 'recover a pruned model by fine-tuning or distillation'
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
     p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
-    p.add_argument("--out", required=True, help="output directory for the recovered checkpoint")
     p.add_argument("--format", choices=["native", "hf"], default=None,
                    help="native or hf (default: the format of PRUNED_DIR)")
     add_finetune_args(p)
-    p.add_argument("--data", default="default", help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
-    p.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first K tokens only (default: all)")
-    p.add_argument("--device", default="auto", help="where to compute: auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
-    p.add_argument("--overwrite", action="store_true", help="discard the checkpoint of a different earlier fine-tune "
-                                                            "and replace --out")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_data_args(p, "test", windows=False,
+                  data_help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
+    p.set_defaults(data="default")
+    add_device_args(p)
+    add_run_flags(p, "output directory for the recovered checkpoint",
+                  overwrite_help="discard the checkpoint of a different earlier fine-tune and replace --out")
     p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
 
 

@@ -15,7 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_data_args(p, "validation")
     p.add_argument("--sparsity", type=float, required=True,
                    help="target share of heads to close, in [0, 1]: exactly round(F x heads) close")
-    p.add_argument("--steps", type=int, required=True, dest="gate_steps", help="training steps (one batch each)")
+    p.add_argument("--gate-steps", type=int, required=True, help="training steps of the gates (one batch each)")
     add_gate_lr_arg(p, "--lr")
     add_seed_arg(p, "seed of the gates' noise")
     add_run_flags(p, "output scores table with a gate column, .csv or .parquet")
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.models.heads import format_heads
     from headprune.pruning.gates import learn_gates
 
-    check_gate_args(args, "--steps", "--lr")
+    check_gate_args(args, "--gate-steps", "--lr")
     out = table_output(args)
     model = load_from_args(args)
     w = windowing_from_args(args, model)

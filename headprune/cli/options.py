@@ -50,31 +50,50 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"the GPT-2 to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
+                   help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
                         "Hugging Face hub id such as gpt2")
+    add_device_args(p)
+    add_fold_arg(p)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="where to compute: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+
+
+def add_fold_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fold-value-bias", action="store_true",
                    help="fold each head's value bias into b_O first (logits unchanged; zero ablation and pruning then "
                         "remove only what a head computes, not its constant b_V W_O)")
 
 
+def add_seq_len_arg(p: argparse.ArgumentParser, default: int | None = None,
+                    help: str = "window length in tokens (default: the model's n_positions)") -> None:
+    p.add_argument("--seq-len", type=int, default=default, help=help)
+
+
+def add_batch_size_arg(p: argparse.ArgumentParser, default: int = 8, help: str = "windows per forward pass") -> None:
+    p.add_argument("--batch-size", type=int, default=default, help=help)
+
+
 def add_window_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-len", type=int, default=None, help="window length in tokens (default: the model's n_positions)")
+    add_seq_len_arg(p)
     p.add_argument("--stride", type=int, default=None, help="window stride in tokens (default: seq-len)")
-    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    add_batch_size_arg(p)
 
 
 CORPUS_FORMS = "default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT"
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None,
-                  data_help: str | None = None) -> None:
-    """``--data`` (default: the default corpus; ``data_help`` for an optional one: its default is none)."""
+                  data_help: str | None = None, windows: bool = True) -> None:
+    """``--data`` (default: the default corpus; ``data_help`` for an optional one: its default is none),
+    ``--max-tokens`` and (``windows``) the window options."""
     p.add_argument("--data", default=None if data_help else "default",
                    help=data_help or f"corpus ({split} split of the default corpus): {CORPUS_FORMS}")
-    add_window_args(p)
+    if windows:
+        add_window_args(p)
     all_note = "; 0: all" if max_tokens else ""
     p.add_argument("--max-tokens", type=int, default=max_tokens,
                    help=f"use only the first K tokens of each corpus (default: {max_tokens or 'all'}{all_note})")
@@ -127,17 +146,17 @@ def add_anatomy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-length", type=int, default=32,
                    help="length of the random token sequence that the induction probe repeats twice")
     p.add_argument("--probe-count", type=int, default=8, help="number of repeated random sequences in the probe")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probe's random tokens")
+    add_seed_arg(p, "seed of the probe's random tokens")
     p.add_argument("--rows", type=int, default=8,
                    help="corpus windows (of --seq-len tokens) for the corpus roles and the logit attribution")
 
 
 #: The smallest value of every integer option, by its argparse dest: each command checks all it has, the same way.
 MINIMUMS = {"batch_size": 1, "seeds": 1, "ablation_rows": 1, "count": 0, "steps": 1,
-            "seed": 0, "batch": 1, "seq": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1,
+            "seed": 0, "seq_len": 1, "bootstrap": 0, "probe_length": 2, "probe_count": 1, "rows": 1,
             "train_steps": 1, "checkpoint_every": 1, "max_train_tokens": 2, "recover": 0}
 #: The largest: beyond these, sizes only allocate absurd memory (a shape trace of B x h x T x T floats).
-MAXIMUMS = {"batch": 4096, "seq": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
+MAXIMUMS = {"seq_len": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16, "seeds": 10_000,
             "bootstrap": 100_000, "probe_count": 1 << 16, "rows": 1 << 16}
 
 
@@ -170,8 +189,8 @@ def add_finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
     p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "
                                                             "(default: 10%% of --steps)")
-    p.add_argument("--seq-len", type=int, default=None, help="training window length in tokens (default: the model's "
-                                                             "n_positions; evaluation always uses n_positions)")
-    p.add_argument("--batch-size", type=int, default=8, help="training windows per step (and evaluation windows per forward)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the training batches (which windows each step sees)")
+    add_seq_len_arg(p, help="training window length in tokens (default: the model's n_positions; evaluation always "
+                            "uses n_positions)")
+    add_batch_size_arg(p, help="training windows per step (and evaluation windows per forward)")
+    add_seed_arg(p, "seed of the training batches (which windows each step sees)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="write the resumable checkpoint every N steps")

@@ -173,7 +173,7 @@ def test_gate_is_a_learned_method_that_score_never_computes():
 
 
 def _learn(tiny_dir, corpus, out, *extra):
-    return main(["learn-gates", "--model", str(tiny_dir), "--data", str(corpus), "--sparsity", "0.5", "--steps", "6",
+    return main(["learn-gates", "--model", str(tiny_dir), "--data", str(corpus), "--sparsity", "0.5", "--gate-steps", "6",
                  "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--quiet",
                  "--out", str(out), *extra])
 
@@ -230,12 +230,12 @@ def test_curve_learns_one_gate_set_per_fraction(tiny_dir, corpus, tmp_path, caps
     ("--sparsity", "1.5", "--sparsity 1.5 must lie in [0, 1]"),
     ("--sparsity", "-0.1", "--sparsity -0.1 must lie in [0, 1]"),
     ("--sparsity", "nan", "--sparsity nan must lie in [0, 1]"),
-    ("--steps", "0", "--steps 0 must be at least 1"),
-    ("--steps", "-3", "--steps -3 must be at least 1"),
+    ("--gate-steps", "0", "--gate-steps 0 must be at least 1"),
+    ("--gate-steps", "-3", "--gate-steps -3 must be at least 1"),
     ("--lr", "0", "--lr 0.0 must be a positive number"),
 ])
 def test_learn_gates_bad_input_is_one_line_and_exit_2(tiny_dir, corpus, tmp_path, capsys, option, value, message):
-    args = {"--sparsity": "0.5", "--steps": "3", "--lr": "0.1", option: value}
+    args = {"--sparsity": "0.5", "--gate-steps": "3", "--lr": "0.1", option: value}
     out = tmp_path / "g.csv"
     code = main(["learn-gates", "--model", str(tiny_dir), "--data", str(corpus), "--out", str(out),
                  *[x for kv in args.items() for x in kv]])
@@ -250,7 +250,7 @@ def test_a_killed_learn_gates_resumes_to_identical_gates(tiny_dir, corpus, tmp_p
 
     def cmd(out):
         return [sys.executable, "-m", "headprune", "learn-gates", "--model", str(tiny_dir), "--data", str(corpus),
-                "--sparsity", "0.5", "--steps", "30", "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2",
+                "--sparsity", "0.5", "--gate-steps", "30", "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2",
                 "--device", "cpu", "--quiet", "--out", str(out)]
 
     subprocess.run(cmd(tmp_path / "whole.csv"), env=env, check=True, capture_output=True, timeout=300)
