@@ -27,7 +27,8 @@ from torch import Tensor
 from headprune.errors import HeadpruneError
 from headprune.io.files import clear_stale_temporaries, current_umask, ensure_dir, glob_escape, pid_alive, temp_prefix
 from headprune.io.hf_keys import hf_tensors
-from headprune.models.gpt2 import GPT2, Attention, ModelConfig
+from headprune.models.gpt2 import GPT2, Attention
+from headprune.models.gpt2_config import ModelConfig
 from headprune.models.heads import head_id
 from headprune.pruning.prune import removed_heads
 

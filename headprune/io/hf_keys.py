@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from torch import Tensor
 
-from headprune.models.gpt2 import ModelConfig
+from headprune.models.gpt2_config import ModelConfig
 
 T = TypeVar("T")
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from headprune.errors import HeadpruneError
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
-    from headprune.models.gpt2 import GPT2, ModelConfig
+    from headprune.models.gpt2 import GPT2
+    from headprune.models.gpt2_config import ModelConfig
 
 # One id: L <int> H <int>, signs allowed so that "L0H-1" gets a precise message instead of "garbage".
 _ID = re.compile(r"\s*[lL]\s*([+-]?[0-9]+)\s*[hH]\s*([+-]?[0-9]+)\s*", re.ASCII)

@@ -27,7 +27,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2, Attention, ModelConfig
+from headprune.models.gpt2 import GPT2, Attention
+from headprune.models.gpt2_config import ModelConfig
 from headprune.models.heads import check_heads
 from headprune.models.interventions import Head, check_fills
 

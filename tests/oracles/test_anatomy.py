@@ -24,7 +24,8 @@ from headprune.anatomy import (
 )
 from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
-from headprune.models.gpt2 import GPT2, ModelConfig
+from headprune.models.gpt2 import GPT2
+from headprune.models.gpt2_config import ModelConfig
 from headprune.pruning.prune import prune_model
 
 from helpers import TINY, random_tokens, save_hf_gpt2

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import ModelConfig
+from headprune.models.gpt2_config import ModelConfig
 from headprune.models.heads import check_heads, format_heads, head_id, parse_head_spec
 
 CFG = ModelConfig(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64)
