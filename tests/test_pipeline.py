@@ -15,9 +15,9 @@ from headprune.cli import main
 from headprune.interventions import mask_gates
 from headprune.loading import load_model
 from headprune.outputs import read_scores
-from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
+from headprune.schema import COSTLY, CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
 
-RUN_METHODS = [m for m in METHODS if m != "abl_opt"]  # abl_opt only with RunSettings(optimal=True)
+RUN_METHODS = [m for m in METHODS if m not in COSTLY]  # abl_opt only with RunSettings(optimal=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from transformers import GPT2LMHeadModel
 from headprune.errors import HeadpruneError
 from headprune.loading import load_model
 from headprune.patching.attribution import atp_star_z, atp_z
-from headprune.patching.exact import patch, patch_z, run_pairs
+from headprune.patching.exact import patch, patch_z
 from headprune.patching.pairs import PromptPairs, read_pairs
 from headprune.patching.tasks import induction
 
@@ -89,7 +89,7 @@ def loop_patch(hf, pairs, direction="denoise", activation="z"):
             for head in range(cfg.n_head):
                 cols = slice(offset + head * dk, offset + (head + 1) * dk)
 
-                def overwrite(x, cols=cols, layer=layer):
+                def overwrite(x, cols=cols, layer=layer, found=found):
                     x = x.clone()
                     x[0, :, cols] = found[layer][:, cols]
                     return x
@@ -139,9 +139,9 @@ def test_by_position_sums_to_the_single_position_runs(model, hf):
             z = hf_z(hf, pairs.clean[p].tolist())
             cols = slice(head * dk, (head + 1) * dk)
 
-            def hook(m, a):
+            def hook(m, a, t=t, cols=cols, z=z[layer]):
                 x = a[0].clone()
-                x[0, t, cols] = z[layer][t, cols]
+                x[0, t, cols] = z[t, cols]
                 return (x,)
             handle = hf.transformer.h[layer].attn.c_proj.register_forward_pre_hook(hook)
             with torch.no_grad():
@@ -173,7 +173,7 @@ def hf_atp(hf, pairs, direction="denoise"):
         base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
         z_source = hf_z(hf, source)
         found = {}
-        handles = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l: found.__setitem__(l, a[0]))
+        handles = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l, found=found: found.__setitem__(l, a[0]))
                    for l, blk in enumerate(hf.transformer.h)]
         logits = hf(torch.tensor([base])).logits[0, -1]
         for h in handles:
@@ -237,3 +237,115 @@ def test_text_pairs_need_one_token_answers(tmp_path):
     path.write_text(json.dumps(row) + "\n")
     pairs = read_pairs(path, tok, 8192)
     assert pairs.clean[0].tolist() == tok(row["clean"])["input_ids"] and pairs.answer.tolist() == [tok(")")["input_ids"][0]]
+
+
+def hf_graddrop(hf, pairs):
+    """AtP* GradDrop independently: per layer ℓ, HF's forward with block ℓ's output replaced by
+    input + (output − input).detach() (same values, no gradient through the block), autograd, |Δz·grad|,
+    averaged over the L − 1 layers. [P, H]."""
+    cfg = hf.config
+    dk = cfg.n_embd // cfg.n_head
+    out = torch.zeros(len(pairs), cfg.n_layer * cfg.n_head, dtype=torch.float64)
+    for p in range(len(pairs)):
+        n = int(pairs.lengths[p])
+        clean, corrupt = pairs.clean[p, :n].tolist(), pairs.corrupt[p, :n].tolist()
+        z_source = hf_z(hf, clean)
+        for drop in range(cfg.n_layer):
+            found = {}
+            handles = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l, found=found: found.__setitem__(l, a[0]))
+                       for l, blk in enumerate(hf.transformer.h)]
+            handles.append(hf.transformer.h[drop].register_forward_hook(
+                lambda m, args, output: args[0] + (output - args[0]).detach()))
+            logits = hf(torch.tensor([corrupt])).logits[0, -1]
+            for h in handles:
+                h.remove()
+            m = logits[pairs.answer[p]] - logits[pairs.wrong[p]]
+            grads = torch.autograd.grad(m, [found[l] for l in range(cfg.n_layer)], allow_unused=True)
+            for l, g in enumerate(grads):
+                g = torch.zeros_like(found[l]) if g is None else g
+                prod = ((z_source[l] - found[l][0].detach()) * g[0]).double().view(n, cfg.n_head, dk).sum((0, 2))
+                out[p, l * cfg.n_head : (l + 1) * cfg.n_head] += prod.abs() / (cfg.n_layer - 1)
+    return out
+
+
+def test_graddrop_finds_the_head_whose_effects_cancel(tmp_path):
+    """A 2-layer model whose second block's output is scaled (bisection on the scale) until head L0H2's direct
+    effect and its effect through layer 1 cancel in AtP; AtP* (GradDrop) still sees the direct effect, and
+    equals an independent GradDrop on HF's model with the same weights."""
+    cfg = {**CFG, "n_layer": 2}
+    save_hf_gpt2(tmp_path, seed=2, **cfg)
+    model, hf = load_model(tmp_path), GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    pairs = induction(cfg["vocab_size"], 1, 5, seed=3)
+    names = [n for n, _ in model.named_parameters() if n.startswith("h.1.") and "c_proj" in n]
+    original = {n: model.get_parameter(n).detach().clone() for n in names}
+
+    def scale(alpha):
+        for n in names:
+            model.get_parameter(n).data = original[n] * alpha
+            hf.get_parameter(f"transformer.{n}").data = original[n] * alpha
+
+    def atp_head(alpha):
+        scale(alpha)
+        a = atp_z(model, pairs)
+        return (a.values - a.m_corrupt.view(-1, 1))[0, 2].item()
+
+    lo, hi = 2.0, 16.0
+    assert atp_head(lo) > 0 > atp_head(hi)  # the indirect path's sign flips it: a cancelling scale exists
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if atp_head(mid) > 0 else (lo, mid)
+    scale(lo)
+    plain = atp_z(model, pairs)
+    star = atp_star_z(model, pairs)
+    plain_est = (plain.values - plain.m_corrupt.view(-1, 1))[0]
+    star_est = (star.values - star.m_corrupt.view(-1, 1))[0]
+    print(f"\nscale {lo:.4f}: L0H2 AtP {plain_est[2]:.2e}, AtP* {star_est[2]:.3f}")
+    assert abs(plain_est[2]) < 1e-4 and star_est[2] > 0.1  # AtP cancels, AtP* does not
+    assert (star_est[4:] - plain_est[4:].abs()).abs().max() < 1e-5  # last layer: only its own drop is 0
+    expected = hf_graddrop(hf, pairs)[0]
+    assert (star_est - expected).abs().max().item() <= 1e-5
+
+
+def test_abl_resample_equals_slow_reference(model, hf):
+    """abl_resample against a slow loop on HF's model: per draw, window and head, the window's forward with the
+    head's c_proj-input slice overwritten by its output on the drawn source window (prefix), NLL summed over
+    the scored tokens; averaged over draws, minus the baseline, per scored token."""
+    from headprune.perplexity import Windowing
+    from headprune.scoring import score_heads
+    from headprune.scoring.resample import resample_sources
+
+    ids = torch.randint(0, CFG["vocab_size"], (5 * 8 + 5,), generator=torch.Generator().manual_seed(11))
+    windowing = Windowing(8, 8, 2)  # 5 full windows and a short last one (5 tokens): sources may be longer
+    table = score_heads(model, ids, "abl_resample", windowing, show_progress=False, bootstrap=20,
+                        resample_draws=2, seed=4).table
+    batches = windowing.batches(ids)
+    windows = [(b.tokens[j], b.mask[j]) for b in batches for j in range(len(b.tokens))]
+    sources = resample_sources([len(t) for t, _ in windows], 2, 4)
+    cfg = hf.config
+    dk = cfg.n_embd // cfg.n_head
+    nll = lambda logits, tokens, mask: torch.nn.functional.cross_entropy(
+        logits[0, :-1].double(), tokens[1:], reduction="none")[mask].sum().item()
+    n_scored = sum(int(mask.sum()) for _, mask in windows)
+    with torch.no_grad():
+        base = sum(nll(hf(t[None]).logits, t, mask) for t, mask in windows)
+        for l, head in [(0, 0), (1, 2), (2, 3)]:
+            cols = slice(head * dk, (head + 1) * dk)
+            total = 0.0
+            for s in range(2):
+                for w, (tokens, mask) in enumerate(windows):
+                    src_tokens = windows[sources[s][w]][0][: len(tokens)]
+                    z_src = hf_z(hf, src_tokens.tolist())[l]
+
+                    def hook(m, a, z_src=z_src, cols=cols):
+                        x = a[0].clone()
+                        x[0, :, cols] = z_src[:, cols]
+                        return (x,)
+                    handle = hf.transformer.h[l].attn.c_proj.register_forward_pre_hook(hook)
+                    total += nll(hf(tokens[None]).logits, tokens, mask)
+                    handle.remove()
+            expected = (total / 2 - base) / n_scored
+            got = table.loc[table.head_id == f"L{l}H{head}", "abl_resample"].item()
+            assert got == pytest.approx(expected, abs=1e-5), (l, head)
+    assert table.abl_resample.abs().max() > 0.01  # heads matter on this model
+    assert (table.abl_resample_ci_lo <= table.abl_resample).all() and (table.abl_resample <= table.abl_resample_ci_hi).all()
+    assert all(v != w for draw in sources for w, v in enumerate(draw)) and len(windows[-1][0]) == 5
