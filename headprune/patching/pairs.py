@@ -63,8 +63,8 @@ class PromptPairs:
                            self.wrong[index], self.name)
 
     def to(self, device: torch.device) -> PromptPairs:
-        return PromptPairs(*(t.to(device) for t in (self.clean, self.corrupt, self.lengths, self.answer, self.wrong)),
-                           name=self.name)
+        return PromptPairs(self.clean.to(device), self.corrupt.to(device), self.lengths.to(device),
+                           self.answer.to(device), self.wrong.to(device), self.name)
 
     @classmethod
     def from_lists(cls, clean: Sequence[Sequence[int]], corrupt: Sequence[Sequence[int]], answer: Sequence[int],

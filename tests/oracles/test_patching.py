@@ -349,3 +349,49 @@ def test_abl_resample_equals_slow_reference(model, hf):
     assert table.abl_resample.abs().max() > 0.01  # heads matter on this model
     assert (table.abl_resample_ci_lo <= table.abl_resample).all() and (table.abl_resample <= table.abl_resample_ci_hi).all()
     assert all(v != w for draw in sources for w, v in enumerate(draw)) and len(windows[-1][0]) == 5
+
+
+def test_tasks_are_seeded_and_well_formed():
+    from headprune.loading import load_tokenizer
+    from headprune.patching.tasks import ioi
+
+    a, b, c = induction(96, 4, 5, seed=0), induction(96, 4, 5, seed=0), induction(96, 4, 5, seed=1)
+    assert torch.equal(a.clean, b.clean) and torch.equal(a.corrupt, b.corrupt) and not torch.equal(a.clean, c.clean)
+    assert torch.equal(a.clean[:, :5], a.corrupt[:, :5]) and torch.equal(a.clean[:, 5:], a.clean[:, :4])
+    assert torch.equal(a.answer, a.clean[:, 4]) and not (a.corrupt[:, 5:] == a.clean[:, 5:]).any()
+    tok = load_tokenizer(None)  # GPT-2's BPE
+    pairs = ioi(tok, 8, seed=0)
+    assert torch.equal(pairs.clean, ioi(tok, 8, seed=0).clean)
+    for p in range(len(pairs)):
+        n = int(pairs.lengths[p])
+        clean, corrupt = tok.decode(pairs.clean[p, :n]), tok.decode(pairs.corrupt[p, :n])
+        io, s = tok.decode([pairs.answer[p]]), tok.decode([pairs.wrong[p]])
+        assert clean.count(io) == 1 and clean.count(s) == 2 and io not in corrupt and s not in corrupt, (clean, corrupt)
+    assert len(set(pairs.lengths.tolist())) > 1  # several templates: padding is used
+
+
+def test_brackets_task_runs_on_the_shipped_model():
+    """The stdlib model closes "(" with ")" and "[" with "]": every pair's logit diff is larger clean."""
+    from headprune.patching.exact import run_pairs
+    from headprune.patching.tasks import task_pairs
+
+    model = load_model("stdlib-gpt2-mini")
+    runs = run_pairs(model, task_pairs("brackets", model, n_pairs=16))
+    gap = (runs.m_clean - runs.m_corrupt).mean().item()
+    print(f"\nbrackets on stdlib-gpt2-mini: m_clean {runs.m_clean.mean():.2f}, m_corrupt {runs.m_corrupt.mean():.2f}")
+    assert gap > 2 and (runs.m_clean > runs.m_corrupt).all()
+
+
+def test_table_and_agreement(model, pairs):
+    from headprune.patching.table import agreement, patch_table
+
+    exact, approx = patch_z(model, pairs), atp_z(model, pairs)
+    table = patch_table(model, [exact, approx], bootstrap=50)
+    assert list(table.columns[:4]) == ["layer", "head", "head_id", "model_fingerprint"]
+    assert table.patch_z.tolist() == pytest.approx(exact.effect.tolist())
+    assert (table.patch_z_ci_lo <= table.patch_z_ci_hi).all()
+    denominator = (exact.m_clean - exact.m_corrupt).mean()
+    assert table.patch_z[5] == pytest.approx(((exact.values[:, 5] - exact.m_corrupt).mean() / denominator).item())
+    same = agreement(exact, [exact, approx], k=3, bootstrap=50)
+    assert same.spearman[0] == pytest.approx(1) and same.recall_at_k[0] == 1 and same.spearman_ci_lo[0] == 1
+    assert -1 <= same.spearman[1] <= 1 and same.spearman_ci_lo[1] <= same.spearman_ci_hi[1]
