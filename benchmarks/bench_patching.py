@@ -1,11 +1,12 @@
 """Exact patching of every head's z: headprune's batched sweep against per-head loops (TransformerLens style).
 
-    python -m benchmarks.bench_patching [--pairs 8 --half 10 --repeats 2]
+    python -m benchmarks.bench_patching [--pairs 4 --half 8 --repeats 1] [--own-loop]
 
 GPT-2 small architecture, random weights, induction pairs (same length). The loops run one full forward per
 head on the batch of pairs, as TransformerLens's ``get_act_patch_attn_head_out_all_pos`` does: ``hf`` on
 Hugging Face's GPT2LMHeadModel with a ``c_proj`` pre-hook overwriting the head's slice with the clean z;
-``ours`` on headprune's GPT2 with that head's gate 0 and the clean z as its per-position fill. The sweep
+``own_loop`` (``--own-loop``) on headprune's GPT2 with that head's gate 0 and the clean z as its per-position
+fill. Each is timed ``--repeats`` times, interleaved, median kept; the first timed call's results are compared. The sweep
 reruns only layers l..L−1 for a head of layer l, several patched copies a forward, and unembeds only each
 pair's last position. All three agree (max difference printed); target: sweep ≥ 1.3x the HF loop.
 """
@@ -13,11 +14,13 @@ pair's last position. All three agree (max difference printed); target: sweep �
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 from transformers import GPT2LMHeadModel
 
-from benchmarks.common import gpt2_small_checkpoint, time_interleaved
+from benchmarks.common import gpt2_small_checkpoint
 from headprune.loading import load_model
 from headprune.model import Capture
 from headprune.patching import patch_z
@@ -70,26 +73,36 @@ def ours_loop(model, pairs) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--half", type=int, default=10)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--half", type=int, default=8)
     ap.add_argument("--rows", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--own-loop", action="store_true", help="also time headprune's own per-head loop")
     args = ap.parse_args()
     folder = gpt2_small_checkpoint()
     model, hf = load_model(folder), GPT2LMHeadModel.from_pretrained(folder).eval()
     pairs = induction(model.cfg.vocab_size, args.pairs, args.half, seed=0)
-    sweep = lambda: patch_z(model, pairs, rows=args.rows).values
-    diffs = {"ours_loop": (ours_loop(model, pairs) - sweep()).abs().max().item(),
-             "hf_loop": (hf_loop(hf, pairs) - sweep()).abs().max().item()}
-    times = time_interleaved({"sweep": sweep, "ours_loop": lambda: ours_loop(model, pairs),
-                              "hf_loop": lambda: hf_loop(hf, pairs)}, repeats=args.repeats)
+    fns = {"sweep": lambda: patch_z(model, pairs, rows=args.rows).values.float(), "hf_loop": lambda: hf_loop(hf, pairs)}
+    if args.own_loop:
+        fns["own_loop"] = lambda: ours_loop(model, pairs)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    first: dict[str, torch.Tensor] = {}
+    for _ in range(args.repeats):  # interleaved, so machine noise hits all alike
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            out = fn()
+            times[name].append(time.perf_counter() - t0)
+            first.setdefault(name, out)
+            print(f"  {name}: {times[name][-1]:.1f} s", flush=True)
     P, T = pairs.clean.shape
     print(f"GPT-2 small (random weights), {len(model.head_ids)} heads, {P} pairs x {T} tokens, "
-          f"threads {torch.get_num_threads()}")
-    for name, seconds in times.items():
-        print(f"  {name:10s} {seconds:7.2f} s" + (f"   max |diff| vs sweep {diffs[name]:.1e}" if name in diffs else ""))
-    print(f"  speed-up: sweep is {times['hf_loop'] / times['sweep']:.2f}x the HF per-head loop, "
-          f"{times['ours_loop'] / times['sweep']:.2f}x headprune's own per-head loop")
+          f"threads {torch.get_num_threads()}, median of {args.repeats}")
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    for name, seconds in median.items():
+        diff = (first[name] - first["sweep"]).abs().max().item()
+        print(f"  {name:10s} {seconds:7.2f} s" + (f"   max |diff| vs sweep {diff:.1e}" if name != "sweep" else ""))
+    print(f"  speed-up: the sweep is {median['hf_loop'] / median['sweep']:.2f}x the HF per-head loop"
+          + (f", {median['own_loop'] / median['sweep']:.2f}x headprune's own per-head loop" if args.own_loop else ""))
 
 
 if __name__ == "__main__":
