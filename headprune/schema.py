@@ -25,9 +25,11 @@ WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
 ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
 GRADIENT_METHODS = ("grad", "taylor")
 ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
-METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # what `score` computes
-DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS  # measured on data: bootstrap intervals
-COSTLY = ("abl_opt",)  # left out of "all": about 50 ablation sweeps (name it to get it)
+RESAMPLE_METHODS = ("abl_resample",)  # resample ablation (scoring/resample.py): an ablation, its own family
+METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS + RESAMPLE_METHODS  # `score`'s
+DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS + RESAMPLE_METHODS  # bootstrap intervals
+# Left out of "all" (name them to get them): abl_opt is about 50 ablation sweeps, abl_resample K (default 4).
+COSTLY = ("abl_opt", "abl_resample")
 # Learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own scores tables.
 LEARNED_METHODS = ("gate",)
 ALL_METHODS = METHODS + LEARNED_METHODS  # every method column a scores table may hold
@@ -38,7 +40,7 @@ RANDOM = "random"  # the baseline ranking: needs no column
 TRUTH = "abl_zero"  # what the cheap scores are judged against
 
 FAMILIES = {"weights": WEIGHT_METHODS, "activations": ACTIVATION_METHODS, "gradients": GRADIENT_METHODS,
-            "ablation": ABLATION_METHODS, "learned": LEARNED_METHODS}
+            "ablation": ABLATION_METHODS + RESAMPLE_METHODS, "learned": LEARNED_METHODS}
 _FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
 
 
@@ -78,6 +80,7 @@ METHOD_LABELS = {
     "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
     "abl_mean": "NLL increase when mean-ablated (nats/token)",
     "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
+    "abl_resample": "NLL increase when resample-ablated: z_i := its output on another window (nats/token)",
     "gate": "probability that the head's learned hard-concrete gate stays open (Voita et al.)",
 }
 
@@ -87,7 +90,7 @@ METHOD_UNITS = {
     "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
     "grad": "nats/token per unit gate", "taylor": "nats/token",
     "abl_zero": "ΔNLL, nats/token", "abl_zero_folded": "ΔNLL, nats/token", "abl_mean": "ΔNLL, nats/token",
-    "abl_opt": "ΔNLL, nats/token", "gate": "P(gate open)",
+    "abl_opt": "ΔNLL, nats/token", "abl_resample": "ΔNLL, nats/token", "gate": "P(gate open)",
 }
 
 # ---------------------------------------------------------------- columns

@@ -8,7 +8,8 @@ Attention of layer l with h heads of width d_k on x: (B,T,d):
     [Q|K|V] = x W_attn + b_attn                        (B,T,3·h·d_k), split and viewed as (B,h,T,d_k)
     A       = softmax(Q Kᵀ / √d_k + causal mask)        (B,h,T,T)
     z       = A V                                       (B,h,T,d_k)
-    z_i    ← g_i z_i + (1 − g_i) f_i                    gates g (1 keeps, 0 ablates), fill f (0 or a mean)
+    z_i    ← g_i z_i + (1 − g_i) f_i                    gates g (1 keeps, 0 ablates), fill f (0 or a mean);
+                                                        g and f may vary by example and position (patching)
     out     = concat_i(z_i) W_O + b_O = Σ_i z_i W_O^(i) + b_O    (B,T,d), W_O^(i) = rows i·d_k..(i+1)·d_k
 
 A layer may keep any subset of the original heads (physical pruning): ``kept_heads[l]`` lists their
@@ -111,8 +112,9 @@ class Attention(nn.Module):
     def forward(
         self,
         x: Tensor,  # (B,T,d)
-        gate: Tensor | None = None,  # [n_heads] or [B, n_heads]
-        fill: Tensor | None = None,  # [n_heads, d_head]: what an ablated head outputs instead of z_i
+        gate: Tensor | None = None,  # [n_heads], [B, n_heads] or per position [B, n_heads, T]
+        fill: Tensor | None = None,  # [n_heads, d_head] or per example and position [B, n_heads, T, d_head]:
+        # what an ablated head outputs instead of z_i
         capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:
@@ -133,8 +135,9 @@ class Attention(nn.Module):
         if capture is not None:
             capture.z[self.layer] = z
         if gate is not None:
-            g = gate.view(-1, h, 1, 1).to(z.dtype)
-            z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
+            g = (gate.unsqueeze(-1) if gate.dim() == 3 else gate.view(-1, h, 1, 1)).to(z.dtype)
+            f = None if fill is None else (fill if fill.dim() == 4 else fill.view(1, h, 1, dk)).to(z.dtype)
+            z = g * z if f is None else g * z + (1 - g) * f
         z = z.transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
         return self.c_proj(z)  # (B,T,d)
 
@@ -251,8 +254,8 @@ class GPT2(nn.Module):
     def forward(
         self,
         tokens: Tensor,  # (B,T) int64
-        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l] or [B, n_heads_l]
-        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head]
+        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l], [B, n_heads_l] or [B, n_heads_l, T]
+        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head] or [B, n_heads_l, T, d_head]
         capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:

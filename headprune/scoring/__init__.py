@@ -6,6 +6,7 @@ Methods (higher = more important for all but ``entropy``, which describes a head
   gradients   grad, taylor                                          (see :mod:`.gradients`)
   ablation    abl_zero, abl_zero_folded, abl_mean, abl_opt          (see :mod:`.ablation`; abl_opt's constants
               are fitted first, by :mod:`.optimal`)
+  resample    abl_resample                                          (see :mod:`.resample`)
 
 Every family implements :class:`~.base.Family` (units of work, then a combine); data methods run over
 sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.io.progress.Progress`,
@@ -24,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
+from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
@@ -37,12 +39,14 @@ from headprune.scoring.activations import ActivationScores
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head
 from headprune.scoring.gradients import GradientScores
 from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
+from headprune.scoring.resample import RESAMPLE_DRAWS, ResampleScores
 from headprune.scoring.weights import WeightScores
 
 # The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
 # optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). It computes
 # exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.pruning.gates instead.
-FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores())
+FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores(),
+                                ResampleScores())
 assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
 
 
@@ -72,6 +76,7 @@ def score_heads(
     bootstrap: int = DEFAULT_REPLICATES,
     seed: int = 0,
     optimal_steps: int = STEPS,
+    resample_draws: int = RESAMPLE_DRAWS,
 ) -> HeadScores:
     """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``.
 
@@ -82,6 +87,7 @@ def score_heads(
     ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches
     only cost cache, 64 on a GPU, where batching copies is the win).
     ``optimal_steps``: passes of abl_opt's per-head BFGS fit per layer (:mod:`.optimal`).
+    ``resample_draws``: source windows K per window of abl_resample, drawn with ``seed`` (:mod:`.resample`).
     """
     methods = parse_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
@@ -91,7 +97,10 @@ def score_heads(
     assert ids is not None or not needs_data, "data-based methods need token ids"
     batches = windowing.batches(ids) if ids is not None and needs_data else []
     rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
-    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=optimal_steps)
+    if resample_draws < 1:
+        raise HeadpruneError(f"resample_draws {resample_draws} must be at least 1", "resample_draws")
+    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=optimal_steps, resample_draws=resample_draws,
+                         resample_seed=seed)
     progress = progress or NoProgress()
     columns: dict[str, torch.Tensor] = {}
     seconds: dict[str, float] = {}

@@ -32,6 +32,8 @@ class ScoringContext:
     ablation_rows: int = 8  # ablated copies × windows per forward
     outputs: dict[str, Tensor] = field(default_factory=dict)  # non-score results of earlier families (mean_z)
     optimal_steps: int = 16  # passes of abl_opt's per-head BFGS fit per layer (see scoring/optimal.py)
+    resample_draws: int = 4  # K source windows per window of abl_resample (see scoring/resample.py)
+    resample_seed: int = 0  # seeds abl_resample's draws
 
 
 class Family:

@@ -9,7 +9,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
-from headprune.schema import DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
+from headprune.schema import COSTLY, DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
 from headprune.scoring import score_heads
 
 from helpers import TINY, guide_loop, save_hf_gpt2
@@ -49,7 +49,7 @@ def hf_scored_z(hf, ids, seq_len=SEQ, stride=STRIDE):
 
 
 def test_columns_and_order(scores):
-    every = [m for m in METHODS if m != "abl_opt"]  # what "all" scores
+    every = [m for m in METHODS if m not in COSTLY]  # what "all" scores
     intervals = [c for m in DATA_METHODS if m in every for c in ci_columns(m)]
     assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + every + intervals
     assert list(scores.columns) == score_columns(every)
@@ -240,8 +240,9 @@ def test_fast_ablation_equals_naive_forward_per_head(tiny_dir, ids, scores):
 
 
 def test_parse_methods():
-    assert parse_methods("all") == [m for m in METHODS if m != "abl_opt"]  # abl_opt is costly: named only
-    assert parse_methods("abl_opt,all") == list(METHODS)
+    assert parse_methods("all") == [m for m in METHODS if m not in COSTLY]  # abl_opt, abl_resample: named only
+    assert COSTLY == ("abl_opt", "abl_resample")
+    assert parse_methods("abl_opt,abl_resample,all") == list(METHODS)
     assert parse_methods("taylor, wo_fro") == ["wo_fro", "taylor"]
     with pytest.raises(HeadpruneError, match="unknown scoring method"):
         parse_methods("wo_fro,magic")

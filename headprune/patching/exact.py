@@ -1,0 +1,227 @@
+"""Exact activation patching of every head, batched, from the cached residual stream.
+
+Denoising (the default) runs the corrupt prompt with one head's activation taken from the clean run; noising
+(``direction="noise"``) runs the clean prompt with the corrupt activation. For head i of layer l and pair p:
+
+    patch_z        z_i ← z_i(source), all positions (or one position: ``by_position``)       (B,h,T,d_k)
+    patch_q/k/v    q_i, k_i or v_i ← the source run's, then attention recomputed               (B,h,T,d_k)
+    patch_pattern  A_i ← the source run's attention probabilities (rows: query positions)       (B,h,T,T)
+
+and m_p = the metric at pair p's last position (:mod:`.metrics`). This equals TransformerLens's
+``get_act_patch_attn_head_{out,q,k,v,pattern}_all_pos`` (``by_position``: ``..._by_pos``), but instead of a
+full forward per head: the patched run's residual stream entering layer l is the unpatched one (cached once),
+so a head of layer l reruns only layers l..L−1, several patched copies (one per head, each with its own gate
+row) share one batched forward, and only the last positions are unembedded. A patched z is the model's own
+ablation with gate 0 and a per-position fill (the source z); q, k, v and the pattern recompute layer l here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headprune.bootstrap import ratio
+from headprune.errors import HeadpruneError
+from headprune.io.distributed import run_units
+from headprune.io.progress import NoProgress, Progress
+from headprune.models.base import Capture
+from headprune.models.gpt2 import GPT2, Block
+from headprune.patching.metrics import DEFAULT_METRIC, check_metric, last_logits, metric_values
+from headprune.patching.pairs import PromptPairs
+
+DIRECTIONS = ("denoise", "noise")
+ACTIVATIONS = ("z", "q", "k", "v", "pattern")  # what patch_<activation> replaces
+
+
+@dataclass
+class Runs:
+    """The two unpatched runs of the pairs: the one patched (``base``) and the one patched from (``source``)."""
+
+    pairs: PromptPairs
+    metric: str
+    direction: str
+    m_clean: Tensor  # (P,) float32
+    m_corrupt: Tensor  # (P,)
+    clean_logprobs: Tensor  # (P, V) log p_clean at the last positions (kl's reference)
+    base_resid: dict[int, Tensor] = field(default_factory=dict)  # resid_pre[l] (P,T,d) of the patched run
+    source_resid: dict[int, Tensor] = field(default_factory=dict)  # resid_pre[l] of the source run
+    source_z: dict[int, Tensor] = field(default_factory=dict)  # z[l] (P,h,T,d_k) of the source run
+
+    def evaluate(self, model: GPT2, resid: Tensor, rows: Tensor) -> Tensor:
+        """The metric (N,) of final residual streams resid (N,T,d) of the pairs ``rows`` (N,)."""
+        pairs = self.pairs
+        logits = last_logits(model, resid, pairs.last[rows])
+        return metric_values(self.metric, logits, pairs.answer[rows], pairs.wrong[rows], self.clean_logprobs[rows])
+
+
+def check_direction(direction: str) -> str:
+    if direction not in DIRECTIONS:
+        raise HeadpruneError(f"unknown direction {direction!r}; choose denoise or noise", "direction")
+    return direction
+
+
+@torch.no_grad()
+def run_pairs(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise") -> Runs:
+    """Both unpatched runs (one forward each): their metrics, and the caches the patched runs start from."""
+    check_metric(metric), check_direction(direction)
+    pairs = pairs.check(model.cfg.vocab_size, model.cfg.n_positions).to(model.device)
+    caps, logits = {}, {}
+    for name, tokens in (("clean", pairs.clean), ("corrupt", pairs.corrupt)):
+        caps[name] = Capture()
+        logits[name] = last_logits(model, model.run_blocks(model.embed(tokens), capture=caps[name]), pairs.last)
+    clean_lp = logits["clean"].float().log_softmax(-1)
+    m = {k: metric_values(metric, v, pairs.answer, pairs.wrong, clean_lp) for k, v in logits.items()}
+    base, source = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+    return Runs(pairs, metric, direction, m["clean"], m["corrupt"], clean_lp, caps[base].resid_pre,
+                caps[source].resid_pre, caps[source].z)
+
+
+def qkv(block: Block, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v (each (N,h,T,d_k)) of a block's attention on the residual stream resid (N,T,d) entering it."""
+    attn = block.attn
+    N, T, _ = resid.shape
+    q, k, v = attn.c_attn(block.ln_1(resid)).view(N, T, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)
+    return q, k, v
+
+
+def pattern(block: Block, q: Tensor, k: Tensor) -> Tensor:
+    """Causal attention probabilities softmax(q kᵀ · scale) (N,h,T,T), in float32 as the model computes them."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).float() * block.attn.scale
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1).to(q.dtype)
+
+
+def source_activation(block: Block, runs: Runs, layer: int, activation: str, rows: slice) -> Tensor:
+    """The source run's q, k, v (N,h,T,d_k) or pattern (N,h,T,T) of ``layer`` for the pairs ``rows``."""
+    q, k, v = qkv(block, runs.source_resid[layer][rows])
+    return {"q": q, "k": k, "v": v}[activation] if activation != "pattern" else pattern(block, q, k)
+
+
+def patched_block(block: Block, resid: Tensor, activation: str, keep: Tensor, source: Tensor) -> Tensor:
+    """The block's output on resid (N,T,d) with q, k, v or the pattern replaced by ``source`` where keep is 0:
+    keep (N,h,T) is 1 (keep) or 0 (patch) per head and position (the query position for the pattern)."""
+    q, k, v = qkv(block, resid)
+    g = keep.unsqueeze(-1).to(q.dtype)  # (N,h,T,1)
+    mix = lambda t: g * t + (1 - g) * source.to(t.dtype)  # exact: 1·t + 0·s = t, 0·t + 1·s = s
+    if activation == "pattern":
+        z = mix(pattern(block, q, k)) @ v
+    else:
+        q, k, v = (mix(t) if name == activation else t for name, t in (("q", q), ("k", k), ("v", v)))
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=block.attn.scale)
+    N, h, T, dk = z.shape
+    resid = resid + block.attn.c_proj(z.transpose(1, 2).reshape(N, T, h * dk))
+    return resid + block.mlp(block.ln_2(resid))
+
+
+@torch.no_grad()
+def patch_layer(model: GPT2, runs: Runs, layer: int, activation: str = "z", by_position: bool = False,
+                rows: int = 64) -> list:
+    """The metric of every pair with each head of ``layer`` patched, one head (and position) at a time:
+    [P][h] (or [P][h][T] with ``by_position``), as lists."""
+    P, T = runs.pairs.clean.shape
+    h = model.h[layer].attn.n_heads
+    items = [(i, t) for i in range(h) for t in (range(T) if by_position else [None])]  # (head, position)
+    b = min(P, rows)
+    copies = max(1, rows // b)
+    gates: list[Tensor | None] = [None] * model.cfg.n_layers
+    fills: list[Tensor | None] = [None] * model.cfg.n_layers
+    out = torch.empty(P, len(items), device=model.device)
+    for first_pair in range(0, P, b):
+        sl = slice(first_pair, min(first_pair + b, P))
+        n = sl.stop - sl.start
+        pair_rows = torch.arange(sl.start, sl.stop, device=model.device)
+        resid_l = runs.base_resid[layer][sl]
+        source = runs.source_z[layer][sl] if activation == "z" else source_activation(model.h[layer], runs, layer,
+                                                                                       activation, sl)
+        for first in range(0, len(items), copies):
+            chunk = items[first : first + copies]
+            c = len(chunk)
+            keep = torch.ones(c, h, T, device=model.device)
+            for j, (i, t) in enumerate(chunk):
+                keep[j, i, slice(None) if t is None else t] = 0
+            keep = keep.repeat_interleave(n, dim=0)  # (c·n, h, T): copy j patches item first+j
+            if activation == "z":
+                gates[layer] = keep if by_position else keep[:, :, 0]
+                fills[layer] = source.repeat(c, 1, 1, 1)
+                resid = model.run_blocks(resid_l.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)
+            else:
+                resid = patched_block(model.h[layer], resid_l.repeat(c, 1, 1), activation, keep,
+                                      source.repeat(c, 1, 1, 1))
+                resid = model.run_blocks(resid, start=layer + 1)
+            out[sl, first : first + c] = runs.evaluate(model, resid, pair_rows.repeat(c)).view(c, n).T
+    return (out.view(P, h, T) if by_position else out).tolist()
+
+
+@dataclass
+class Patching:
+    """Per-pair metrics with each head patched, and how they normalise (one method's result)."""
+
+    method: str  # patch_z, patch_q, ..., atp_z, atp_star_z
+    values: Tensor  # [P, H] (or [P, H, T]): the (estimated) metric of pair p with head h patched, float64
+    m_clean: Tensor  # [P]
+    m_corrupt: Tensor  # [P]
+    direction: str = "denoise"
+
+    def _shifted(self) -> Tensor:
+        return self.values - self.m_corrupt.view(-1, *[1] * (self.values.dim() - 1))
+
+    @property
+    def effect(self) -> Tensor:
+        """[H] (or [H, T]): (mean_p m_p − mean_p m_corrupt) / (mean_p m_clean − mean_p m_corrupt)."""
+        return self._shifted().mean(0) / (self.m_clean.mean() - self.m_corrupt.mean())
+
+    @property
+    def change(self) -> Tensor:
+        """The normalised effect minus the unpatched run's (0 denoising, 1 noising): what the head moves."""
+        return self.effect - (0.0 if self.direction == "denoise" else 1.0)
+
+    def replicates(self, counts: Tensor) -> Tensor:
+        """Normalised effects [B, H...] of pair-resampling counts [B, P] (:func:`headprune.bootstrap.window_counts`)."""
+        return ratio(self._shifted(), self.m_clean - self.m_corrupt)(counts)
+
+
+def patch(
+    model: GPT2,
+    pairs: PromptPairs,
+    activation: str = "z",
+    metric: str = DEFAULT_METRIC,
+    direction: str = "denoise",
+    by_position: bool = False,
+    rows: int | None = None,
+    progress: Progress | NoProgress | None = None,
+    bar: Callable = iter,
+    runs: Runs | None = None,
+) -> Patching:
+    """Exact patching of every head's ``activation`` (z, q, k, v or pattern); see the module docstring.
+
+    ``rows``: patched copies × pairs per forward (default 64 on a GPU, 16 on the CPU). ``progress``: records
+    a unit per layer, so a killed sweep resumes (and torchrun shares the layers). ``runs``: the unpatched runs,
+    when already computed (:func:`run_pairs` with the same metric and direction)."""
+    if activation not in ACTIVATIONS:
+        raise HeadpruneError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+    model.require_heads(f"patch_{activation}")
+    if by_position and not pairs.same_length:
+        raise HeadpruneError("by_position needs pairs of one length (positions must mean the same in every pair)")
+    runs = runs or run_pairs(model, pairs, metric, direction)
+    rows = rows or (64 if model.device.type == "cuda" else 16)
+    tag = f"patch_{activation}/{metric}/{direction}/{'pos' if by_position else 'all'}"
+    units: list[tuple[str, Callable[[], Any]]] = [
+        (f"{tag}/L{l}", partial(patch_layer, model, runs, l, activation, by_position, rows))
+        for l in model.active_layers]
+    results = run_units(units, progress or NoProgress(), bar)
+    values = torch.cat([torch.tensor(results[key], dtype=torch.float64) for key, _ in units], dim=1)  # [P, H(, T)]
+    return Patching(f"patch_{activation}", values, runs.m_clean.double().cpu(), runs.m_corrupt.double().cpu(),
+                    direction)
+
+
+def patch_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+            by_position: bool = False, rows: int | None = None, **kwargs) -> Patching:
+    """Exact patching of every head's output z_i (all positions, or each position with ``by_position``)."""
+    return patch(model, pairs, "z", metric, direction, by_position, rows, **kwargs)
