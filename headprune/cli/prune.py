@@ -37,6 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from headprune.io.export import export_hf, export_native
     from headprune.io.files import check_writable, read_scores
+    from headprune.models.gpt2 import GPT2
     from headprune.models.heads import format_heads, parse_head_spec
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
@@ -87,4 +88,9 @@ def run(args: argparse.Namespace) -> None:
         after = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
+    if args.format == "hf":
+        from headprune.io.family_export import hf_layout
+
+        print(hf_layout(pruned) if not isinstance(pruned, GPT2) else
+              "hf export: original shapes with the removed heads zeroed (GPT-2 derives its head size from d/h)")
     print(f"saved {args.format} checkpoint -> {args.out}")
