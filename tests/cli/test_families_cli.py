@@ -254,3 +254,45 @@ def test_run_on_llama_names_family_layout_and_unit(built, corpus, tmp_path):
     assert "llama, grouped-query attention, 4 query / 2 KV heads per layer" in summary
     assert "unit: query head" in summary
     assert len(pd.read_parquet(out / "scores.parquet")) == 8
+
+
+def test_score_unit_group_equals_hf_joint_ablation(built, corpus, capsys, tmp_path):
+    """abl_zero_group against transformers with an o_proj pre-hook zeroing every query-head slice of the group,
+    through HF's own sliding-window loop; the summed columns are sums of the per-head table's."""
+    folder, hf = built["llama"]
+    data = ["--data", corpus, "--max-tokens", 200, "--seq-len", 32, "--stride", 16]
+    summary = json.loads(cli(capsys, "score", "--model", folder, *data, "--methods", "abl_zero,wo_fro", "--unit",
+                             "group", "--bootstrap", 20, "--json", "--out", tmp_path / "g.csv", "--quiet"))
+    cli(capsys, "score", "--model", folder, *data, "--methods", "abl_zero,wo_fro", "--out", tmp_path / "h.csv",
+        "--quiet")
+    table, heads = pd.read_csv(tmp_path / "g.csv"), pd.read_csv(tmp_path / "h.csv")
+    assert list(table.group_id) == ["L0G0", "L0G1", "L1G0", "L1G1"] and summary["groups"] == 4
+    lo, hi = summary["summed_vs_joint_ci"]
+    assert -1 <= lo <= summary["summed_vs_joint_spearman"] <= hi <= 1
+    ids = corpus_ids(str(corpus), "validation", model_tokenizer(load_model(folder)), 200)
+    from headprune.perplexity import Windowing
+    from headprune.scoring.groups import group_ablation, summed_vs_joint
+
+    model = load_model(folder)
+    fit = summed_vs_joint(model, group_ablation(model, ids, Windowing(32, 16, 8)), 0)
+    assert fit["summed"] == pytest.approx(table.abl_zero.to_numpy(), abs=1e-9)  # the sweep's single-head ablations
+    base, _ = guide_loop(hf, ids, 32, 16)
+    for row in table.itertuples():
+        members = [int(h.split("H")[1]) for h in row.heads.split(",")]
+        assert row.wo_fro == pytest.approx(heads[(heads.layer == row.layer) & heads["head"].isin(members)].wo_fro.sum())
+
+        def zero(_module, args, members=members):
+            z = args[0].clone()
+            for h in members:
+                z[..., h * 8:(h + 1) * 8] = 0
+            return (z,)
+
+        hook = hf.model.layers[row.layer].self_attn.o_proj.register_forward_pre_hook(zero)
+        try:
+            ablated, _ = guide_loop(hf, ids, 32, 16)
+        finally:
+            hook.remove()
+        assert row.abl_zero_group == pytest.approx(ablated - base, abs=1e-5)
+    assert main(["score", "--model", str(built["neox"][0]), *map(str, data), "--unit", "group", "--out",
+                 str(tmp_path / "n.csv")]) == 2
+    assert "needs grouped-query attention" in capsys.readouterr().err and not (tmp_path / "n.csv").exists()
