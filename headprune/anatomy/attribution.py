@@ -22,15 +22,14 @@ parallel residuals alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pandas as pd
 import torch
-from typing import cast
-
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture, HeadModel
+from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
 
@@ -49,7 +48,7 @@ class Attribution:
 def unembedding(model: GPT2) -> Tensor:
     """[vocab, d]: row t is u_t (the tied token embedding, or the LM head's row), for every family."""
     if not isinstance(model, GPT2):
-        return cast(HeadModel, model).W_U  # type: ignore[attr-defined]  # Decoder and NeoX define W_U
+        return cast(Any, model).W_U  # Decoder and NeoX define W_U
     return model.lm_head.weight if model.lm_head is not None else model.wte.weight
 
 
@@ -89,7 +88,7 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
         embed = model.embed(chunk)  # (b,T,d)
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
         x = final[:, :-1].float()
-        norm = final_norm(model)
+        norm: Any = final_norm(model)
         centred = isinstance(norm, nn.LayerNorm)  # else RMSNorm: w ⊙ x / ρ, ρ frozen
         spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
         sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen

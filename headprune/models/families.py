@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from headprune.models.base import HeadConfig, HeadModel
 from headprune.models.llama import Decoder, DecoderConfig
@@ -139,7 +140,7 @@ REGISTRY: dict[str, Family] = {
 SUPPORTED = ("gpt2", *REGISTRY)  # every model_type headprune loads (gpt2: headprune.models.gpt2.GPT2)
 
 
-def model_type(model: HeadModel) -> str:
+def model_type(model: Any) -> str:
     """The HF ``model_type`` of a loaded model: "gpt2", a decoder's ``cfg.family`` or "gpt_neox"."""
     if isinstance(model, NeoX):
         return "gpt_neox"
@@ -147,7 +148,7 @@ def model_type(model: HeadModel) -> str:
     return family if isinstance(family, str) else "gpt2"
 
 
-def layout_text(model: HeadModel) -> str:
+def layout_text(model: Any) -> str:
     """The attention layout in words, e.g. "grouped-query attention, 4 query / 2 KV heads per layer"."""
     cfg = model.cfg
     kind = "multi-head" if cfg.n_kv_heads == cfg.n_heads else "grouped-query"

@@ -13,6 +13,8 @@ The joint ablation is exact: from the cached residual entering the group's layer
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 import torch
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from headprune.bootstrap import interval, window_counts
 from headprune.errors import HeadpruneError
+from headprune.models.base import HeadModel
 from headprune.models.gpt2 import GPT2, token_nll
 from headprune.models.heads import head_id
 from headprune.perplexity import Windowing, window_batches, window_sums
@@ -29,7 +32,7 @@ from headprune.scoring.ablation import ablate_layer, cache_batch
 GROUP_METHOD = "abl_zero_group"
 
 
-def require_groups(model: GPT2) -> None:
+def require_groups(model: HeadModel) -> None:
     """Refuse ``--unit group`` where it means nothing: no grouped-query attention."""
     if model.cfg.n_kv_heads == model.cfg.n_heads:
         raise HeadpruneError(f"--unit group needs grouped-query attention; this model has n_heads = n_kv_heads = "
@@ -37,7 +40,7 @@ def require_groups(model: GPT2) -> None:
                              "--unit head")
 
 
-def groups(model: GPT2) -> list[tuple[int, int, list[int]]]:
+def groups(model: HeadModel) -> list[tuple[int, int, list[int]]]:
     """(layer, original KV head, original query heads reading it) of every kept KV head."""
     out = []
     for layer, kept in enumerate(model.cfg.kept_heads):
@@ -47,7 +50,7 @@ def groups(model: GPT2) -> list[tuple[int, int, list[int]]]:
 
 
 @torch.no_grad()
-def _group_sums(model: GPT2, batch, resid_pre: Tensor, layer: int) -> list[list[float]]:
+def _group_sums(model: HeadModel, batch, resid_pre: Tensor, layer: int) -> list[list[float]]:
     """Per kept KV group of ``layer``: the NLL sum of each window with all its query heads zeroed, [g][b]."""
     attn, b = model.h[layer].attn, batch.tokens.shape[0]
     gates: list[Tensor | None] = [None] * model.cfg.n_layers
@@ -61,19 +64,19 @@ def _group_sums(model: GPT2, batch, resid_pre: Tensor, layer: int) -> list[list[
 
 
 @torch.no_grad()
-def group_ablation(model: GPT2, ids: Tensor, windowing: Windowing, rows: int = 8) -> dict[str, np.ndarray]:
+def group_ablation(model: HeadModel, ids: Tensor, windowing: Windowing, rows: int = 8) -> dict[str, np.ndarray]:
     """Per-window NLL sums [W]: ``base``, ``tokens``; ``single`` [heads, W] (one query head zeroed, in head_ids
     order) and ``joint`` [groups, W] (all of a group's query heads zeroed, in :func:`groups` order)."""
     base, tokens, single, joint = [], [], [], []
     for batch in window_batches(ids, windowing.seq_len, windowing.stride, windowing.batch_size):
         batch = batch.to(model.device)
-        resid_pre, sums = cache_batch(model, batch)
+        resid_pre, sums = cache_batch(cast(GPT2, model), batch)
         base += sums
         tokens += batch.mask.sum(1).tolist()
         heads_b, groups_b = [], []
         for layer in range(model.cfg.n_layers):
             if model.h[layer].attn.n_heads:
-                heads_b += ablate_layer(model, batch, resid_pre[layer], layer, rows=rows)
+                heads_b += ablate_layer(cast(GPT2, model), batch, resid_pre[layer], layer, rows=rows)
                 groups_b += _group_sums(model, batch, resid_pre[layer], layer)
         single.append(np.array(heads_b))
         joint.append(np.array(groups_b))
@@ -87,7 +90,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(stats.spearmanr(x, y).statistic) if np.ptp(x) > 0 and np.ptp(y) > 0 else float("nan")
 
 
-def summed_vs_joint(model: GPT2, sums: dict[str, np.ndarray], replicates: int = 200, seed: int = 0) -> dict:
+def summed_vs_joint(model: HeadModel, sums: dict[str, np.ndarray], replicates: int = 200, seed: int = 0) -> dict:
     """Spearman ρ(Σ_{i∈G} abl_zero_i, abl_zero_group) over the groups, with its bootstrap interval."""
     index = {h: n for n, h in enumerate(model.head_ids)}
     member = np.zeros((len(groups(model)), len(index)))
@@ -110,15 +113,16 @@ def summed_vs_joint(model: GPT2, sums: dict[str, np.ndarray], replicates: int = 
             "summed": summed, "joint": joint}
 
 
-def group_table(model: GPT2, head_table: pd.DataFrame, joint: np.ndarray) -> pd.DataFrame:
+def group_table(model: HeadModel, head_table: pd.DataFrame, joint: np.ndarray) -> pd.DataFrame:
     """One row per KV group: layer, kv_head, group_id (L{l}G{g}), heads, every per-head importance score summed
     over the group's query heads, and abl_zero_group."""
     rows = []
-    by_head = head_table.set_index(["layer", "head"])
     summable = [m for m in method_columns(head_table) if m not in DESCRIPTIVE]
+    value_of = {(int(r["layer"]), int(r["head"])): {m: float(r[m]) for m in summable}
+                for r in head_table.to_dict("records")}
     for (layer, kv, heads), value in zip(groups(model), joint):
         row = {"layer": layer, "kv_head": kv, "group_id": f"L{layer}G{kv}",
                "heads": ",".join(head_id(layer, h) for h in heads)}
-        row |= {m: float(sum(by_head.loc[(layer, h), m] for h in heads)) for m in summable}
+        row |= {m: float(np.sum([value_of[(layer, h)][m] for h in heads])) for m in summable}
         rows.append(row | {GROUP_METHOD: float(value)})
     return pd.DataFrame(rows)
