@@ -162,6 +162,10 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, score_ids, windowing, scores, tokenizer.decode, s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
+    from headprune.models.families import layout_text, model_type
+
+    if model_type(model) != "gpt2":  # another family: name it, its GQA layout and the unit heads are scored in
+        settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
     report = build_report(scores, curves, out, settings, baseline, anatomy)
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

@@ -10,15 +10,23 @@ correct next token t (unembedding column u_t) splits exactly:
 
 A head's DLA is the mean of its term over the scored positions (every position but the last of each row);
 the terms of all components plus the LN bias term average to the mean correct-token logit.
+
+Every family: Llama, Mistral and Qwen end in RMSNorm(x) = w ⊙ x / ρ(x), ρ = √(mean(x²) + ε): freezing ρ, the split
+is logit_t = Σ_c c · (w ⊙ u_t) / ρ (no centring, no bias term: ``ln_bias`` is 0); GPT-NeoX ends in a LayerNorm as
+GPT-2 does. u_t is the family's unembedding row (``lm_head`` / ``embed_out``, or the tied embedding); embed is the
+token embedding (rotary adds no residual component). A block's MLP term for another family is what the block
+adds beyond its attention output (resid_post − resid_pre − attn_out), exact up to rounding for sequential and
+parallel residuals alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pandas as pd
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
 from headprune.models.base import Capture
@@ -38,8 +46,26 @@ class Attribution:
 
 
 def unembedding(model: GPT2) -> Tensor:
-    """[vocab, d]: row t is u_t (the tied token embedding, or the LM head's row)."""
+    """[vocab, d]: row t is u_t (the tied token embedding, or the LM head's row), for every family."""
+    if not isinstance(model, GPT2):
+        return cast(Any, model).W_U  # Decoder and NeoX define W_U
     return model.lm_head.weight if model.lm_head is not None else model.wte.weight
+
+
+def token_embedding(model: GPT2) -> Tensor:
+    """[vocab, d]: W_E, the token embedding (wte, embed_tokens, embed_in)."""
+    for name in ("wte", "embed_tokens", "embed_in"):
+        if hasattr(model, name):
+            return getattr(model, name).weight
+    raise HeadpruneError(f"{type(model).__name__} has no known token embedding (wte, embed_tokens, embed_in)")
+
+
+def final_norm(model: GPT2) -> nn.Module:
+    """The final norm before the unembedding: ln_f (GPT-2), norm (Llama family, RMSNorm), final_layer_norm."""
+    for name in ("ln_f", "norm", "final_layer_norm"):
+        if isinstance(getattr(model, name, None), nn.Module):
+            return getattr(model, name)
+    raise HeadpruneError(f"{type(model).__name__} has no known final norm (ln_f, norm, final_layer_norm)")
 
 
 @torch.no_grad()
@@ -62,16 +88,22 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
         embed = model.embed(chunk)  # (b,T,d)
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
         x = final[:, :-1].float()
-        sigma = (x.var(-1, unbiased=False, keepdim=True) + model.ln_f.eps).sqrt()  # (b,T-1,1), frozen
+        norm: Any = final_norm(model)
+        centred = isinstance(norm, nn.LayerNorm)  # else RMSNorm: w ⊙ x / ρ, ρ frozen
+        spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
+        sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
         u = unembedding(model)[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
-        direction = model.ln_f.weight.float() * u
-        direction = (direction - direction.mean(-1, keepdim=True)) / sigma  # c · direction = centred, scaled term
+        direction = norm.weight.float() * u
+        if centred:
+            direction = direction - direction.mean(-1, keepdim=True)
+        direction = direction / sigma  # c · direction = the (centred,) scaled term
 
         def term(c: Tensor, direction: Tensor = direction) -> Tensor:  # c (b,T,d) -> (b,T-1)
             return (c[:, :-1].float() * direction).sum(-1)
 
         add("embed", term(embed))
-        add("ln_bias", (model.ln_f.bias.float() * u).sum(-1))
+        bias = getattr(norm, "bias", None)
+        add("ln_bias", (bias.float() * u).sum(-1) if bias is not None else u.new_zeros(u.shape[:2]))
         for layer in range(L):
             blk = model.h[layer]
             attn_out = blk.attn.b_O.expand_as(embed)
@@ -80,9 +112,16 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
                 W_O = blk.attn.W_O.float()  # [h,d_k,d]
                 read = torch.einsum("bpd,hkd->bhpk", direction, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
                 add(f"heads.{layer}", (z[:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
-                attn_out = blk.attn.c_proj(z.transpose(1, 2).reshape(*embed.shape[:2], -1))
+                attn_out = (z.transpose(1, 2).reshape(*embed.shape[:2], -1) @ W_O.reshape(-1, W_O.shape[-1])
+                            + blk.attn.b_O) if not isinstance(model, GPT2) else \
+                    blk.attn.c_proj(z.transpose(1, 2).reshape(*embed.shape[:2], -1))
             add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed)))
-            add(f"mlp.{layer}", term(blk.mlp(blk.ln_2(capture.resid_pre[layer] + attn_out))))
+            if isinstance(model, GPT2):
+                mlp_out = blk.mlp(blk.ln_2(capture.resid_pre[layer] + attn_out))
+            else:  # what the block adds beyond attention (parallel or sequential residual alike)
+                post = capture.resid_pre[layer + 1] if layer + 1 < L else final
+                mlp_out = post.float() - capture.resid_pre[layer].float() - attn_out.float()
+            add(f"mlp.{layer}", term(mlp_out))
         logits = model.unembed(final)[:, :-1].float()  # (b,T-1,V)
         logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())
     n = tokens.shape[0] * (tokens.shape[1] - 1)

@@ -9,7 +9,8 @@ those of BA (with multiplicity). So the eigenvalues come from the d_k×d_k core
     C_i = W_O^(i) (W_U W_E) W_V^(i),   W_U W_E ∈ R^{d×d} formed once,
 
 and the zero eigenvalues of M_i add nothing to either sum. W_E is the token embedding, W_U the unembedding
-(tied: W_Eᵀ); checkpoint weights, LayerNorm not folded, biases left out.
+(tied: W_Eᵀ); checkpoint weights, LayerNorm not folded, biases left out. Every family: under GQA W_V^(i) is
+the weights of query head i's KV head; rotary does not act on the OV circuit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headprune.anatomy.attribution import unembedding
+from headprune.anatomy.attribution import token_embedding, unembedding
 from headprune.anatomy.geometry import one_thread
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
@@ -32,7 +33,7 @@ def copying_score(eigenvalues: Tensor) -> Tensor:
 @torch.no_grad()
 def ov_circuit_cores(model: GPT2) -> dict[int, Tensor]:
     """{layer: [h, d_k, d_k]} cores W_O^(i) (W_U W_E) W_V^(i), float64."""
-    W_E = model.wte.weight.double()  # [V, d]
+    W_E = token_embedding(model).double()  # [V, d]
     gram = unembedding(model).double().T @ W_E  # [d, d] = W_U W_E (W_U = unembedding rowsᵀ)
     return {layer: model.h[layer].attn.W_O.double() @ gram @ model.h[layer].attn.W_V.double()
             for layer in model.active_layers}

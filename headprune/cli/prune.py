@@ -25,6 +25,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterative", type=int, default=1, dest="steps", metavar="STEPS",
                    help="prune in STEPS steps, re-scoring the remaining heads between them")
     add_selection_args(p, "seed of the random selection (--method random)")
+    p.add_argument("--uniform", action="store_true",
+                   help="grouped-query models: the best prune by --method that keeps the same query and KV head "
+                        "counts in every layer and group, so --format hf loads at smaller shapes")
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
                    help="mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
                         "ablating these heads together (Li & Janson 2024), fitted jointly on --score-data")
@@ -37,6 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from headprune.io.export import export_hf, export_native
     from headprune.io.files import check_writable, read_scores
+    from headprune.models.gpt2 import GPT2
     from headprune.models.heads import format_heads, parse_head_spec
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
@@ -58,8 +62,20 @@ def run(args: argparse.Namespace) -> None:
     score_ids = None
     if compensate != "none" or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
         score_ids = data_from_args(args, model, args.score_data, "validation")
-    if args.heads is not None:
-        heads = parse_head_spec(args.heads, model)
+    uniform = None
+    if args.uniform:
+        from headprune.pruning.uniform import uniform_heads
+
+        if args.scores is None or args.steps != 1 or args.per_layer:
+            raise HeadpruneError("--uniform needs --scores and --method, and no --iterative or --per-layer")
+        scores = read_scores(args.scores)
+        check_scores_match(scores, model, args.scores)
+        uniform = uniform_heads(model, scores, args.method, args.fraction, args.count, args.normalize,
+                                args.standardize, args.seed)
+        print(f"uniform prune: {len(uniform)} heads removed, the nearest loadable shape to the "
+              f"{round(args.fraction * len(model.head_ids)) if args.fraction is not None else args.count} asked")
+    if args.heads is not None or uniform is not None:
+        heads = parse_head_spec(args.heads, model) if uniform is None else uniform
         fills = None
         if compensate == "mean" and score_ids is not None:
             fills = head_means(model, score_ids, w, show_progress=not args.quiet)
@@ -89,4 +105,9 @@ def run(args: argparse.Namespace) -> None:
         after = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
+    if args.format == "hf":
+        from headprune.io.family_export import hf_layout
+
+        print(hf_layout(pruned) if not isinstance(pruned, GPT2) else
+              "hf export: original shapes with the removed heads zeroed (GPT-2 derives its head size from d/h)")
     print(f"saved {args.format} checkpoint -> {args.out}")

@@ -22,6 +22,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_bootstrap_arg(p)
     add_seed_arg(p, "seed of the bootstrap resampling")
     p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
+    p.add_argument("--unit", choices=["head", "group"], default="head",
+                   help="group (grouped-query models): one row per KV group, each score summed over its query "
+                        "heads, plus abl_zero_group (the whole group ablated jointly) and how well the sums "
+                        "predict it (Spearman with a bootstrap interval)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -35,13 +39,34 @@ def run(args: argparse.Namespace) -> None:
     methods = parse_methods(args.methods)
     model = load_from_args(args)
     w = windowing_from_args(args, model)
+    if args.unit == "group":
+        from headprune.scoring.groups import require_groups
+
+        require_groups(model)
     ids = data_from_args(args, model)
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
     scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet,
                          bootstrap=args.bootstrap, seed=args.seed)
-    if not finish_sweep(progress, scored.table, out):
+    table, extra = scored.table, {}
+    if args.unit == "group":
+        from headprune.scoring.groups import group_ablation, group_table, summed_vs_joint
+
+        sums = group_ablation(model, ids, w, args.ablation_rows or 8)
+        fit = summed_vs_joint(model, sums, args.bootstrap, args.seed)
+        table = group_table(model, scored.table, fit["joint"])
+        extra = {"groups": fit["groups"], "summed_vs_joint_spearman": fit["spearman"],
+                 "summed_vs_joint_ci": [fit["lo"], fit["hi"]]}
+    if not finish_sweep(progress, table, out):
         return
+    if extra:
+        from headprune.io.files import write_json
+
+        write_json(out.with_name(out.stem + ".groups.json"), extra)
+        if not args.json:
+            print(f"summed single-head abl_zero vs abl_zero_group over {extra['groups']} KV groups: Spearman rho = "
+                  f"{extra['summed_vs_joint_spearman']:.3f} (95% interval {extra['summed_vs_joint_ci'][0]:.3f} to "
+                  f"{extra['summed_vs_joint_ci'][1]:.3f}, {args.bootstrap} bootstrap replicates over windows)")
     summary = {"out": str(out), "heads": len(scored.table), "fold_value_bias": args.fold_value_bias,
-               "seconds": scored.seconds}
+               "seconds": scored.seconds} | extra
     summary |= {"baseline": scored.baseline} if scored.baseline else {}
     print(json.dumps(summary) if args.json else f"scored {len(scored.table)} heads with {', '.join(methods)} -> {out}")

@@ -146,7 +146,8 @@ def tokenize_corpus(texts: Sequence[Source], tokenizer, cache_dir: str | os.Path
 
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise HeadpruneError("tokenizer has no eos token; use a GPT-2 style tokenizer with <|endoftext|>")
+        raise HeadpruneError("the tokenizer has no eos token (documents are joined by it); use a tokenizer that "
+                             "declares one (GPT-2's <|endoftext|>, an eos_token in tokenizer_config.json)")
     texts = list(texts)
     if not texts:
         raise HeadpruneError("no documents to tokenize; give a non-empty corpus")

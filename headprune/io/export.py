@@ -121,6 +121,10 @@ def export_native(model: GPT2, folder: str | os.PathLike, overwrite: bool = Fals
     """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.loading.load_model` reloads:
     config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the tokenizer files
     of ``model.origin.folder``, and headprune_export.json (what was removed, plus ``metadata``)."""
+    if not isinstance(model, GPT2):  # Llama, Mistral, Qwen, GPT-NeoX
+        from headprune.io.family_export import export_family_native
+
+        return export_family_native(model, folder, overwrite, metadata)
     marker = {"format": "native", "source": model.origin.source,
               "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
     return _write_export(folder, _writer(model, model.cfg, model.state_dict(), marker), overwrite)
@@ -129,6 +133,10 @@ def export_native(model: GPT2, folder: str | os.PathLike, overwrite: bool = Fals
 def export_hf(model: GPT2, folder: str | os.PathLike, overwrite: bool = False, metadata: dict | None = None) -> Path:
     """Save a (pruned) model as a plain GPT-2 checkpoint for stock ``GPT2LMHeadModel``: original shapes, every
     removed head's Q/K/V columns, biases and W_O rows zeroed (its mean compensation is already in b_O)."""
+    if not isinstance(model, GPT2):  # compact when the prune is uniform, else zeroed (headprune.io.family_export)
+        from headprune.io.family_export import export_family_hf
+
+        return export_family_hf(model, folder, overwrite, metadata)
     full = dataclasses.replace(model.cfg, kept_heads=[list(range(model.cfg.n_heads))] * model.cfg.n_layers)
     marker = {"format": "hf", "source": model.origin.source,
               "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}

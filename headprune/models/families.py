@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from headprune.models.base import HeadConfig, HeadModel
 from headprune.models.llama import Decoder, DecoderConfig
@@ -137,3 +138,19 @@ REGISTRY: dict[str, Family] = {
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")),
 }
 SUPPORTED = ("gpt2", *REGISTRY)  # every model_type headprune loads (gpt2: headprune.models.gpt2.GPT2)
+
+
+def model_type(model: Any) -> str:
+    """The HF ``model_type`` of a loaded model: "gpt2", a decoder's ``cfg.family`` or "gpt_neox"."""
+    if isinstance(model, NeoX):
+        return "gpt_neox"
+    family = getattr(model.cfg, "family", None)
+    return family if isinstance(family, str) else "gpt2"
+
+
+def layout_text(model: Any) -> str:
+    """The attention layout in words, e.g. "grouped-query attention, 4 query / 2 KV heads per layer"."""
+    cfg = model.cfg
+    kind = "multi-head" if cfg.n_kv_heads == cfg.n_heads else "grouped-query"
+    return (f"{kind} attention, {cfg.n_heads} query / {cfg.n_kv_heads} KV heads per layer "
+            f"({cfg.group_size} query head(s) per KV head)")

@@ -54,7 +54,9 @@ def attention_flops_per_token(model: HeadModel, seq_len: int) -> int:
 def format_info(model: HeadModel, seq_len: int) -> str:
     cfg = model.cfg
     params, attn = param_table(model), attention_table(model, seq_len)
-    family = getattr(cfg, "family", type(model).__name__.lower())
+    from headprune.models.families import model_type
+
+    family = model_type(model)
     lines = [
         f"model: {model.origin.source} ({family})",
         (f"config: n_layers={cfg.n_layers} n_heads={cfg.n_heads} n_kv_heads={cfg.n_kv_heads} d_model={cfg.d_model} "

@@ -20,6 +20,10 @@ from headprune.models.gpt2 import GPT2
 
 def param_table(model: GPT2) -> pd.DataFrame:
     """Tidy parameter counts: one row per (layer, component); layer -1 for embeddings and the final norm."""
+    if not isinstance(model, GPT2):  # another family: its own ledger
+        from headprune.models.family_ledger import param_table as family_params
+
+        return family_params(model)
     rows = [
         {"layer": -1, "component": "wte (tied LM head)" if model.lm_head is None else "wte", "params": model.wte.weight.numel()},
         {"layer": -1, "component": "wpe", "params": model.wpe.weight.numel()},
@@ -41,6 +45,12 @@ def param_table(model: GPT2) -> pd.DataFrame:
 
 def wo_table(model: GPT2) -> pd.DataFrame:
     """W_O per layer: heads kept, weights, bias, total, FLOPs per token (2·h·d_k·d)."""
+    if not isinstance(model, GPT2):  # another family: b_O counts where its checkpoint stores one
+        from headprune.models.family_ledger import attention_table
+
+        t = attention_table(model, 1)
+        return t.assign(W_O_total=t.W_O_weights + t.b_O)[["layer", "heads", "W_O_weights", "b_O", "W_O_total",
+                                                          "W_O_flops_per_token"]]
     d = model.cfg.d_model
     rows = []
     for layer, blk in enumerate(model.h):
@@ -53,6 +63,10 @@ def wo_table(model: GPT2) -> pd.DataFrame:
 
 def attention_flops_per_token(model: GPT2, seq_len: int) -> int:
     """Attention FLOPs per token at context ``seq_len``: Q/K/V and W_O projections plus QKᵀ and A·V."""
+    if not isinstance(model, GPT2):  # K/V projections of h_kv heads only
+        from headprune.models.family_ledger import attention_flops_per_token as family_flops
+
+        return family_flops(model, seq_len)
     d, total = model.cfg.d_model, 0
     for blk in model.h:
         hd = blk.attn.n_heads * blk.attn.d_head

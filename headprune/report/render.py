@@ -139,7 +139,9 @@ def make_content(scores, curves, settings, baseline) -> Content:
                       findings(scores, curves, pred))
     score_data, eval_data = _setting(settings, SCORE_DATA_KEYS), _setting(settings, EVAL_DATA_KEYS)
     content.facts = [
-        ("Model", f"{settings.get('model', 'not recorded')} (fingerprint {scores['model_fingerprint'].iloc[0]})"),
+        ("Model", f"{settings.get('model', 'not recorded')} (fingerprint {scores['model_fingerprint'].iloc[0]})"
+                  + (f"; {settings['family']}, {settings['attention']}; unit: {settings['unit']}"
+                     if "family" in settings else "")),
         ("Heads scored on", score_data or "not recorded in settings"),
         ("Curves (perplexity) measured on", eval_data or "not recorded in settings"),
         ("Heads", f"{len(scores)} ({scores['layer'].nunique()} layers)"),
