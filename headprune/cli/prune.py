@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> None:
             raise HeadpruneError("--uniform needs --scores and --method, and no --iterative or --per-layer")
         scores = read_scores(args.scores)
         check_scores_match(scores, model, args.scores)
-        uniform = uniform_heads(model, scores, args.method, args.fraction, args.count, args.normalize,
-                                args.standardize, args.seed)
+        uniform = uniform_heads(model, scores, args.method, args.fraction, args.count, selection_from_args(args))
         print(f"uniform prune: {len(uniform)} heads removed, the nearest loadable shape to the "
               f"{round(args.fraction * len(model.head_ids)) if args.fraction is not None else args.count} asked")
     if args.heads is not None or uniform is not None:

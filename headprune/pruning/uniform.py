@@ -17,6 +17,7 @@ import pandas as pd
 
 from headprune.errors import HeadpruneError
 from headprune.models.base import Head, HeadModel
+from headprune.pruning.options import DEFAULT_SELECTION, Selection
 from headprune.pruning.selection import _adjusted_scores, _check_amount, _check_frame, _how_many
 
 
@@ -32,8 +33,7 @@ def _layer_choice(values: dict[int, float], groups: list[list[int]], n_groups: i
 
 
 def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction: float | None = None,
-                  count: int | None = None, normalize: str | None = None, standardize: bool = False,
-                  seed: int = 0) -> list[Head]:
+                  count: int | None = None, selection: Selection = DEFAULT_SELECTION) -> list[Head]:
     """The heads to remove (least important first) for the best uniform prune near the asked amount."""
     from headprune.models.families import model_type
 
@@ -47,7 +47,7 @@ def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction:
         raise HeadpruneError("--uniform needs the unpruned model (every layer with all its heads)")
     _check_amount(fraction, count)
     frame = _check_frame(scores)
-    adjusted = _adjusted_scores(frame, method, normalize, standardize, seed)
+    adjusted = _adjusted_scores(frame, method, selection)
     values = {(int(l), int(h)): float(v) for l, h, v in zip(frame["layer"], frame["head"], adjusted)}
     L, h, r = cfg.n_layers, cfg.n_heads, cfg.group_size
     k = _how_many(L * h, fraction, count, "the model")
