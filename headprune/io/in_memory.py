@@ -44,7 +44,7 @@ def from_hf(hf_model: PreTrainedModel) -> GPT2:
 
     config = hf_model.config.to_dict() if isinstance(hf_model, transformers.PreTrainedModel) else {}
     if isinstance(hf_model, transformers.GPT2LMHeadModel):
-        model: nn.Module = _from_gpt2(hf_model, config)
+        model: GPT2 | HeadModel = _from_gpt2(hf_model, config)
     elif (family := REGISTRY.get(config.get("model_type", ""))) is not None and isinstance(
             hf_model, getattr(transformers, family.architecture)):
         model = _from_family(hf_model, family, config)
@@ -53,14 +53,14 @@ def from_hf(hf_model: PreTrainedModel) -> GPT2:
                              f"{type(hf_model).__name__}")
     name = config.get("_name_or_path") or ""
     folder = Path(name).expanduser() if name and Path(name).expanduser().is_dir() else None  # its tokenizer
-    model.origin = Origin(name or f"in-memory {type(hf_model).__name__}", folder)
+    model.origin = Origin(f"in-memory {type(hf_model).__name__}" + (f" from {name}" if name else ""), folder)
     return cast(GPT2, model.eval().requires_grad_(False))  # every family has GPT-2's per-head interface
 
 
 def _tied(hf_model: PreTrainedModel) -> bool:
     """Whether the LM head is the embedding's tensor (not merely configured to be)."""
     out, emb = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
-    return out is not None and out.weight.data_ptr() == emb.weight.data_ptr()
+    return out is not None and cast(Tensor, out.weight).data_ptr() == cast(Tensor, emb.weight).data_ptr()
 
 
 def _from_gpt2(hf_model: GPT2LMHeadModel, config: dict) -> GPT2:
