@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from headprune.schema import IMPORTANCE_METHODS, METHOD_LABELS, TRUTH, ci_columns, method_columns
+from headprune.schema import (
+    ABLATION_METHODS,
+    ACTIVATION_METHODS,
+    GRADIENT_METHODS,
+    IMPORTANCE_METHODS,
+    METHOD_LABELS,
+    TRUTH,
+    WEIGHT_METHODS,
+    ci_columns,
+    method_columns,
+)
 
 if TYPE_CHECKING:
     from headprune.anatomy import Anatomy
@@ -46,11 +56,15 @@ def _page(title: str, facts: Sequence[tuple[str, Any]], sections: Sequence[tuple
     return "".join(parts) + "</div>"
 
 
+#: The order a summary prefers its ranking column in: abl_zero (what the cheap scores are judged against), then
+#: the most direct measures first (ablation, gradients, activations, weights).
+PREFERENCE = (TRUTH, *(m for m in ABLATION_METHODS + GRADIENT_METHODS + ACTIVATION_METHODS + WEIGHT_METHODS
+                       if m in IMPORTANCE_METHODS and m != TRUTH))
+
+
 def main_method(table: pd.DataFrame) -> str | None:
-    """The importance column a summary ranks by: ``abl_zero`` (what the cheap scores are judged against) when
-    scored, else the first importance method present in canonical order (None without one)."""
-    present = [m for m in method_columns(table) if m in IMPORTANCE_METHODS]
-    return TRUTH if TRUTH in present else (present[0] if present else None)
+    """The importance column a summary ranks by: the first of :data:`PREFERENCE` in ``table`` (None without one)."""
+    return next((m for m in PREFERENCE if m in table.columns), None)
 
 
 def top_heads(table: pd.DataFrame, column: str, top: int) -> pd.DataFrame:

@@ -43,14 +43,15 @@ from headprune import (
     tokens,
 )
 from headprune.perplexity import Windowing
+from headprune.scoring import HeadScores
 
 from helpers import TINY
 
 SEQ = 64
 METHODS = "wo_fro,grad,abl_zero"
 HEAD_ID = re.compile(r"<td>(L\d+H\d+)</td>")
-FAMILY_SIZES = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                    vocab_size=300, max_position_embeddings=64)
+FAMILY_SIZES = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
+                "vocab_size": 300, "max_position_embeddings": 64}
 
 
 def _trained_in_memory(seed: int, **config) -> GPT2LMHeadModel:
@@ -92,7 +93,7 @@ def test_import_headprune_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", headprune.__version__]
     code = "from headprune import HeadpruneError; import sys; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
 def test_every_public_name_is_its_module_object():
@@ -229,7 +230,9 @@ def test_scores_html_lists_the_top_heads_and_the_key_numbers(ids):
     assert f"tokens: <b>{scored.baseline['tokens']:,}</b>" in page and scored.baseline["tokens"] > 200
     assert f"baseline NLL: <b>{nll:.4g}</b>" in page and f"perplexity: <b>{math.exp(nll):.4g}</b>" in page
     assert scored.table.model_fingerprint[0][:12] in page
-    weights_only = score_heads(model, None, "wo_fro", show_progress=False)._repr_html_()  # no ablation: wo_fro
+    no_ablation = HeadScores(scored.table.drop(columns=["abl_zero", "abl_zero_ci_lo", "abl_zero_ci_hi"]))
+    assert HEAD_ID.findall(no_ablation._repr_html_()) == _expected_top(scored.table, "grad", 10)  # grad before wo_fro
+    weights_only = score_heads(model, None, "wo_fro", show_progress=False)._repr_html_()  # no data at all
     assert HEAD_ID.findall(weights_only) == _expected_top(scored.table, "wo_fro", 10)
     assert "tokens" not in weights_only
 
