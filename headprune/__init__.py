@@ -1,3 +1,99 @@
-"""headprune: which attention heads of a GPT-2 model matter, and what pruning the rest costs."""
+"""headprune: which attention heads of a GPT-2 model matter, and what pruning the rest costs.
+
+The functions a notebook calls, importable from here (each loads its module, and torch, on first use, so
+``import headprune`` and ``headprune --help`` stay light)::
+
+    from headprune import load_model, tokens, score_heads
+    model = load_model("stdlib-gpt2-mini")
+    scored = score_heads(model, tokens("default", "validation", model, 16384), "wo_fro,grad")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "load_model": "headprune.io.loading",
+    "model_tokenizer": "headprune.io.tokenizer",
+    "tokens": "headprune.io.tokenizer",
+    "load_texts": "headprune.data.sources",
+    "corpus_ids": "headprune.data.tokens",
+    "from_hf": "headprune.io.in_memory",
+    "to_hf": "headprune.io.in_memory",
+    "export_native": "headprune.io.export",
+    "export_hf": "headprune.io.export",
+    "evaluate": "headprune.perplexity",
+    "score_heads": "headprune.scoring",
+    "head_means": "headprune.scoring",
+    "joint_constants": "headprune.scoring",
+    "prune_model": "headprune.pruning.prune",
+    "pruning_curves": "headprune.pruning.curves",
+    "learn_gates": "headprune.pruning.gates",
+    "Selection": "headprune.pruning.options",
+    "Compensation": "headprune.pruning.options",
+    "CurveOptions": "headprune.pruning.options",
+    "head_anatomy": "headprune.anatomy",
+    "corpus_rows": "headprune.anatomy",
+    "repeated_random_tokens": "headprune.anatomy",
+    "HeadpruneError": "headprune.errors",
+}
+
+__all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks they agree)
+    "Compensation",
+    "CurveOptions",
+    "HeadpruneError",
+    "Selection",
+    "__version__",
+    "corpus_ids",
+    "corpus_rows",
+    "evaluate",
+    "export_hf",
+    "export_native",
+    "from_hf",
+    "head_anatomy",
+    "head_means",
+    "joint_constants",
+    "learn_gates",
+    "load_model",
+    "load_texts",
+    "model_tokenizer",
+    "prune_model",
+    "pruning_curves",
+    "repeated_random_tokens",
+    "score_heads",
+    "to_hf",
+    "tokens",
+]
+
+if TYPE_CHECKING:
+    from headprune.anatomy import corpus_rows, head_anatomy, repeated_random_tokens
+    from headprune.data.sources import load_texts
+    from headprune.data.tokens import corpus_ids
+    from headprune.errors import HeadpruneError
+    from headprune.io.export import export_hf, export_native
+    from headprune.io.in_memory import from_hf, to_hf
+    from headprune.io.loading import load_model
+    from headprune.io.tokenizer import model_tokenizer, tokens
+    from headprune.perplexity import evaluate
+    from headprune.pruning.curves import pruning_curves
+    from headprune.pruning.gates import learn_gates
+    from headprune.pruning.options import Compensation, CurveOptions, Selection
+    from headprune.pruning.prune import prune_model
+    from headprune.scoring import head_means, joint_constants, score_heads
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (PEP 562), and keep the name here."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'headprune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -60,6 +60,11 @@ class Anatomy:
     pairs: pd.DataFrame
     attribution: Attribution
 
+    def _repr_html_(self) -> str:  # Jupyter's view: the key numbers and the top heads
+        from headprune.display import anatomy_html
+
+        return anatomy_html(self)
+
 
 def corpus_rows(ids: Tensor, seq_len: int, rows: int) -> Tensor:
     """The first ``rows`` non-overlapping windows of ``seq_len`` tokens of 1-D ``ids``: (n, seq_len), n ≤ rows

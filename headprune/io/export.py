@@ -137,15 +137,16 @@ def export_hf(model: GPT2, folder: str | os.PathLike, overwrite: bool = False, m
         from headprune.io.family_export import export_family_hf
 
         return export_family_hf(model, folder, overwrite, metadata)
-    full = dataclasses.replace(model.cfg, kept_heads=[list(range(model.cfg.n_heads))] * model.cfg.n_layers)
     marker = {"format": "hf", "source": model.origin.source,
               "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
-    return _write_export(folder, _writer(model, full, _dense_state(model), marker), overwrite)
+    full, state = dense_state(model)
+    return _write_export(folder, _writer(model, full, state, marker), overwrite)
 
 
-def _dense_state(model: GPT2) -> dict[str, Tensor]:
-    """The state of ``model`` at the full n_heads width: every head it lacks has zero Q/K/V columns (weights
-    and biases) and zero W_O rows, so it contributes exactly 0 (z_i = A·0 = 0, then 0·W_O^(i) = 0)."""
+def dense_state(model: GPT2) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """The config and state (our keys, copies) of ``model`` at the full n_heads width: every head it lacks has
+    zero Q/K/V columns (weights and biases) and zero W_O rows, so it contributes exactly 0 (z_i = A·0 = 0, then
+    0·W_O^(i) = 0). What ``export_hf`` writes and :func:`headprune.io.in_memory.to_hf` loads."""
     cfg, H, dk = model.cfg, model.cfg.n_heads, model.cfg.d_head
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for layer, kept in enumerate(cfg.kept_heads):
@@ -157,4 +158,4 @@ def _dense_state(model: GPT2) -> dict[str, Tensor]:
         state[pre + "c_attn.bias"] = w.new_zeros(3 * H * dk).index_copy_(0, cols, attn.c_attn.bias.detach())
         wo = attn.c_proj.weight.detach()
         state[pre + "c_proj.weight"] = wo.new_zeros(H * dk, cfg.d_model).index_copy_(0, rows, wo)
-    return state
+    return dataclasses.replace(cfg, kept_heads=[list(range(H))] * cfg.n_layers), state

@@ -35,7 +35,11 @@ def convert_state_dict(state: dict[str, T], cfg: ModelConfig) -> dict[str, T]:
     return out
 
 
+def hf_key(key: str) -> str:
+    """Our key -> the Hugging Face GPT2LMHeadModel key (``transformer.`` prefix but for the LM head)."""
+    return key if key.startswith("lm_head.") else "transformer." + key
+
+
 def hf_tensors(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our keys -> Hugging Face GPT2LMHeadModel keys (``transformer.`` prefix), contiguous CPU copies."""
-    return {(k if k.startswith("lm_head.") else "transformer." + k): v.detach().cpu().contiguous().clone()
-            for k, v in state.items()}
+    """Our keys -> Hugging Face GPT2LMHeadModel keys, contiguous CPU copies."""
+    return {hf_key(k): v.detach().cpu().contiguous().clone() for k, v in state.items()}

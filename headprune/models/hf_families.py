@@ -53,7 +53,7 @@ def read_family_config(folder: Path):
         raise HeadpruneError(f"{folder / 'config.json'} is not a usable {hf['model_type']} config ({err})") from None
 
 
-def _zero_filled(cfg, key: str) -> bool:
+def zero_filled(cfg, key: str) -> bool:
     """Whether our ``key`` may be absent from the checkpoint: b_O of a family without an o_proj bias."""
     return not cfg.o_bias and key.endswith((".attn.o_proj.bias", ".attn.dense.bias"))
 
@@ -77,7 +77,7 @@ def load_family_model(
     if cfg.tie_word_embeddings:  # a tied checkpoint may still store the head: the embedding is used
         ours = {k: v for k, v in ours.items() if not v.startswith(family.lm_head + ".")}
     names = {our: hf for hf, our in ours.items()}  # ours -> HF key
-    missing = sorted(k for k in expected if k not in names and not _zero_filled(cfg, k))
+    missing = sorted(k for k in expected if k not in names and not zero_filled(cfg, k))
     unexpected = sorted(hf for hf, our in ours.items() if our not in expected)
     if missing or unexpected:
         raise HeadpruneError(f"{folder} is not a {type(cfg).__name__} checkpoint matching its config: missing "

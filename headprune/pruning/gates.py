@@ -103,6 +103,11 @@ class GateResult:
     history: list[dict] = field(default_factory=list)  # per checkpoint: step, loss, nll, open (means since the last)
     steps_run: int = 0  # steps this call computed (the others came from the progress file)
 
+    def _repr_html_(self) -> str:  # Jupyter's view: the key numbers and the top heads
+        from headprune.display import gates_html
+
+        return gates_html(self)
+
 
 def _split(flat: Tensor, model: GPT2) -> list[Tensor | None]:
     """[B, N] layer-major gates -> per layer [B, n_heads_l] (None for a layer without heads)."""

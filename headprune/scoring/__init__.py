@@ -60,6 +60,11 @@ class HeadScores:
     seconds: dict[str, float] = field(default_factory=dict)  # per family
     optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
 
+    def _repr_html_(self) -> str:  # Jupyter's view: the key numbers and the top heads
+        from headprune.display import scores_html
+
+        return scores_html(self)
+
 
 def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
     return lambda it: tqdm(it, desc=desc, disable=not show, leave=False)

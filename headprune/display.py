@@ -1,0 +1,140 @@
+"""How results show themselves in a notebook: short HTML summaries (the key numbers, then the top heads).
+
+Torch-free. ``HeadScores._repr_html_`` (:mod:`headprune.scoring`), ``Anatomy._repr_html_`` (:mod:`headprune.anatomy`)
+and ``GateResult._repr_html_`` (:mod:`headprune.pruning.gates`) call these; each function also takes ``top``, the
+number of heads listed, for a longer list than Jupyter's default.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from headprune.schema import (
+    ABLATION_METHODS,
+    ACTIVATION_METHODS,
+    GRADIENT_METHODS,
+    IMPORTANCE_METHODS,
+    METHOD_LABELS,
+    TRUTH,
+    WEIGHT_METHODS,
+    ci_columns,
+    method_columns,
+)
+
+if TYPE_CHECKING:
+    from headprune.anatomy import Anatomy
+    from headprune.pruning.gates import GateResult
+    from headprune.scoring import HeadScores
+
+#: The anatomy columns listed, with what a high value means.
+ANATOMY_ROLES = {"induction": "induction", "previous_token": "previous token", "duplicate_token": "duplicate token",
+                 "dla": "direct logit attribution", "copying": "copying"}
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "—" if math.isnan(value) else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _page(title: str, facts: Sequence[tuple[str, Any]], sections: Sequence[tuple[str, str]]) -> str:
+    """A title, one line of ``label: value`` facts, then each (caption, table)."""
+    line = " · ".join(f"{html.escape(k)}: <b>{_cell(v)}</b>" for k, v in facts)
+    parts = [f"<div class='headprune'><b>{html.escape(title)}</b><p>{line}</p>"]
+    parts += [f"<p>{html.escape(caption)}</p>{table}" for caption, table in sections]
+    return "".join(parts) + "</div>"
+
+
+#: The order a summary prefers its ranking column in: abl_zero (what the cheap scores are judged against), then
+#: the most direct measures first (ablation, gradients, activations, weights).
+PREFERENCE = (TRUTH, *(m for m in ABLATION_METHODS + GRADIENT_METHODS + ACTIVATION_METHODS + WEIGHT_METHODS
+                       if m in IMPORTANCE_METHODS and m != TRUTH))
+
+
+def main_method(table: pd.DataFrame) -> str | None:
+    """The importance column a summary ranks by: the first of :data:`PREFERENCE` in ``table`` (None without one)."""
+    return next((m for m in PREFERENCE if m in table.columns), None)
+
+
+def top_heads(table: pd.DataFrame, column: str, top: int) -> pd.DataFrame:
+    """The ``top`` rows with the highest ``column`` (ties in (layer, head) order; NaN never listed)."""
+    rows = table.dropna(subset=[column]).sort_values(["layer", "head"])
+    return rows.sort_values(column, ascending=False, kind="stable").head(top)
+
+
+def _fingerprint(table: pd.DataFrame) -> str:
+    return str(table["model_fingerprint"].iloc[0])[:12] if "model_fingerprint" in table and len(table) else "?"
+
+
+def scores_html(scores: HeadScores, top: int = 10) -> str:
+    """The model's fingerprint, heads, methods, tokens and baseline NLL / perplexity (where ablation ran), then the
+    ``top`` heads by :func:`main_method` with their 95% intervals."""
+    table = scores.table
+    methods = method_columns(table)
+    facts: list[tuple[str, Any]] = [("model", _fingerprint(table)), ("heads", len(table)),
+                                    ("methods", ", ".join(methods))]
+    if scores.baseline is not None:
+        nll = float(scores.baseline["nll"])
+        facts += [("tokens", f"{int(scores.baseline['tokens']):,}"), ("baseline NLL", nll),
+                  ("perplexity", math.exp(nll))]
+    if scores.seconds:
+        facts.append(("seconds", round(sum(scores.seconds.values()), 1)))
+    method = main_method(table)
+    if method is None:
+        return _page("headprune scores", facts, [])
+    best = top_heads(table, method, top)
+    lo, hi = ci_columns(method)
+    header = ["rank", "head", method] + (["95% interval"] if lo in best else [])
+    rows = [[i + 1, r["head_id"], float(r[method])] + ([f"[{r[lo]:.4g}, {r[hi]:.4g}]"] if lo in best else [])
+            for i, (_, r) in enumerate(best.iterrows())]
+    caption = f"top {len(rows)} heads by {method}: {METHOD_LABELS.get(method, method)}"
+    return _page("headprune scores", facts, [(caption, _table(header, rows))])
+
+
+def anatomy_html(anatomy: Anatomy, top: int = 3) -> str:
+    """Per role (induction, previous token, duplicate token, DLA, copying): the ``top`` heads with the highest
+    score; then the strongest composition of each kind."""
+    heads = anatomy.heads
+    facts: list[tuple[str, Any]] = [("heads", len(heads)), ("layers", heads["layer"].nunique()),
+                                    ("pairs composed", len(anatomy.composition))]
+    rows = []
+    for column, label in ANATOMY_ROLES.items():
+        best = top_heads(heads, column, top)
+        rows.append([label, ", ".join(f"{r['head_id']} ({r[column]:.3g})" for _, r in best.iterrows())])
+    sections = [(f"the top {top} heads per role", _table(["role", "heads (score)"], rows))]
+    comp = anatomy.composition
+    kinds = [k for k in ("q_comp", "k_comp", "v_comp") if k in comp and len(comp)]
+    if kinds:
+        best_rows = [comp.sort_values(k, ascending=False, kind="stable").iloc[0] for k in kinds]
+        strongest = [[k, r["head_a_id"], r["head_b_id"], float(r[k])] for k, r in zip(kinds, best_rows)]
+        sections.append(("the strongest composition of each kind (writer → reader)",
+                         _table(["kind", "writer", "reader", "score"], strongest)))
+    return _page("headprune anatomy", facts, sections)
+
+
+def gates_html(result: GateResult, top: int = 10) -> str:
+    """Steps, the last logged loss / NLL / open fraction, the closed heads, and the ``top`` heads least likely
+    to stay open."""
+    facts: list[tuple[str, Any]] = [("model", _fingerprint(result.table)), ("heads", len(result.table)),
+                                    ("closed", len(result.closed))]
+    if result.history:
+        last = result.history[-1]
+        facts += [("step", last["step"]), ("loss", float(last["loss"])), ("NLL", float(last["nll"])),
+                  ("open", float(last["open"]))]
+    closed = set(result.closed)
+    least = result.table.sort_values(["layer", "head"]).sort_values("gate", kind="stable").head(top)
+    rows = [[i + 1, r["head_id"], float(r["gate"]), "closed" if (r["layer"], r["head"]) in closed else ""]
+            for i, (_, r) in enumerate(least.iterrows())]
+    caption = f"the {len(rows)} heads least likely open: P(gate open)"
+    return _page("headprune gates", facts, [(caption, _table(["rank", "head", "gate", ""], rows))])

@@ -1,0 +1,135 @@
+"""Models already in memory: a transformers model in (:func:`from_hf`), a transformers ``GPT2LMHeadModel`` out
+(:func:`to_hf`), without a checkpoint on disk.
+
+``from_hf`` reads the model the way :func:`headprune.io.loading.load_model` reads its saved copy: the config
+through ``ModelConfig.from_hf`` (a family's ``read_config``) on ``config.to_dict()``, the weights renamed by
+:func:`~headprune.io.hf_keys.convert_state_dict` (a family's ``our_key``), so scoring the two gives the same
+numbers. ``to_hf`` builds the state ``export_hf`` writes (:func:`~headprune.io.export.dense_state`: original
+shapes, every removed head's Q/K/V columns, biases and W_O rows zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from headprune.errors import HeadpruneError
+from headprune.io.export import dense_state
+from headprune.io.hf_keys import convert_state_dict, hf_key
+from headprune.models.base import HeadModel, Origin
+from headprune.models.families import REGISTRY, Family
+from headprune.models.gpt2 import GPT2, ModelConfig
+from headprune.models.hf_families import zero_filled
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel, PreTrainedModel
+
+#: The transformers classes :func:`from_hf` takes.
+FROM_HF_CLASSES = ("GPT2LMHeadModel", *(f.architecture for f in REGISTRY.values()))
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # GELU's tanh approximation, as models.gpt2.MLP computes it
+
+
+def from_hf(hf_model: PreTrainedModel) -> GPT2:
+    """headprune's model with the weights of an in-memory transformers model (copies, on its device and dtype,
+    in eval mode): a ``GPT2LMHeadModel`` gives a :class:`GPT2`, a ``*ForCausalLM`` of :data:`FROM_HF_CLASSES`
+    its family's model (same per-head interface).
+
+    An LM head that does not share the embedding's tensor is kept as its own weight, whatever the config says
+    (``tie_word_embeddings``), so a model fine-tuned in memory computes what it computed there."""
+    import transformers
+
+    config = hf_model.config.to_dict() if isinstance(hf_model, transformers.PreTrainedModel) else {}
+    if isinstance(hf_model, transformers.GPT2LMHeadModel):
+        model: GPT2 | HeadModel = _from_gpt2(hf_model, config)
+    elif (family := REGISTRY.get(config.get("model_type", ""))) is not None and isinstance(
+            hf_model, getattr(transformers, family.architecture)):
+        model = _from_family(hf_model, family, config)
+    else:
+        raise HeadpruneError(f"from_hf takes a transformers {', '.join(FROM_HF_CLASSES)}; got "
+                             f"{type(hf_model).__name__}")
+    name = config.get("_name_or_path") or ""
+    folder = Path(name).expanduser() if name and Path(name).expanduser().is_dir() else None  # its tokenizer
+    model.origin = Origin(f"in-memory {type(hf_model).__name__}" + (f" from {name}" if name else ""), folder)
+    return cast(GPT2, model.eval().requires_grad_(False))  # every family has GPT-2's per-head interface
+
+
+def _tied(hf_model: PreTrainedModel) -> bool:
+    """Whether the LM head is the embedding's tensor (not merely configured to be)."""
+    out, emb = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
+    return out is not None and cast(Tensor, out.weight).data_ptr() == cast(Tensor, emb.weight).data_ptr()
+
+
+def _from_gpt2(hf_model: GPT2LMHeadModel, config: dict) -> GPT2:
+    if config.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+        raise HeadpruneError(f"the model's activation_function is {config['activation_function']!r}; headprune's "
+                             f"GPT-2 computes {GPT2_ACTIVATIONS[0]}")
+    try:
+        cfg = ModelConfig.from_hf({**config, "tie_word_embeddings": _tied(hf_model)})
+    except (KeyError, ValueError, TypeError) as err:
+        raise HeadpruneError(f"the model's config is not a usable GPT-2 config ({err})") from None
+    return cast(GPT2, _assign(GPT2, cfg, convert_state_dict(hf_model.state_dict(), cfg)))
+
+
+def _from_family(hf_model: PreTrainedModel, family: Family, config: dict) -> HeadModel:
+    try:
+        cfg = family.read_config({**config, "tie_word_embeddings": _tied(hf_model)})
+    except (KeyError, ValueError, TypeError) as err:
+        raise HeadpruneError(f"the model's config is not a usable {config['model_type']} config ({err})") from None
+    state = dict(hf_model.state_dict())
+    head = next(name for name, module in hf_model.named_modules() if module is hf_model.get_output_embeddings())
+    if head != family.lm_head:  # transformers 5 names GPT-NeoX's embed_out lm_head in memory (embed_out on disk)
+        state[f"{family.lm_head}.weight"] = state.pop(f"{head}.weight")
+    state = {our: v for k, v in state.items() if (our := family.our_key(k)) is not None}
+    if cfg.tie_word_embeddings:
+        state = {k: v for k, v in state.items() if not k.startswith(family.lm_head + ".")}
+    return cast(HeadModel, _assign(family.model_class, cfg, state, lambda key: zero_filled(cfg, key)))
+
+
+def _assign(model_class: Any, cfg: Any, state: dict[str, Tensor],
+            zero: Callable[[str], bool] = lambda key: False) -> nn.Module:
+    """``model_class(cfg)`` built on the meta device, then owning copies of ``state`` (checked against its
+    keys and shapes, and finite); a missing key that ``zero(key)`` allows (b_O of a family without an o_proj
+    bias) is zeros, on the device and dtype of the state's first weight."""
+    with torch.device("meta"):
+        model = model_class(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(k for k in set(expected) - set(state) if not zero(k))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise HeadpruneError(f"the model's weights do not match its config: missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}")
+    first = next(iter(state.values()))
+    copies = {}
+    for key, value in state.items():
+        if tuple(value.shape) != expected[key]:
+            raise HeadpruneError(f"weight {key} has shape {tuple(value.shape)}, the config implies {expected[key]}")
+        if not torch.isfinite(value).all():
+            raise HeadpruneError(f"the model's weights contain NaN or inf (first: {key})")
+        copies[key] = value.detach().clone()
+    for key in set(expected) - set(state):
+        copies[key] = torch.zeros(expected[key], device=first.device, dtype=first.dtype)
+    model.load_state_dict(copies, assign=True)
+    return model
+
+
+def to_hf(model: GPT2) -> GPT2LMHeadModel:
+    """A transformers ``GPT2LMHeadModel`` (eval mode, on the model's device and dtype) computing what ``model``
+    computes: a pruned model at its original shapes with the removed heads zero-filled (as ``export_hf``
+    writes it; a mean or optimal compensation is already in b_O)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if not isinstance(model, GPT2):
+        raise HeadpruneError(f"to_hf converts headprune's GPT2 into a GPT2LMHeadModel; got {type(model).__name__}")
+    full, state = dense_state(model)
+    config = GPT2Config(**full.to_hf(), dtype=model.dtype)
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(config)
+    result = hf.load_state_dict({hf_key(k): v for k, v in state.items()}, strict=False, assign=True)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}, result
+    if full.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()
