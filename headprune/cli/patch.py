@@ -10,7 +10,7 @@ from headprune.cli.common import load_from_args
 from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_flags, add_seed_arg
 from headprune.errors import HeadpruneError
 
-HELP = "which heads carry a behaviour: activation patching, AtP and AtP* on prompt pairs"
+HELP = "which heads carry a behaviour: activation patching and AtP*"
 APPROXIMATIONS = ("atp", "atp_star")
 
 
