@@ -123,6 +123,7 @@ def curve_train_ids(args: argparse.Namespace, model, eval_ids):
     from headprune.data.tokens import corpus_ids
     from headprune.io.tokenizer import model_tokenizer
 
-    train_ids = corpus_ids(args.train_data, "train", model_tokenizer(model))
-    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    tok = model_tokenizer(model)
+    train_ids = corpus_ids(args.train_data, "train", tok)
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     return train_ids

@@ -72,7 +72,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     tok = model_tokenizer(model)
     train_ids = corpus_ids(args.train_data, "train", tok, args.max_train_tokens)
     eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
-    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     fmt = args.format or marker.get("format", "native")
     n = model.cfg.n_positions
     measure = lambda m: evaluate(m, eval_ids, n, n, recipe.batch_size, progress=not args.quiet).as_dict()
