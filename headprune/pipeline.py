@@ -160,6 +160,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, score_ids, windowing, scores, tokenizer.decode, s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
+    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
+
+    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     report = build_report(scores, curves, out, settings, baseline, anatomy)
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

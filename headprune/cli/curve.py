@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
     from headprune.io.files import read_scores
+    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
     from headprune.pruning.recovered_curves import recovered_curves
@@ -108,9 +109,10 @@ def run(args: argparse.Namespace) -> None:
                                      optimal=optimal, per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize,
                                      seed=args.seed, progress=progress)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
+    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     if not finish_sweep(progress, curves, out):
         return
-    print(curves.drop(columns="fill_data").to_string(index=False, float_format="%.4f"))
+    print(curves.drop(columns=["fill_data", SCORES_DIGEST]).to_string(index=False, float_format="%.4f"))
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"-> {out}")

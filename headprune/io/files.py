@@ -88,11 +88,11 @@ def write_failure(err: BaseException) -> str | None:
     if isinstance(err, OSError):
         return err.strerror or str(err) or type(err).__name__
     text = str(err)
-    if isinstance(err, RuntimeError) or type(err).__name__ == "SafetensorError":
-        if any(mark in text for mark in _WRITER_FAILURES):
-            first = text.splitlines()[0] if text else type(err).__name__
-            return "No space left on device" if "No space left" in text or "StorageFull" in text else (
-                f"the writer failed: {first[:120]}")
+    native = isinstance(err, RuntimeError) or type(err).__name__ == "SafetensorError"
+    if native and any(mark in text for mark in _WRITER_FAILURES):
+        first = text.splitlines()[0] if text else type(err).__name__
+        return "No space left on device" if "No space left" in text or "StorageFull" in text else (
+            f"the writer failed: {first[:120]}")
     return None
 
 
@@ -104,7 +104,7 @@ def write_failures(target: str | os.PathLike):
         yield
     except HeadpruneError:
         raise
-    except Exception as err:  # noqa: BLE001 - filtered by write_failure; anything else is re-raised as it is
+    except Exception as err:
         if (reason := write_failure(err)) is None:
             raise
         raise HeadpruneError(f"cannot write {target} ({reason}); free space or choose another location") from None
