@@ -99,3 +99,17 @@ def test_reading_is_bounded_whatever_the_content(tiny_dir, tmp_path):
     base = _peak_mib(tiny_dir, small)
     for big in (nospace, lines):
         assert _peak_mib(tiny_dir, big) < base + 120, big.name
+
+
+def test_newline_cuts_are_exact_and_bound_the_pieces():
+    """One word per line: pieces end at newlines (none longer than 2 x PIECE_CHARS, not the 256 Ki fallback), and
+    their tokens are exactly the whole text's (GPT-2's pre-tokenizer never joins across such a newline)."""
+    from headprune.data import tokens
+    from headprune.io.tokenizer import _gpt2_bpe
+
+    text = "".join(f"word{i % 97}\n" for i in range(60_000))
+    pieces = list(tokens._pieces(text))
+    assert "".join(pieces) == text and len(pieces) > 3 and max(map(len, pieces)) <= 2 * tokens.PIECE_CHARS
+    tok = _gpt2_bpe()
+    whole = tok(text, add_special_tokens=False)["input_ids"]
+    assert [i for p in tok(pieces, add_special_tokens=False)["input_ids"] for i in p] == whole
