@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.io.loading import load_model
-from helpers import TINY, save_hf_gpt2
 
-from transformers import GPT2LMHeadModel
+from helpers import TINY, save_hf_gpt2
 
 
 def _run(capsys, argv):
