@@ -107,7 +107,7 @@ CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: STEPS fine-tuning steps (headprune.pruning.finetune); a table without it holds only unrecovered points.
 RECOVER_COLUMN = "recover_steps"
 FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
-TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN)  # kept as text when read from csv (a hex id may look numeric)
+TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")  # kept as text when read from csv (a hex id may look numeric)
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 0.9
 # `run`'s default: 0.9 left out so that the whole job (19 rankings, 10 random seeds, intervals) stays under 5 minutes
@@ -210,6 +210,10 @@ def check_scores(scores: pd.DataFrame, required: tuple[str, ...] = ID_COLUMNS, n
             df[column] = df[column].astype(str)
     for column in methods:
         df[column] = _as_float(df, column, "scores")
+        if not (finite := np.isfinite(df[column])).all():
+            bad = df.loc[~finite].iloc[0]
+            raise HeadpruneError(f"scores column {column} holds {df[column][~finite].iloc[0]} for L{bad['layer']}H"
+                                 f"{bad['head']}: a score must be a finite number; recompute the scores")
     expected = "L" + df["layer"].astype(str) + "H" + df["head"].astype(str)
     if "head_id" in df.columns and (bad := df["head_id"] != expected).any():
         raise HeadpruneError(f"scores head_id {df.loc[bad, 'head_id'].iloc[0]!r} does not match its layer and head")

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
     from headprune.io.files import read_scores
+    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
     from headprune.pruning.options import Compensation, CurveOptions
@@ -116,9 +117,10 @@ def run(args: argparse.Namespace) -> None:
         recovered = recovered_curves(model, ids, scores, variants, options, compensation, train_ids=train_ids,
                                      steps=args.recover, progress=progress, show_progress=not args.quiet)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
+    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     if not finish_sweep(progress, curves, out):
         return
-    print(curves.drop(columns="fill_data").to_string(index=False, float_format="%.4f"))
+    print(curves.drop(columns=["fill_data", SCORES_DIGEST]).to_string(index=False, float_format="%.4f"))
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"-> {out}")
@@ -131,6 +133,7 @@ def curve_train_ids(args: argparse.Namespace, model, eval_ids):
     from headprune.data.tokens import corpus_ids
     from headprune.io.tokenizer import model_tokenizer
 
-    train_ids = corpus_ids(args.train_data, "train", model_tokenizer(model))
-    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    tok = model_tokenizer(model)
+    train_ids = corpus_ids(args.train_data, "train", tok)
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     return train_ids

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headprune.cli.options import CORPUS_FORMS, add_data_args, add_device_args, add_finetune_args, add_run_flags
+from headprune.cli.options import (
+    CORPUS_FORMS,
+    add_data_args,
+    add_device_args,
+    add_finetune_args,
+    add_fold_arg,
+    add_run_flags,
+)
 from headprune.errors import HeadpruneError
 
 HELP = 'recover a pruned model by fine-tuning or distillation'
@@ -23,6 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_device_args(p)
     add_run_flags(p, "output directory for the recovered checkpoint",
                   overwrite_help="discard the checkpoint of a different earlier fine-tune and replace --out")
+    add_fold_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
 
 
@@ -52,6 +60,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     from headprune.io.tokenizer import model_tokenizer
     from headprune.perplexity import evaluate
     from headprune.pruning.finetune import Recipe, export_recovered, finetune, gap_recovered, load_pruned
+    from headprune.pruning.provenance import check_teacher
 
     if args.distill_weight is not None and args.teacher is None:
         raise HeadpruneError("--distill-weight needs --teacher ORIGINAL (the unpruned model to distil from)")
@@ -61,8 +70,16 @@ def run_finetune(args: argparse.Namespace) -> dict:
     check_export_target(out, args.overwrite)
     ckpt = checkpoint_path(args.out)
     check_writable(ckpt, file=True)
-    model, marker = load_pruned(args.pruned, args.device, args.dtype)
-    teacher = load_model(args.teacher, args.device, args.dtype) if args.teacher is not None else None
+    model, marker = load_pruned(args.pruned, args.device, args.dtype, args.fold_value_bias)
+    teacher = None
+    if args.teacher is not None:  # loaded as the export's source was (folded or not), then checked to be it
+        folded = bool(marker.get("fold_value_bias"))
+        teacher = load_model(args.teacher, args.device, args.dtype, fold_value_bias=folded)
+        check_teacher(teacher, model, marker, args.teacher)
+        if args.fold_value_bias and not folded:
+            from headprune.models.folding import fold_value_biases_
+
+            fold_value_biases_(teacher)
     alpha = (0.5 if args.distill_weight is None else args.distill_weight) if teacher is not None else 0.0
     recipe = Recipe(steps=args.train_steps, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
                     seq_len=args.seq_len, seed=args.seed, distill_weight=alpha, temperature=args.temperature,
@@ -70,7 +87,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     tok = model_tokenizer(model)
     train_ids = corpus_ids(args.train_data, "train", tok, args.max_train_tokens)
     eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
-    refuse_same_data(args.train_data, args.data, train_ids, eval_ids)
+    refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     fmt = args.format or marker.get("format", "native")
     n = model.cfg.n_positions
     measure = lambda m: evaluate(m, eval_ids, n, n, recipe.batch_size, progress=not args.quiet).as_dict()
@@ -90,6 +107,8 @@ def run_finetune(args: argparse.Namespace) -> dict:
 
 def format_summary(s: dict) -> str:
     """The lines ``headprune finetune`` prints."""
+    import math
+
     r = s["recipe"]
     kind = f"distilled (alpha {r['distill_weight']:g}, T {r['temperature']:g})" if r["distill_weight"] else "fine-tuned"
     lines = [(f"{kind} {r['steps']} steps on {s['train_data']} (train split, {s['train_tokens']:,} tokens): loss "
@@ -97,7 +116,9 @@ def format_summary(s: dict) -> str:
              (f"test perplexity on {s['eval_data']} ({s['before']['tokens']:,} tokens): {s['before']['ppl']:.3f} -> "
               f"{s['after']['ppl']:.3f} (delta NLL {s['after']['nll'] - s['before']['nll']:+.4f} nats/token)")]
     if s.get("teacher_eval"):
-        lines.append(f"teacher (unpruned) perplexity {s['teacher_eval']['ppl']:.3f}: "
-                     f"{100 * s['gap_recovered']:.1f}% of the pruning gap recovered")
+        gap = s["gap_recovered"]
+        said = (f"{100 * gap:.1f}% of the pruning gap recovered" if not math.isnan(gap) else
+                "pruning cost nothing against it (no gap to recover)")
+        lines.append(f"teacher (unpruned) perplexity {s['teacher_eval']['ppl']:.3f}: {said}")
     lines.append(f"saved {s['format']} checkpoint -> {s['out']}")
     return "\n".join(lines)

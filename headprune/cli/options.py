@@ -115,7 +115,7 @@ def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None
 
 def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap replicates (resampled windows) for the 95%% intervals; 0: no intervals")
+                   help="bootstrap replicates (resampled windows) for the 95%% intervals: 0 (no intervals) or at least 40")
 
 
 def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3, fractions=DEFAULT_FRACTIONS) -> None:
@@ -160,6 +160,12 @@ MAXIMUMS = {"seq_len": 1 << 16, "batch_size": 1 << 16, "ablation_rows": 1 << 16,
             "bootstrap": 100_000, "probe_count": 1 << 16, "rows": 1 << 16}
 
 
+#: The fewest bootstrap replicates a command accepts (besides 0): each 2.5% tail of a 95% percentile interval then
+#: holds at least one replicate (40 · 0.025 = 1); with fewer, an endpoint is the most extreme replicate itself, and
+#: with 1 replicate the "interval" is that replicate, which need not contain the estimate.
+MIN_REPLICATES = 40
+
+
 def check_counts(args) -> None:
     """The numeric options of every command, checked before any work (one rule per option, in every command)."""
     for dest, low in MINIMUMS.items():
@@ -168,6 +174,9 @@ def check_counts(args) -> None:
             raise HeadpruneError(f"{dest} {value} must be at least {low}", dest)
         if value is not None and dest in MAXIMUMS and value > MAXIMUMS[dest]:
             raise HeadpruneError(f"{dest} {value} is too large; use at most {MAXIMUMS[dest]}", dest)
+    if (b := getattr(args, "bootstrap", None)) is not None and 0 < b < MIN_REPLICATES:
+        raise HeadpruneError(f"bootstrap {b} is too few replicates for a 95% percentile interval: use 0 (no "
+                             f"intervals) or at least {MIN_REPLICATES}", "bootstrap")
     if (fraction := getattr(args, "fraction", None)) is not None and not 0 <= fraction <= 1:
         raise HeadpruneError(f"--fraction {fraction} must lie in [0, 1]")
     max_tokens = getattr(args, "max_tokens", None)

@@ -40,6 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from headprune.io.export import export_hf, export_native
     from headprune.io.files import check_writable, read_scores
+    from headprune.io.fingerprint import model_fingerprint
     from headprune.models.gpt2 import GPT2
     from headprune.models.heads import format_heads, parse_head_spec
     from headprune.models.ledger import pruning_stats
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace) -> None:
                                           show_progress=not args.quiet)
     stats = pruning_stats(model, pruned, w.seq_len)
     fill_data = fill_source(args, score_ids if compensate != "none" else None)
-    meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats}
+    meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats,
+            "source_fingerprint": model_fingerprint(model), "fold_value_bias": args.fold_value_bias}
     export = export_native if args.format == "native" else export_hf
     export(pruned, args.out, overwrite=args.overwrite, metadata=meta)
     print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")

@@ -44,15 +44,18 @@ def _cache_key(texts: Sequence[Source], tokenizer) -> str:
 
 
 #: Long documents are tokenized in pieces of about this many characters, cut where a space stands between two
-#: non-space characters: GPT-2's pre-tokenizer never joins across such a space, so the pieces' tokens are exactly
-#: the document's, and memory stays bounded however long a line is.
+#: non-space characters, or a newline between two letters or digits: byte-level BPE pre-tokenizers (GPT-2's, and
+#: the Llama-3 / Qwen regex) never join across such a space or newline, so the pieces' tokens are exactly the
+#: document's, and memory stays bounded however long a line is.
 PIECE_CHARS = 1 << 16
+#: No piece is longer than this, whatever the content: text without any such space or newline (one 50 MB "word")
+#: is cut here regardless, which may split one token in two at each such cut (one per 256 Ki characters).
+MAX_PIECE_CHARS = 1 << 18
 
 
-def _pieces(source: Source, size: int = PIECE_CHARS):
-    """The document in pieces of about ``size`` characters, each cut before a space that stands between two
-    non-space characters; a file is read chunk by chunk, so only about one chunk is held at a time. Where no
-    such space lies within ``size`` characters the piece runs on to the next one (the whole rest without any)."""
+def _pieces(source: Source, size: int = PIECE_CHARS, hard: int = MAX_PIECE_CHARS):
+    """The document in pieces of about ``size`` characters (see :data:`PIECE_CHARS`), never more than ``hard``; a
+    file is read chunk by chunk, so only about one chunk is held at a time."""
     chunks = iter([source] if isinstance(source, str) else source.chunks())
     text, start, more = "", 0, True  # text[start:] is what is read and not yet yielded
 
@@ -66,10 +69,12 @@ def _pieces(source: Source, size: int = PIECE_CHARS):
     while True:
         while more and len(text) - start <= size:
             read()
-        cut = _safe_cut(text, start, size) if len(text) - start > size else -1
-        if cut < 0 and more:  # no safe cut in what is read so far: read on
+        cut = _safe_cut(text, start, size, hard) if len(text) - start > size else -1
+        if cut < 0 and more and len(text) - start < hard:  # no safe cut in what is read so far: read on
             read()
             continue
+        if cut < 0 and len(text) - start > hard:  # no safe cut within ``hard`` characters: cut there anyway
+            cut = start + hard
         if cut < 0:
             yield text[start:]
             return
@@ -77,21 +82,35 @@ def _pieces(source: Source, size: int = PIECE_CHARS):
         start = cut
 
 
-def _safe_cut(text: str, start: int, size: int) -> int:
-    """In ``text[start:]``: the last space before ``start + size`` (else the first after it) between two non-space
-    characters, as an index of ``text``; -1: none."""
-    def safe(i: int) -> bool:
-        return start < i < len(text) - 1 and not text[i - 1].isspace() and not text[i + 1].isspace()
+def _safe_cut(text: str, start: int, size: int, hard: int = MAX_PIECE_CHARS) -> int:
+    """In ``text[start:start + hard]``: the last safe cut (see :data:`PIECE_CHARS`) before ``start + size``, else
+    the first after it, as an index of ``text``; -1: none."""
+    end = min(len(text), start + hard)
 
-    cut = text.rfind(" ", start + 1, start + size)
-    while cut > start and not safe(cut):
-        cut = text.rfind(" ", start + 1, cut)
-    if cut > start:
-        return cut
-    cut = text.find(" ", start + size)
-    while cut >= 0 and not safe(cut):
-        cut = text.find(" ", cut + 1)
-    return cut
+    def safe(i: int) -> bool:
+        if not start < i < len(text) - 1:
+            return False
+        if text[i] == " ":
+            return not text[i - 1].isspace() and not text[i + 1].isspace()
+        return text[i - 1].isalnum() and text[i + 1].isalnum()
+
+    best = -1
+    for mark in (" ", "\n"):
+        cut = text.rfind(mark, start + 1, min(start + size, end))
+        while cut > start and not safe(cut):
+            cut = text.rfind(mark, start + 1, cut)
+        if cut > start:
+            best = max(best, cut)
+    if best > start:
+        return best
+    after = []
+    for mark in (" ", "\n"):
+        cut = text.find(mark, start + size, end)
+        while 0 <= cut and not safe(cut):
+            cut = text.find(mark, cut + 1, end)
+        if cut >= 0:
+            after.append(cut)
+    return min(after) if after else -1
 
 
 def _stream_ids(texts: Sequence[Source], tokenizer, eos: int, limit: int | None) -> torch.Tensor:

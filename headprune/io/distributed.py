@@ -54,6 +54,9 @@ def init_from_env(device: str = "auto") -> None:
     if use_cuda:
         torch.cuda.set_device(_env_int("LOCAL_RANK", "0"))
     timeout = _env_int("HEADPRUNE_DIST_TIMEOUT", str(JOIN_TIMEOUT))
+    if timeout <= 0:
+        raise HeadpruneError(f"environment variable HEADPRUNE_DIST_TIMEOUT={timeout} must be a positive number of "
+                             "seconds (default 60)")
     addr = os.environ["MASTER_ADDR"]
     try:  # the rendezvous of init_method env://, with a short timeout (torchrun's agent may host the store)
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -223,6 +226,7 @@ def run_units(jobs: list[tuple[str, Callable[[], Any]]], progress, bar: Callable
     rank, world = rank_and_world()
     if world == 1:
         return {key: progress.get_or_compute(key, fn) for key, fn in bar(jobs)}
+    agree(getattr(progress, "key", None), getattr(progress, "settings", None))
     done = {key for key, _ in jobs if key in progress}
     everyone: list[set[str]] = [set()] * world
     _gather(everyone, done)
@@ -240,6 +244,25 @@ def run_units(jobs: list[tuple[str, Callable[[], Any]]], progress, bar: Callable
     _gather(shards, mine)
     merged = {key: value for shard in shards for key, value in shard.items()}
     return {key: merged[key] for key, _ in jobs}  # job order, whatever the rank that computed it
+
+
+def agree(key: str | None, settings: dict | None = None) -> None:
+    """HeadpruneError on every rank unless all ranks run the same sweep: the same fingerprint of model, data and
+    settings (``key``). Checked before any unit is shared out, so a rank started with another model or option
+    never contributes wrong values under rank 0's fingerprint. The message names the first differing setting."""
+    world = rank_and_world()[1]
+    everyone: list[Any] = [None] * world
+    _gather(everyone, (key, settings))
+    differ = [r for r, (k, _) in enumerate(everyone) if k != everyone[0][0]]
+    if not differ:
+        return
+    r = differ[0]
+    mine, theirs = everyone[0][1] or {}, everyone[r][1] or {}
+    names = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    what = (f"{names[0]} ({str(mine.get(names[0]))[:40]!r} on rank 0, {str(theirs.get(names[0]))[:40]!r} on rank {r})"
+            if names else "their fingerprint")
+    raise HeadpruneError(f"the processes disagree on {what}: rank {r} of {world} runs another model, data or "
+                         "settings; start every rank with the same model, data and options")
 
 
 def _gather(out: list, obj: Any) -> None:

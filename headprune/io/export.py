@@ -25,7 +25,15 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import clear_stale_temporaries, current_umask, ensure_dir, glob_escape, pid_alive, temp_prefix
+from headprune.io.files import (
+    clear_stale_temporaries,
+    current_umask,
+    ensure_dir,
+    glob_escape,
+    pid_alive,
+    temp_prefix,
+    write_failures,
+)
 from headprune.io.hf_keys import hf_tensors
 from headprune.models.gpt2 import GPT2, Attention
 from headprune.models.gpt2_config import ModelConfig
@@ -87,14 +95,13 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
     clear_stale_temporaries(folder)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder), suffix=".tmp", dir=ensure_dir(folder.parent)))
     try:
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
-        write(tmp)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _replace_dir(tmp, folder)
-    except OSError as err:
-        raise HeadpruneError(f"cannot write export {folder} ({err.strerror or err})") from None
+        with write_failures(f"export {folder}"):  # a full disk in safetensors' writer too: one line, no folder
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
+            write(tmp)
+            for f in tmp.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            _replace_dir(tmp, folder)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

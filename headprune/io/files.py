@@ -66,14 +66,48 @@ def atomic_path(target: str | os.PathLike):
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        yield Path(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, target)
+        with write_failures(target):
+            yield Path(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the usual permissions
+            os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+#: What the native writers say when the disk fails them: torch.save's zip writer (``inline_container.cc``) and
+#: safetensors' serializer (``IoError``) raise RuntimeError / SafetensorError, not OSError, on a full disk.
+_WRITER_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed", "IoError", "No space left")
+
+
+def write_failure(err: BaseException) -> str | None:
+    """The one-line reason a write failed, where ``err`` is the machine's fault (an OSError, or a native writer's
+    I/O failure); None for anything else (a bug, shown with its traceback)."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err) or type(err).__name__
+    text = str(err)
+    native = isinstance(err, RuntimeError) or type(err).__name__ == "SafetensorError"
+    if native and any(mark in text for mark in _WRITER_FAILURES):
+        first = text.splitlines()[0] if text else type(err).__name__
+        return "No space left on device" if "No space left" in text or "StorageFull" in text else (
+            f"the writer failed: {first[:120]}")
+    return None
+
+
+@contextlib.contextmanager
+def write_failures(target: str | os.PathLike):
+    """Turn a failed write of ``target`` (full disk, I/O error, ... from Python or a native writer) into one
+    HeadpruneError line; the caller's temporaries are its own to remove."""
+    try:
+        yield
+    except HeadpruneError:
+        raise
+    except Exception as err:
+        if (reason := write_failure(err)) is None:
+            raise
+        raise HeadpruneError(f"cannot write {target} ({reason}); free space or choose another location") from None
 
 
 @contextlib.contextmanager

@@ -127,6 +127,7 @@ def load_model(
         return family.eval().requires_grad_(False)
     cfg = read_config(folder)
     reader = CheckpointReader(folder)
+    cfg = untie_if_distinct(cfg, reader)
     names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key
     specs = {key: reader.specs[raw] for key, raw in names.items()}
     with torch.device("meta"):  # shapes only: nothing is allocated, an absurd config included
@@ -165,6 +166,21 @@ def load_model(
         fold_value_biases_(model)
         model.to(dtype=dtype)  # parameter by parameter: the float32 model plus one cast tensor at the peak
     return model.eval().requires_grad_(False)
+
+
+def untie_if_distinct(cfg, reader, head: str = "lm_head.weight", embedding: str = "transformer.wte.weight"):
+    """``cfg`` untied where a tied config's checkpoint stores its own LM head with other values than the
+    embedding, as transformers loads it (both present and different: it does not tie them)."""
+    import dataclasses
+
+    if not cfg.tie_word_embeddings or head not in reader.specs:
+        return cfg
+    embedding = embedding if embedding in reader.specs else embedding.removeprefix("transformer.")
+    if embedding not in reader.specs or reader.specs[head] != reader.specs[embedding]:
+        return cfg
+    if torch.equal(reader.get(head), reader.get(embedding)):
+        return cfg
+    return dataclasses.replace(cfg, tie_word_embeddings=False)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -39,6 +39,7 @@ class Progress:
         self.path = Path(path)
         self.others = [Path(p) for p in others]
         self.key = fingerprint(**settings)
+        self.settings = settings
         self.units: dict[str, Any] = {}
         # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill).
         self._kill_after = int(os.environ.get("HEADPRUNE_TEST_KILL_AFTER_UNITS", "0"))

@@ -338,6 +338,9 @@ class HeadModel(nn.Module):
         need_weights: bool = False,
     ) -> Tensor:
         """tokens (B,T) -> logits (B,T,vocab)."""
+        from headprune.models.gpt2 import check_token_tensor
+
+        check_token_tensor(tokens, self.cfg.vocab_size)
         return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
 
     def ones_gates(self, requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> list[Tensor]:

@@ -29,6 +29,17 @@ from headprune.models.base import Capture, Origin
 from headprune.models.gpt2_config import ModelConfig
 
 
+def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
+    """HeadpruneError unless ``tokens`` is an integer tensor of ids in [0, vocab_size) (an id outside would be an
+    index error deep in the embedding, or on a GPU a device-side assert)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8):
+        raise HeadpruneError(f"token ids must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) (min {int(tokens.min())}, "
+                             f"max {int(tokens.max())}); use the model's own tokenizer")
+
+
+
 class Conv1D(nn.Module):
     """GPT-2's linear layer: y = x W + b with W stored [in, out]."""
 
@@ -225,6 +236,7 @@ class GPT2(nn.Module):
         T = tokens.shape[1]
         if T > self.cfg.n_positions:
             raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+        check_token_tensor(tokens, self.cfg.vocab_size)
         return self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
 
     def run_blocks(

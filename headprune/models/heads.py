@@ -68,8 +68,21 @@ def check_head(model_or_cfg: GPT2 | ModelConfig, layer: int, head: int) -> None:
 
 
 def check_heads(model_or_cfg: GPT2 | ModelConfig, heads: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Validate (layer, head) pairs against the model; return them deduplicated and sorted."""
-    out = sorted({(int(layer), int(head)) for layer, head in heads})
+    """Validate (layer, head) pairs against the model; return them deduplicated and sorted. Each index must be a
+    whole number (an int, or a numpy/torch integer): 1.5 or True is refused, never rounded."""
+    import numbers
+
+    def index(x) -> int:
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) and not (
+                hasattr(x, "dtype") and getattr(x, "ndim", 1) == 0 and "int" in str(x.dtype)):
+            raise HeadpruneError(f"head index {x!r} must be a whole number (layer, head), e.g. (0, 1)")
+        return int(x)
+
+    try:
+        pairs = [(index(layer), index(head)) for layer, head in heads]
+    except (TypeError, ValueError):
+        raise HeadpruneError("heads must be (layer, head) pairs of whole numbers, e.g. [(0, 1), (2, 3)]") from None
+    out = sorted(set(pairs))
     for layer, head in out:
         check_head(model_or_cfg, layer, head)
     return out

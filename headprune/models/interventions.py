@@ -51,6 +51,9 @@ def check_fills(model: GPT2, heads: list[Head], fills: Mapping[Head, Tensor] | N
             raise HeadpruneError(
                 f"fill of head {head_id(*h)} has shape {tuple(f.shape)}, expected ({model.cfg.d_head},)"
             )
+        if not f.is_floating_point() or not bool(torch.isfinite(f).all()):
+            raise HeadpruneError(f"fill of head {head_id(*h)} must hold finite floating-point numbers (NaN, inf or "
+                                 "integers would corrupt b_O)")
         out[h] = f
     return out
 

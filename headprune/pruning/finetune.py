@@ -270,23 +270,27 @@ def read_marker(folder: str | os.PathLike) -> dict:
     return marker
 
 
-def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32) -> tuple[GPT2, dict]:
+def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fold_value_bias: bool = False
+                ) -> tuple[GPT2, dict]:
     """A pruned export (``headprune prune --out``) as a physically pruned model, and its export record.
 
     ``native`` exports load at their smaller shapes. ``hf`` exports hold the original shapes with the removed
-    heads zeroed: those heads are removed again (exactly: they contribute 0), so training cannot revive them."""
+    heads zeroed: those heads are removed again (exactly: they contribute 0, checked), so training cannot revive
+    them. ``fold_value_bias``: fold the value biases of the heads left into b_O (logits unchanged)."""
     from headprune.io.loading import load_model
     from headprune.models.heads import parse_head_id
+    from headprune.pruning.provenance import check_removed_heads_zero
     from headprune.pruning.prune import prune_model
 
     marker = read_marker(folder)
-    model = load_model(folder, device=device, dtype=dtype)
+    model = load_model(folder, device=device, dtype=dtype, fold_value_bias=fold_value_bias)
     if marker.get("format") == "hf" and marker.get("removed_heads"):
         try:
             heads = [parse_head_id(h) for h in marker["removed_heads"]]
         except (HeadpruneError, TypeError, AttributeError):
             raise HeadpruneError(f"{folder}: the export record lists malformed removed heads; the export is damaged"
                                  ) from None
+        check_removed_heads_zero(model, heads, folder)
         model = prune_model(model, heads)
     return model, marker
 

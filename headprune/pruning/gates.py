@@ -209,14 +209,20 @@ def learn_gates(
     history: list[dict] = []
     start = 0
     if (saved := _latest_checkpoint(progress, prefix)) is not None:
-        with torch.no_grad():
-            log_alpha.copy_(torch.tensor(saved["log_alpha"], dtype=torch.float32))
-            lambdas.copy_(torch.tensor(saved["lambdas"], dtype=torch.float32))
-        _load_optimizer(opt, saved["opt"])
-        if lam_opt is not None:
-            _load_optimizer(lam_opt, saved["lam_opt"])
-        gen.set_state(torch.tensor(bytearray.fromhex(saved["rng"]), dtype=torch.uint8))
-        start, history = saved["step"], saved["history"]
+        try:  # a hand-edited or damaged record: one line, never a KeyError from deep inside
+            with torch.no_grad():
+                log_alpha.copy_(torch.tensor(saved["log_alpha"], dtype=torch.float32))
+                lambdas.copy_(torch.tensor(saved["lambdas"], dtype=torch.float32))
+            _load_optimizer(opt, saved["opt"])
+            if lam_opt is not None:
+                _load_optimizer(lam_opt, saved["lam_opt"])
+            gen.set_state(torch.tensor(bytearray.fromhex(saved["rng"]), dtype=torch.uint8))
+            start, history = int(saved["step"]), list(saved["history"])
+            if not 0 <= start <= steps:
+                raise ValueError(f"step {start}")
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+            raise HeadpruneError(f"a gate checkpoint in the progress file is damaged ({type(err).__name__}: "
+                                 f"{str(err)[:60]}); pass --overwrite to start afresh") from None
 
     warmup = max(1, round(WARMUP * steps))
     sums = {"loss": 0.0, "nll": 0.0, "open": 0.0, "n": 0}

@@ -47,6 +47,9 @@ def prune_iteratively(
     model.require_heads("pruning by scores")
     if steps < 1:
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
+    if steps > 1 and method == "gate":  # a learned column, not a scoring method: nothing can re-score it
+        raise HeadpruneError("gates cannot be re-scored between iterative steps (--iterative / steps > 1): prune "
+                             "by gate in one step (the learned gates), or iterate by a scoring method")
     if needs_score_data(method, steps, compensate) and data is None:
         raise HeadpruneError(f"re-scoring by {method} or compensation needs scoring data")
     score_ids, windowing = (data.ids, data.windowing) if data is not None else (None, None)

@@ -164,8 +164,8 @@ def select_heads(
 
 
 def check_scores_match(scores: pd.DataFrame, model: GPT2, source: str | None = None) -> None:
-    """HeadpruneError unless the table's heads are exactly the model's heads and, when the table has a
-    ``model_fingerprint`` column, it equals :func:`headprune.io.fingerprint.model_fingerprint` of the model."""
+    """HeadpruneError unless the table's heads are exactly the model's heads, its scores finite, and its
+    ``model_fingerprint`` column (required) equals :func:`headprune.io.fingerprint.model_fingerprint` of the model."""
     from headprune.io.fingerprint import model_fingerprint
 
     frame = _check_frame(scores)
@@ -178,11 +178,10 @@ def check_scores_match(scores: pd.DataFrame, model: GPT2, source: str | None = N
         detail = (f"it has {len(extra)} head(s) the model lacks (first {head_id(*extra[0])})" if extra
                   else f"it lacks {len(lacking)} of the model's heads (first {head_id(*lacking[0])})")
         raise HeadpruneError(f"{name} is from another model: {detail}; {hint}")
-    if "model_fingerprint" in frame.columns:
-        prints = set(frame["model_fingerprint"].astype(str))
-        mine = model_fingerprint(model)
-        if prints != {mine}:
-            raise HeadpruneError(
-                f"{name} is from another model (fingerprint {min(prints)}, this model's is "
-                f"{mine}); {hint}"
-            )
+    if "model_fingerprint" not in frame.columns:  # every table headprune writes has it: the column was removed
+        raise HeadpruneError(f"{name} has no model_fingerprint column, so nothing says which model it scores; "
+                             f"{hint}")
+    prints = set(frame["model_fingerprint"].astype(str))
+    mine = model_fingerprint(model)
+    if prints != {mine}:
+        raise HeadpruneError(f"{name} is from another model (fingerprint {min(prints)}, this model's is {mine}); {hint}")

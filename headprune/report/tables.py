@@ -70,6 +70,16 @@ def check_together(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict) -
     if len(prints) == 2 and prints[0] != prints[1]:
         raise HeadpruneError(f"the scores (model {min(prints[0])}) and the curves (model {min(prints[1])}) come from "
                              "different models; use the tables of one run")
+    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
+
+    if SCORES_DIGEST in curves.columns and (ranked := set(curves[SCORES_DIGEST].astype(str))) != {
+            mine := scores_digest(scores)}:
+        raise HeadpruneError(f"the curves were ranked by another scores table (digest {min(ranked)}, these scores "
+                             f"{mine}): they come from another run; use the scores and curves of one run")
+    everything = curves.loc[curves["fraction"] == 1, "heads_pruned"]
+    if len(everything) and (n := int(everything.max())) != len(scores):
+        raise HeadpruneError(f"the scores table has {len(scores)} heads but the curves' model has {n} (all pruned at "
+                             "fraction 1): head rows are missing or added; use the tables of one run")
     zero = curves[(curves["fraction"] == 0) & (curves["compensation"] == "none")]
     if len(zero) and (gap := float((zero["nll"] - baseline["nll"]).abs().max())) > BASELINE_TOL:
         raise HeadpruneError(f"the curves' unpruned NLL differs from the baseline's {baseline['nll']:.4f} by {gap:.4f}: "

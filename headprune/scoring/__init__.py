@@ -25,12 +25,13 @@ import torch
 from tqdm.auto import tqdm
 
 from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
+from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
 from headprune.models.gpt2 import GPT2
-from headprune.models.heads import head_id
+from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
 from headprune.schema import METHODS, parse_methods
@@ -96,6 +97,8 @@ def score_heads(
     """
     methods = parse_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
+    if ids is not None:
+        check_ids(ids, model.cfg.vocab_size, "score_heads")
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
     families = [f for f in FAMILIES if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
@@ -166,7 +169,8 @@ def optimal_constants(
     ablated, as abl_opt defines it) on ``ids``, for ``heads`` (default: every head). Resumable: the mean
     outputs per batch, then a unit per layer."""
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
-    wanted = model.head_ids if heads is None else sorted(set(heads))
+    wanted = model.head_ids if heads is None else check_heads(model, heads)
+    check_ids(ids, model.cfg.vocab_size, "optimal_constants")
     means = head_means(model, ids, windowing, progress, show_progress)
     batches = windowing.batches(ids)
     rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
@@ -197,7 +201,8 @@ def joint_constants(
     """{(layer, head): c} for removing ``heads`` together with optimal compensation: the constants that minimise
     the NLL on ``ids`` with all of them ablated at once (:func:`~headprune.scoring.optimal.fit_set`, from their
     mean outputs ``means``, measured here when not given). Never worse than mean compensation on ``ids``."""
-    heads = sorted(set(heads))
+    heads = check_heads(model, heads)
+    check_ids(ids, model.cfg.vocab_size, "joint_constants")
     if not heads:
         return {}
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)

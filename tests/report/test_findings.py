@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from headprune.errors import HeadpruneError
 from headprune.report import build_report
 from headprune.report.findings import findings
 from headprune.report.render import flatten
@@ -114,8 +115,10 @@ def test_pruning_order_is_the_ascending_score_order():
         order = sorted(range(n), key=lambda i: (scores[method][i], scores["layer"][i], scores["head"][i]))
         for step, i in enumerate(order, 1):
             assert grid.loc[scores["layer"][i], scores["head"][i]] == step
-    with_nan = check_scores(make_scores())  # taylor has a NaN: no order
-    assert pruning_order(with_nan, "taylor") is None
+    with_nan = make_scores()
+    with_nan.loc[5, "taylor"] = float("nan")  # a NaN score is refused, never silently left out of the order
+    with pytest.raises(HeadpruneError, match="must be a finite number"):
+        check_scores(with_nan)
 
 
 def test_layer_counts_count_the_lowest_heads_per_layer():

@@ -221,8 +221,9 @@ def test_auc_nan_with_one_class_and_no_truth_skips():
     one = make_scores(layers=1, heads=1)
     assert predictiveness(one)[["r2", "spearman_rho", "kendall_tau", "roc_auc_top10"]].isna().all().all()
     scores = make_scores(methods=["wo_fro", "abl_zero"])
-    scores.loc[~top_heads_mask(scores), "wo_fro"] = np.nan  # only positives keep a score
-    assert math.isnan(predictiveness(scores)["roc_auc_top10"].iloc[0])
+    scores.loc[~top_heads_mask(scores), "wo_fro"] = np.nan  # only positives keep a score: refused (issue 26)
+    with pytest.raises(HeadpruneError, match="must be a finite number"):
+        predictiveness(scores)
     empty = predictiveness(make_scores(methods=["wo_fro", "entropy"]))
     assert empty.empty and list(empty.columns) == list(PREDICTIVENESS_COLUMNS)
 

@@ -101,9 +101,11 @@ def test_selection_errors(kwargs, words):
 
 
 def test_scores_must_match_the_model(tiny):
-    s = _scores([[1, 2, 3, 4]] * 3)
+    bare = _scores([[1, 2, 3, 4]] * 3)
+    with pytest.raises(HeadpruneError, match="no model_fingerprint column"):  # issue 26: a deleted column is refused
+        check_scores_match(bare, tiny)
+    s = bare.assign(model_fingerprint=model_fingerprint(tiny))
     check_scores_match(s, tiny)
-    check_scores_match(s.assign(model_fingerprint=model_fingerprint(tiny)), tiny)
     with pytest.raises(HeadpruneError, match="scores file x.csv is from another model.*fingerprint"):
         check_scores_match(s.assign(model_fingerprint="0123456789abcdef"), tiny, "x.csv")
     with pytest.raises(HeadpruneError, match="from another model.*lacks 1"):
