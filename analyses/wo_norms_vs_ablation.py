@@ -10,7 +10,7 @@ from scipy.stats import kendalltau, spearmanr
 
 from analyses.common import save, setup
 from headprune.report import markdown_table
-from headprune.report.plots import label_points, layer_legend, scatter_by_layer
+from headprune.report.plots.scatters import label_points, layer_legend, scatter_by_layer
 from headprune.schema import METHOD_UNITS
 from headprune.scoring import score_heads
 

@@ -11,7 +11,7 @@ from analyses.common import save, setup
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.options import Compensation, CurveOptions
 from headprune.report import markdown_table
-from headprune.report.plots import label_points, layer_legend, scatter_by_layer
+from headprune.report.plots.scatters import label_points, layer_legend, scatter_by_layer
 from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("zero_vs_mean_ablation", __doc__)

@@ -51,10 +51,10 @@ def main() -> None:
     _, t_fwd = _timed(lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False))
     means = score_heads(model, ids, "abl_mean", w, show_progress=False)  # mean_z (and abl_mean) once
     ctx = ScoringContext(model, w.batches(ids), ["abl_mean", "abl_opt"], 8, optimal_steps=args.steps)
-    ctx.outputs["mean_z"] = torch.stack([means.means[h] for h in model.head_ids]).double()
+    ctx.side.mean_z = torch.stack([means.means[h] for h in model.head_ids]).double()
     fit = OptimalFit()
     results, t_fit = _timed(lambda: {k: fn() for k, fn in fit.units(ctx)})
-    ctx.outputs |= fit.combine(ctx, results)
+    ctx.side.update(fit.combine(ctx, results).side)
     ablation = AblationScores()
     units = dict(ablation.units(ctx))
 
@@ -63,7 +63,7 @@ def main() -> None:
 
     mean_results, t_mean = _timed(lambda: sweep("abl_mean"))
     opt_results, t_opt = _timed(lambda: sweep("abl_opt"))
-    scores = ablation.combine(ctx, mean_results | opt_results)
+    scores = ablation.combine(ctx, mean_results | opt_results).scores
     gain = scores["abl_mean"] - scores["abl_opt"]
     fe = lambda t: t / t_fwd
     print(f"forward over the scoring windows: {t_fwd:.2f} s (= 1 forward-equivalent)")

@@ -19,7 +19,7 @@ from headprune.schema import (
     ACTIVATION_METHODS,
     GRADIENT_METHODS,
     IMPORTANCE_METHODS,
-    METHOD_LABELS,
+    METHOD_SPECS,
     TRUTH,
     WEIGHT_METHODS,
     ci_columns,
@@ -98,7 +98,7 @@ def scores_html(scores: HeadScores, top: int = 10) -> str:
     header = ["rank", "head", method] + (["95% interval"] if lo in best else [])
     rows = [[i + 1, r["head_id"], float(r[method])] + ([f"[{r[lo]:.4g}, {r[hi]:.4g}]"] if lo in best else [])
             for i, (_, r) in enumerate(best.iterrows())]
-    caption = f"top {len(rows)} heads by {method}: {METHOD_LABELS.get(method, method)}"
+    caption = f"top {len(rows)} heads by {method}: {METHOD_SPECS[method].label if method in METHOD_SPECS else method}"
     return _page("headprune scores", facts, [(caption, _table(header, rows))])
 
 

@@ -65,8 +65,12 @@ class RunSettings:
     optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
     learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
     gate_steps: int = 200  # training steps per fraction
-    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt); those that rank heads
-    #                                      also get curves
+    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt; abl_opt with
+    #                                      `optimal`); those that rank heads also get curves. Parsed once, here:
+    #                                      afterwards the method names in canonical order
+
+    def __post_init__(self) -> None:
+        self.methods = tuple(parse_methods([*self.methods, *(["abl_opt"] if self.optimal else [])]))
 
 
 def _fields(s: RunSettings) -> dict:
@@ -81,7 +85,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     """
     check_writable(s.out)
     reuse_freed_memory()  # 25% faster evaluations on glibc, no number changes (headprune.runtime)
-    methods = parse_methods([*s.methods, *(["abl_opt"] if s.optimal else [])])
+    methods = list(s.methods)
     ranked = [m for m in methods if m in IMPORTANCE_METHODS]
     if not ranked:
         raise HeadpruneError(f"methods {', '.join(methods)} rank no heads (a description only); add one of "

@@ -9,6 +9,9 @@ Curves: one row per (method, compensation, fraction), columns :data:`CURVE_COLUM
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -21,26 +24,75 @@ DEFAULT_MAX_TOKENS = 8192
 
 # ---------------------------------------------------------------- methods
 
-WEIGHT_METHODS = ("wo_fro", "wo_spec", "ov_fro", "ov_spec")
-ACTIVATION_METHODS = ("out_norm", "fluct", "entropy")
-GRADIENT_METHODS = ("grad", "taylor")
-ABLATION_METHODS = ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
-RESAMPLE_METHODS = ("abl_resample",)  # resample ablation (scoring/resample.py): an ablation, its own family
-METHODS = WEIGHT_METHODS + ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS + RESAMPLE_METHODS  # `score`'s
-DATA_METHODS = ACTIVATION_METHODS + GRADIENT_METHODS + ABLATION_METHODS + RESAMPLE_METHODS  # bootstrap intervals
-# Left out of "all" (name them to get them): abl_opt is about 50 ablation sweeps, abl_resample K (default 4).
-COSTLY = ("abl_opt", "abl_resample")
-# Learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own scores tables.
-LEARNED_METHODS = ("gate",)
-ALL_METHODS = METHODS + LEARNED_METHODS  # every method column a scores table may hold
-DESCRIPTIVE = ("entropy",)  # not importances: never used to choose heads to prune
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What defines a method: everything else about methods (families, units, which ones rank) derives from
+    :data:`METHOD_TABLE`."""
+
+    name: str  # the scores column
+    family: str  # weights, activations, gradients, ablation, resample (computed by ``score``) or learned (trained)
+    unit: str  # of its score (colorbar and axis labels)
+    label: str  # what it measures, in one line
+    data_dependent: bool  # measured on data (a scored one gets bootstrap intervals); False: the weights alone
+    costly: bool = False  # left out of "all" (name it to get it)
+    descriptive: bool = False  # describes a head, never chooses heads to prune (higher is not more important)
+
+
+_WEIGHT_NORM, _DELTA_NLL = "weight norm", "ΔNLL, nats/token"
+
+#: Every method, in canonical order (the order of the columns of a scores table).
+METHOD_TABLE: tuple[MethodSpec, ...] = (
+    MethodSpec("wo_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's W_O block", False),
+    MethodSpec("wo_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's W_O block", False),
+    MethodSpec("ov_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's OV circuit", False),
+    MethodSpec("ov_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's OV circuit", False),
+    MethodSpec("out_norm", "activations", "residual-stream norm", "mean norm of the head's output z_i W_O^(i)", True),
+    MethodSpec("fluct", "activations", "residual-stream norm²",
+               "FLAP fluctuation: sum of Var(z_ij) times squared W_O row norms", True),
+    MethodSpec("entropy", "activations", "nats", "mean attention entropy (nats; a description)", True,
+               descriptive=True),
+    MethodSpec("grad", "gradients", "nats/token per unit gate", "mean |dL/dg| of the head gate (Michel et al.)", True),
+    MethodSpec("taylor", "gradients", "nats/token", "-dL/dg: first-order estimate of the NLL increase", True),
+    MethodSpec("abl_zero", "ablation", _DELTA_NLL, "NLL increase when zero-ablated (nats/token)", True),
+    MethodSpec("abl_zero_folded", "ablation", _DELTA_NLL,
+               "NLL increase when zero-ablated after value-bias folding (nats/token)", True),
+    MethodSpec("abl_mean", "ablation", _DELTA_NLL, "NLL increase when mean-ablated (nats/token)", True),
+    MethodSpec("abl_opt", "ablation", _DELTA_NLL,
+               "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
+               True, costly=True),  # about 50 ablation sweeps
+    MethodSpec("abl_resample", "resample", _DELTA_NLL,
+               "NLL increase when resample-ablated: z_i := its output on another window (nats/token)", True,
+               costly=True),  # K ablation sweeps (default 4)
+    # learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own tables
+    MethodSpec("gate", "learned", "P(gate open)",
+               "probability that the head's learned hard-concrete gate stays open (Voita et al.)", True),
+)
+METHOD_SPECS = {spec.name: spec for spec in METHOD_TABLE}
+LEARNED = "learned"  # the family trained by headprune.pruning.gates rather than computed by `score`
+#: family -> its methods, in canonical order
+METHOD_FAMILIES: dict[str, tuple[str, ...]] = {
+    family: tuple(s.name for s in METHOD_TABLE if s.family == family) for family in dict.fromkeys(
+        s.family for s in METHOD_TABLE)}
+
+WEIGHT_METHODS = METHOD_FAMILIES["weights"]
+ACTIVATION_METHODS = METHOD_FAMILIES["activations"]
+GRADIENT_METHODS = METHOD_FAMILIES["gradients"]
+ABLATION_METHODS = METHOD_FAMILIES["ablation"]
+RESAMPLE_METHODS = METHOD_FAMILIES["resample"]  # resample ablation (scoring/resample.py)
+LEARNED_METHODS = METHOD_FAMILIES[LEARNED]
+METHODS = tuple(s.name for s in METHOD_TABLE if s.family != LEARNED)  # what `score` computes
+ALL_METHODS = tuple(METHOD_SPECS)  # every method column a scores table may hold
+DATA_METHODS = tuple(m for m in METHODS if METHOD_SPECS[m].data_dependent)  # measured on data: bootstrap intervals
+COSTLY = tuple(m for m in METHODS if METHOD_SPECS[m].costly)  # left out of "all"
+DESCRIPTIVE = tuple(m for m in ALL_METHODS if METHOD_SPECS[m].descriptive)  # never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)  # the scored importances (`run` curves them)
 RANKABLE_METHODS = IMPORTANCE_METHODS + LEARNED_METHODS  # what prune and curve may rank by (and random)
+#: The unit of each method's score (colorbar and axis labels).
+METHOD_UNITS = {s.name: s.unit for s in METHOD_TABLE}
 RANDOM = "random"  # the baseline ranking: needs no column
 TRUTH = "abl_zero"  # what the cheap scores are judged against
 
-FAMILIES = {"weights": WEIGHT_METHODS, "activations": ACTIVATION_METHODS, "gradients": GRADIENT_METHODS,
-            "ablation": ABLATION_METHODS + RESAMPLE_METHODS, "learned": LEARNED_METHODS}
 _FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
 
 
@@ -55,43 +107,15 @@ def split_ranking(ranking: str) -> tuple[str, bool]:
 
 
 def method_family(method: str) -> str:
-    """weights (wo_*, ov_*), activations, gradients, ablation (abl_*), learned, random, or other for an unknown name;
-    a layer-normalized ranking (``<method>@layer``) belongs to its method's family."""
+    """The family of a method in :data:`METHOD_TABLE`; for other names: random, weights (wo_*, ov_*), ablation
+    (abl_*), else other. A layer-normalized ranking (``<method>@layer``) belongs to its method's family."""
     method = split_ranking(method)[0]
+    if method in METHOD_SPECS:
+        return METHOD_SPECS[method].family
     if method == RANDOM:
         return RANDOM
-    for family, members in FAMILIES.items():
-        if method in members:
-            return family
     return next((family for prefix, family in _FAMILY_PREFIXES if method.startswith(prefix)), "other")
 
-
-METHOD_LABELS = {
-    "wo_fro": "Frobenius norm of the head's W_O block",
-    "wo_spec": "spectral norm of the head's W_O block",
-    "ov_fro": "Frobenius norm of the head's OV circuit",
-    "ov_spec": "spectral norm of the head's OV circuit",
-    "out_norm": "mean norm of the head's output z_i W_O^(i)",
-    "fluct": "FLAP fluctuation: sum of Var(z_ij) times squared W_O row norms",
-    "entropy": "mean attention entropy (nats; a description)",
-    "grad": "mean |dL/dg| of the head gate (Michel et al.)",
-    "taylor": "-dL/dg: first-order estimate of the NLL increase",
-    "abl_zero": "NLL increase when zero-ablated (nats/token)",
-    "abl_zero_folded": "NLL increase when zero-ablated after value-bias folding (nats/token)",
-    "abl_mean": "NLL increase when mean-ablated (nats/token)",
-    "abl_opt": "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
-    "abl_resample": "NLL increase when resample-ablated: z_i := its output on another window (nats/token)",
-    "gate": "probability that the head's learned hard-concrete gate stays open (Voita et al.)",
-}
-
-#: The unit of each method's score (colorbar and axis labels).
-METHOD_UNITS = {
-    "wo_fro": "weight norm", "wo_spec": "weight norm", "ov_fro": "weight norm", "ov_spec": "weight norm",
-    "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
-    "grad": "nats/token per unit gate", "taylor": "nats/token",
-    "abl_zero": "ΔNLL, nats/token", "abl_zero_folded": "ΔNLL, nats/token", "abl_mean": "ΔNLL, nats/token",
-    "abl_opt": "ΔNLL, nats/token", "abl_resample": "ΔNLL, nats/token", "gate": "P(gate open)",
-}
 
 # ---------------------------------------------------------------- columns
 
@@ -115,12 +139,17 @@ DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(10))  # 0, 0.1, ..., 
 RUN_FRACTIONS = DEFAULT_FRACTIONS[:-1]
 
 
-def parse_methods(spec: str | list[str]) -> list[str]:
-    """``all`` (every method but the :data:`COSTLY` ones) or a comma-separated list of method names (``all`` may
-    be one of them), in canonical order."""
-    names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
+def parse_methods(spec: str | Sequence[str]) -> list[str]:
+    """The method names of a user's spec, in canonical order: ``all`` (every method but the :data:`COSTLY` ones)
+    or comma-separated method names (``all`` may be one of them); a sequence of such specs is their union."""
+    names = [m.strip() for part in ([spec] if isinstance(spec, str) else spec) for m in part.split(",") if m.strip()]
     if "all" in names:
         names = [m for m in names if m != "all"] + [m for m in METHODS if m not in COSTLY]
+    return check_methods(names)
+
+
+def check_methods(names: Sequence[str]) -> list[str]:
+    """``names`` (scored methods, none unknown, at least one) in canonical order; HeadpruneError otherwise."""
     unknown = [m for m in names if m not in METHODS]
     if unknown or not names:
         raise HeadpruneError(f"unknown scoring method(s) {', '.join(unknown) or '(none)'}; choose from all, "

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
     import math
 
     from headprune.pipeline import RunSettings, run_analysis
-    from headprune.schema import parse_fractions, parse_methods
+    from headprune.schema import parse_fractions
 
     if args.gate_steps < 1:
         raise HeadpruneError(f"--gate-steps {args.gate_steps} must be at least 1")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
                            bootstrap=args.bootstrap, optimal=args.optimal, learn_gates=args.learn_gates,
-                           gate_steps=args.gate_steps, methods=tuple(parse_methods(args.methods)))
+                           gate_steps=args.gate_steps, methods=(args.methods,))
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

@@ -27,7 +27,7 @@ from scipy import stats
 
 from headprune.errors import HeadpruneError
 from headprune.io.files import read_table, write_table, write_text
-from headprune.report.plots import Picture, _png
+from headprune.report.plots.common import Picture, render_png
 from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
 from headprune.schema import TRUTH
@@ -173,7 +173,7 @@ def plot_roles(j: pd.DataFrame, corr: pd.DataFrame) -> bytes:
     for ax in axes[n:]:
         ax.set_visible(False)
     fig.tight_layout()
-    return _png(fig)
+    return render_png(fig)
 
 
 def plot_composition(comp: pd.DataFrame, heads: list[str]) -> bytes:
@@ -193,7 +193,7 @@ def plot_composition(comp: pd.DataFrame, heads: list[str]) -> bytes:
         ax.set_xlabel("reader (later layer)", fontsize=8)
         ax.set_ylabel("writer (earlier layer)", fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return render_png(fig)
 
 
 def plot_thumbnails(thumbs: list[Thumbnail]) -> bytes:
@@ -209,7 +209,7 @@ def plot_thumbnails(thumbs: list[Thumbnail]) -> bytes:
     for ax in axes[len(thumbs):]:
         ax.set_visible(False)
     fig.tight_layout()
-    return _png(fig)
+    return render_png(fig)
 
 
 # ---------------------------------------------------------------- the section

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headprune.report.plots import Picture, _png, curve_styles
+from headprune.report.plots.common import Picture, curve_styles, render_png
 from headprune.report.render import Note, Paragraph, Section, Table
 from headprune.schema import RECOVER_COLUMN
 
@@ -57,7 +57,7 @@ def plot_recovery(table: pd.DataFrame, baseline: dict) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    return _png(fig)
+    return render_png(fig)
 
 
 def recovery_sentence(table: pd.DataFrame) -> str:

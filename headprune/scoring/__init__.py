@@ -16,7 +16,7 @@ so a killed sweep resumes, and shared among processes under torchrun (:func:`~he
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -34,7 +34,7 @@ from headprune.models.gpt2 import GPT2
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
-from headprune.schema import METHODS, parse_methods
+from headprune.schema import LEARNED, METHOD_FAMILIES, check_methods, parse_methods
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head
@@ -43,12 +43,14 @@ from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
 from headprune.scoring.resample import RESAMPLE_DRAWS, ResampleScores
 from headprune.scoring.weights import WeightScores
 
-# The registry: every family, in the order they run (activations before ablation: abl_mean uses mean_z; the
-# optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). It computes
-# exactly schema.METHODS; the learned methods (schema.LEARNED_METHODS: gate) are trained by headprune.pruning.gates instead.
-FAMILIES: tuple[Family, ...] = (WeightScores(), ActivationScores(), GradientScores(), OptimalFit(), AblationScores(),
-                                ResampleScores())
-assert sorted(m for f in FAMILIES for m in f.methods) == sorted(METHODS), "schema.METHODS and FAMILIES disagree"
+#: family name -> its scorer, in the order they run (activations before ablation: abl_mean uses mean_z; the
+#: optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). Each family of
+#: schema.METHOD_TABLE but the learned one (gate: trained by headprune.pruning.gates) has its scorer here.
+FAMILY_SCORERS: dict[str, Family] = {f.name: f for f in (WeightScores(), ActivationScores(), GradientScores(),
+                                                           OptimalFit(), AblationScores(), ResampleScores())}
+assert {name: f.methods for name, f in FAMILY_SCORERS.items() if f.methods} == {
+    family: methods for family, methods in METHOD_FAMILIES.items() if family != LEARNED}, \
+    "the scorers' methods disagree with schema.METHOD_TABLE"
 
 
 @dataclass
@@ -74,7 +76,7 @@ def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
 def score_heads(
     model: GPT2,
     ids: torch.Tensor | None,  # None only when every method reads the weights alone
-    methods: str | list[str] = "all",
+    methods: str | Sequence[str] = "all",
     windowing: Windowing | None = None,
     ablation_rows: int | None = None,
     progress: Progress | NoProgress | None = None,
@@ -84,7 +86,8 @@ def score_heads(
     optimal_steps: int = STEPS,
     resample_draws: int = RESAMPLE_DRAWS,
 ) -> HeadScores:
-    """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``.
+    """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``: method names, or a
+    user's spec (``"all"``, ``"grad,taylor"``: :func:`~headprune.schema.parse_methods`).
 
     Every data-dependent method ``m`` also gets its 95% percentile interval ``m_ci_lo``, ``m_ci_hi`` from
     ``bootstrap`` replicates that resample the scoring windows (seeded by ``seed``; 0 replicates: none).
@@ -95,12 +98,12 @@ def score_heads(
     ``optimal_steps``: passes of abl_opt's per-head BFGS fit per layer (:mod:`.optimal`).
     ``resample_draws``: source windows K per window of abl_resample, drawn with ``seed`` (:mod:`.resample`).
     """
-    methods = parse_methods(methods)
+    methods = parse_methods(methods) if isinstance(methods, str) else check_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
     if ids is not None:
         check_ids(ids, model.cfg.vocab_size, "score_heads")
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
-    families = [f for f in FAMILIES if f.wanted(methods)]
+    families = [f for f in FAMILY_SCORERS.values() if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
     assert ids is not None or not needs_data, "data-based methods need token ids"
     batches = windowing.batches(ids) if ids is not None and needs_data else []
@@ -118,9 +121,9 @@ def score_heads(
         units = family.units(ctx)
         results = run_units(units, progress, _bar(show_progress, family.name), family.costs(ctx, units))
         out = family.combine(ctx, results)
-        columns |= {m: v for m, v in out.items() if m in methods}
-        replicates |= {k[len("boot:"):]: v for k, v in out.items() if k.startswith("boot:") and k[5:] in methods}
-        ctx.outputs |= {k: v for k, v in out.items() if k not in METHODS and not k.startswith("boot:")}
+        columns |= {m: v for m, v in out.scores.items() if m in methods}
+        replicates |= {m: v for m, v in out.replicates.items() if m in methods}
+        ctx.side.update(out.side)
         seconds[family.name] = time.perf_counter() - t0
 
     heads = model.head_ids
@@ -132,11 +135,12 @@ def score_heads(
         counts = window_counts(sum(len(b.tokens) for b in batches), bootstrap, seed)
         for m, replicate in replicates.items():
             table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
-    means = by_head(model, ctx.outputs["mean_z"].to(model.dtype)) if "mean_z" in ctx.outputs else None
-    optimal = by_head(model, ctx.outputs["opt_c"].to(model.dtype)) if "opt_c" in ctx.outputs else None
+    side = ctx.side
+    means = by_head(model, side.mean_z.to(model.dtype)) if side.mean_z is not None else None
+    optimal = by_head(model, side.opt_c.to(model.dtype)) if side.opt_c is not None else None
     baseline = None
-    if "baseline_nll" in ctx.outputs:
-        baseline = {"tokens": int(ctx.outputs["baseline_tokens"]), "nll": float(ctx.outputs["baseline_nll"])}
+    if side.baseline_nll is not None:
+        baseline = {"tokens": side.baseline_tokens, "nll": side.baseline_nll}
     return HeadScores(table, means, baseline, seconds, optimal)
 
 
@@ -152,7 +156,9 @@ def head_means(
     family = ActivationScores()
     ctx = ScoringContext(model, windowing.batches(ids), ["abl_mean"])
     results = run_units(family.units(ctx), progress or NoProgress(), _bar(show_progress, "head means"))
-    return by_head(model, family.combine(ctx, results)["mean_z"].to(model.dtype))
+    mean_z = family.combine(ctx, results).side.mean_z
+    assert mean_z is not None
+    return by_head(model, mean_z.to(model.dtype))
 
 
 def optimal_constants(

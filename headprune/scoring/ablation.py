@@ -25,7 +25,7 @@ from headprune.models.gpt2 import GPT2, token_nll
 from headprune.models.interventions import fill_tensors
 from headprune.perplexity import Batch, window_sums
 from headprune.schema import ABLATION_METHODS
-from headprune.scoring.base import Family, ScoringContext, Unit, by_head
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
 
 @torch.no_grad()
@@ -90,9 +90,11 @@ class AblationScores(Family):
             "abl_zero_folded": [blk.attn.b_V.detach() if blk.attn.n_heads else None for blk in model.h],  # [h, d_k]
         }
         if "abl_mean" in ctx.methods:
-            fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.outputs["mean_z"])))
+            assert ctx.side.mean_z is not None, "the activations family measures mean_z first"
+            fills["abl_mean"] = list(fill_tensors(model, by_head(model, ctx.side.mean_z)))
         if "abl_opt" in ctx.methods:
-            fills["abl_opt"] = list(fill_tensors(model, by_head(model, ctx.outputs["opt_c"])))
+            assert ctx.side.opt_c is not None, "the optimal fit measures opt_c first"
+            fills["abl_opt"] = list(fill_tensors(model, by_head(model, ctx.side.opt_c)))
         methods = [m for m in self.methods if m in ctx.methods]
 
         def base(k: int) -> list[float]:
@@ -129,18 +131,18 @@ class AblationScores(Family):
                 out.append(float(ctx.model.h[l].attn.n_heads * b * T * ((cfg.n_layers - l) * c + u)))
         return out
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
         """ΔNLL per head = Σ_w (ablated NLL sum_w − baseline NLL sum_w) / Σ_w n_w, and its bootstrap replicates."""
         n_batches = len(ctx.batches)
         base = torch.tensor([s for k in range(n_batches) for s in results[f"base/w/b{k}"]], dtype=torch.float64)  # [W]
         n = torch.cat([b.mask.sum(1) for b in ctx.batches]).double()  # [W] scored tokens
-        out: dict[str, Any] = {"baseline_nll": base.sum() / n.sum(), "baseline_tokens": n.sum().long()}
+        out = FamilyScores(side=SideOutputs(baseline_nll=float(base.sum() / n.sum()), baseline_tokens=int(n.sum())))
         for m in self.methods:
             if m in ctx.methods:
                 per_batch = [[row for l in ctx.model.active_layers for row in results[f"{m}/w/b{k}/L{l}"]]
                              for k in range(n_batches)]  # [batches][H][b]
                 ablated = torch.cat([torch.tensor(rows, dtype=torch.float64).T for rows in per_batch])  # [W, H]
                 delta = ablated - base.unsqueeze(1)  # [W, H] per-window NLL change (sums)
-                out[m] = delta.sum(0) / n.sum()
-                out[f"boot:{m}"] = ratio(delta, n)
+                out.scores[m] = delta.sum(0) / n.sum()
+                out.replicates[m] = ratio(delta, n)
         return out

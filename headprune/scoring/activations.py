@@ -26,7 +26,7 @@ from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.perplexity import Batch
 from headprune.schema import ACTIVATION_METHODS
-from headprune.scoring.base import Family, ScoringContext, Unit
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit
 
 
 def _per_window(t: Tensor, mask: Tensor) -> Tensor:
@@ -60,7 +60,7 @@ def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
     return out
 
 
-def combine(model: GPT2, units: list[dict]) -> dict[str, Any]:
+def combine(model: GPT2, units: list[dict]) -> FamilyScores:
     """Scores from the per-window sums: out_norm, fluct, entropy [H], mean_z [H, d_k] and their bootstrap replicates.
 
     Over windows w with n_w scored tokens, S1 = Σ_w Σz, S2 = Σ_w Σz², N = Σ_w n_w:
@@ -77,12 +77,12 @@ def combine(model: GPT2, units: list[dict]) -> dict[str, Any]:
         return (var.clamp_min(0) * row_sq).sum(-1)
 
     ones = torch.ones(1, len(n), dtype=torch.float64)
-    out: dict[str, Any] = {"out_norm": windows("sum_norm").sum(0) / n.sum(), "fluct": fluct(ones)[0],
-                           "mean_z": sum_z.sum(0) / n.sum(), "boot:out_norm": ratio(windows("sum_norm"), n),
-                           "boot:fluct": fluct}
+    out = FamilyScores({"out_norm": windows("sum_norm").sum(0) / n.sum(), "fluct": fluct(ones)[0]},
+                       {"out_norm": ratio(windows("sum_norm"), n), "fluct": fluct},
+                       SideOutputs(mean_z=sum_z.sum(0) / n.sum()))
     if units[0]["sum_entropy"]:
-        out["entropy"] = windows("sum_entropy").sum(0) / n.sum()
-        out["boot:entropy"] = ratio(windows("sum_entropy"), n)
+        out.scores["entropy"] = windows("sum_entropy").sum(0) / n.sum()
+        out.replicates["entropy"] = ratio(windows("sum_entropy"), n)
     return out
 
 
@@ -99,5 +99,5 @@ class ActivationScores(Family):
         entropy = "entropy" in ctx.methods
         return [(f"act/w/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
         return combine(ctx.model, list(results.values()))

@@ -23,7 +23,7 @@ from headprune.bootstrap import ratio
 from headprune.models.gpt2 import GPT2, token_nll
 from headprune.perplexity import Batch
 from headprune.schema import GRADIENT_METHODS
-from headprune.scoring.base import Family, ScoringContext, Unit
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 
 def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
@@ -40,13 +40,13 @@ def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
     return {"n": n.tolist(), "dL_dg": torch.cat(grads, dim=1).double().tolist()}  # [b], [b][H]
 
 
-def combine(units: list[dict]) -> dict[str, Any]:
+def combine(units: list[dict]) -> FamilyScores:
     """grad and taylor [H], and their bootstrap replicates over windows."""
     n = torch.tensor([n_w for u in units for n_w in u["n"]], dtype=torch.float64)  # [W]
     d = torch.tensor([row for u in units for row in u["dL_dg"]], dtype=torch.float64)  # [W, H]
     weighted_abs, weighted = n.unsqueeze(1) * d.abs(), -n.unsqueeze(1) * d  # per-window numerators [W, H]
-    return {"grad": weighted_abs.sum(0) / n.sum(), "taylor": weighted.sum(0) / n.sum(),
-            "boot:grad": ratio(weighted_abs, n), "boot:taylor": ratio(weighted, n)}
+    return FamilyScores({"grad": weighted_abs.sum(0) / n.sum(), "taylor": weighted.sum(0) / n.sum()},
+                        {"grad": ratio(weighted_abs, n), "taylor": ratio(weighted, n)})
 
 
 class GradientScores(Family):
@@ -58,5 +58,5 @@ class GradientScores(Family):
     def units(self, ctx: ScoringContext) -> list[Unit]:
         return [(f"grad/b{k}", partial(batch_gate_grad, ctx.model, b)) for k, b in enumerate(ctx.batches)]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
         return combine(list(results.values()))

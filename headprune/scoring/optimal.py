@@ -42,7 +42,7 @@ from torch import Tensor
 from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2, token_nll
 from headprune.perplexity import Batch
-from headprune.scoring.base import Family, ScoringContext, Unit, by_head
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
 STEPS = 16  # passes over the fit data per layer after the one at z̄ (each a forward and backward, all heads)
 FIRST_STEP = 0.3  # length of the first (gradient) step: 0.3 σ per coordinate (RMS)
@@ -220,7 +220,8 @@ class OptimalFit(Family):
         return "abl_opt" in methods
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
-        means = by_head(ctx.model, ctx.outputs["mean_z"])
+        assert ctx.side.mean_z is not None, "the activations family measures mean_z first"
+        means = by_head(ctx.model, ctx.side.mean_z)
         model = ctx.model
 
         def fit(layer: int) -> dict[str, Any]:
@@ -229,5 +230,6 @@ class OptimalFit(Family):
 
         return [(f"opt/s{ctx.optimal_steps}/L{l}", partial(fit, l)) for l in model.active_layers]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
-        return {"opt_c": torch.tensor([row for r in results.values() for row in r["c"]], dtype=torch.float64)}
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
+        c = torch.tensor([row for r in results.values() for row in r["c"]], dtype=torch.float64)  # [H, d_k]
+        return FamilyScores(side=SideOutputs(opt_c=c))

@@ -28,7 +28,7 @@ from headprune.models.gpt2 import GPT2, token_nll
 from headprune.perplexity import Batch, window_sums
 from headprune.schema import RESAMPLE_METHODS
 from headprune.scoring.ablation import AblationScores, cache_batch
-from headprune.scoring.base import Family, ScoringContext, Unit
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 RESAMPLE_DRAWS = 4  # K: source windows drawn per window
 
@@ -133,7 +133,7 @@ class ResampleScores(Family):
         """As the ablation sweep's (:meth:`AblationScores.costs`): a unit reruns layers l..L−1 for its heads."""
         return AblationScores().costs(ctx, units)
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Any]:
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
         """ΔNLL per head = 1/K Σ_s Σ_w (ablated_s,w − base_w) / Σ_w n_w, with bootstrap replicates over windows."""
         n_batches, layers = len(ctx.batches), ctx.model.active_layers
         base = torch.tensor([s for k in range(n_batches) for s in results[f"base/w/b{k}"]], dtype=torch.float64)
@@ -143,4 +143,5 @@ class ResampleScores(Family):
             per_batch = [[row for l in layers for row in results[self._key(ctx, k, s, l)]] for k in range(n_batches)]
             draws.append(torch.cat([torch.tensor(rows, dtype=torch.float64).T for rows in per_batch]))  # [W, H]
         delta = torch.stack(draws).mean(0) - base.unsqueeze(1)  # [W, H]: per window, averaged over the draws
-        return {"abl_resample": delta.sum(0) / n.sum(), "boot:abl_resample": ratio(delta, n)}
+        return FamilyScores(scores={"abl_resample": delta.sum(0) / n.sum()},
+                            replicates={"abl_resample": ratio(delta, n)})

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from headprune.models.gpt2 import GPT2
 from headprune.schema import WEIGHT_METHODS
-from headprune.scoring.base import Family, ScoringContext, Unit
+from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 
 def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:
@@ -54,5 +54,5 @@ class WeightScores(Family):
     def units(self, ctx: ScoringContext) -> list[Unit]:
         return [("weights", lambda: weight_scores(ctx.model))]
 
-    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> dict[str, Tensor]:
-        return {m: torch.tensor(v, dtype=torch.float64) for m, v in results["weights"].items()}
+    def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
+        return FamilyScores({m: torch.tensor(v, dtype=torch.float64) for m, v in results["weights"].items()})

@@ -17,7 +17,7 @@ import headprune.report as report_module
 from headprune.errors import HeadpruneError
 from headprune.io.files import read_scores, read_table
 from headprune.report import build_report, rebuild_report
-from headprune.report.plots import head_grid
+from headprune.report.plots.common import head_grid
 from headprune.report.render import make_content
 from headprune.report.tables import PREDICTIVENESS_COLUMNS, best_method, predictiveness, summary_table, top_heads_mask
 from headprune.schema import CURVE_COLUMNS, METHOD_UNITS, check_curves, check_scores
@@ -144,7 +144,7 @@ def test_heatmaps_on_the_page_give_every_heads_value_and_rank_on_hover(report):
 def test_score_intervals_show_on_hover_and_as_scatter_bars():
     """A scores table with bootstrap columns: every heatmap cell's hover names the head's interval, and the
     scatter's bars reach exactly from the interval's low to its high end (hand-computed offsets)."""
-    from headprune.report.plots import error_bars, heatmap_svg, score_interval
+    from headprune.report.plots.maps import error_bars, heatmap_svg, score_interval
 
     scores = make_scores()
     width = np.linspace(0.01, 0.2, len(scores))
@@ -359,7 +359,8 @@ def test_layer_normalized_rankings_get_their_own_small_multiples(tmp_path):
 
 
 def test_rank_scale_report_and_a_bad_scale(tmp_path):
-    from headprune.report.plots import display_exponent, importance_rank, layer_groups
+    from headprune.report.plots.common import display_exponent, importance_rank
+    from headprune.report.plots.scatters import layer_groups
 
     assert importance_rank(np.array([0.3, np.nan, 0.1, 0.3])).tolist()[::2] == [1.5, 3.0]
     assert display_exponent(np.array([0.0118, -0.002])) == -2 and display_exponent(np.array([3.0])) == 0

@@ -1,0 +1,106 @@
+"""What every figure of the report shares: PNG rendering, the colours and line styles of methods (by family of
+:data:`headprune.schema.METHOD_TABLE`), importance ranks, number formats, cell labels.
+
+Figures are ``matplotlib.figure.Figure`` objects rendered by Agg, never registered with pyplot (nothing to close).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from headprune.schema import LEARNED, METHOD_FAMILIES, RANDOM, method_family
+
+DPI = 110
+MISSING_COLOR = "#d9d9d9"
+SCALES = ("value", "rank")  # heatmaps and scatters: each method's own values, or ranks on one shared scale
+
+
+@dataclass
+class Picture:
+    name: str  # file name in out_dir
+    caption: str
+    png: bytes
+    svg: str | None = None  # report.html shows this inline markup (hover values) instead of the PNG
+
+
+def render_png(fig: Figure) -> bytes:
+    """``fig`` as PNG bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    return buf.getvalue()
+
+
+# Okabe & Ito (2008), colour-blind safe: one hue per method family, line styles within a family. Learned gates
+# share vermillion with names outside the method table.
+FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
+                 "resample": "#0072B2",
+                 LEARNED: "#D55E00", "other": "#D55E00", RANDOM: "#000000"}
+assert set(METHOD_FAMILIES) <= set(FAMILY_COLORS), "a family of schema.METHOD_TABLE has no colour"
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+COMPENSATED_STYLE = (0, (6, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: never a family's own style
+
+
+def method_color(method: str) -> str:
+    """The colour of ``method``'s family (a ranking ``<method>@layer``: its method's)."""
+    return FAMILY_COLORS.get(method_family(method), FAMILY_COLORS["other"])
+
+
+def curve_styles(methods: list[str]) -> dict[str, dict]:
+    """Colour (by family), line style and marker (by place in the family) of each non-random method."""
+    seen: dict[str, int] = {}
+    styles = {}
+    for method in methods:
+        family = method_family(method)
+        i = seen[family] = seen.get(family, -1) + 1
+        styles[method] = {"color": method_color(method),
+                          "ls": LINE_STYLES[i % len(LINE_STYLES)], "marker": MARKERS[i % len(MARKERS)]}
+    return styles
+
+
+def head_grid(scores: pd.DataFrame, method: str) -> pd.DataFrame:
+    """Layers x heads of ``method`` (0..max layer, 0..max head); NaN where a head is missing."""
+    layers, heads = range(int(scores["layer"].max()) + 1), range(int(scores["head"].max()) + 1)
+    return scores.pivot(index="layer", columns="head", values=method).reindex(index=layers, columns=heads)
+
+
+def importance_rank(values: np.ndarray) -> np.ndarray:
+    """Rank of each value within its method, 1 = highest (ties share their mean rank); NaN stays NaN."""
+    from scipy.stats import rankdata
+
+    ranks = np.full(len(values), np.nan)
+    ok = np.isfinite(values)
+    if ok.any():
+        ranks[ok] = rankdata(-values[ok], method="average")
+    return ranks
+
+
+def display_exponent(values: np.ndarray) -> int:
+    """k such that values / 10**k has its largest magnitude in [1, 10) (0 where that holds already, or no value)."""
+    finite = np.abs(values[np.isfinite(values)])
+    top = float(finite.max()) if len(finite) else 0.0
+    return 0 if top == 0 or 1 <= top < 10 else math.floor(math.log10(top))
+
+
+def scaled_label(unit: str, k: int) -> str:
+    """``unit`` with the power of ten the shown numbers leave out, e.g. ``ΔNLL, nats/token (×10⁻²)``."""
+    return unit if k == 0 else f"{unit} ($\\times 10^{{{k}}}$)"
+
+
+def annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt: str = "{:.3g}",
+                    fontsize: float = 6.5) -> None:
+    """Write each finite value in its cell, white on dark colours and black on light ones."""
+    span = (vmax - vmin) or 1.0
+    for (i, j), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+            text = fmt.format(v)
+            text = text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.00"
+            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")

@@ -1,0 +1,51 @@
+"""The report's figures, from its tables: :func:`make_pictures`."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from headprune.report.plots.common import Picture
+from headprune.report.plots.curves import plot_curves, plot_layer_normalized
+from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
+from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
+from headprune.report.tables import rank_correlations
+from headprune.schema import TRUTH, method_columns
+
+
+def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame,
+                  scale: str = "value") -> list[Picture]:
+    """The report's figures; ``scale``: heatmaps and scatters in each method's values or in shared ranks."""
+    pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
+                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey band: random ± 1 std "
+                    "over seeds; right, bands: 95% paired-bootstrap intervals over the evaluation windows, for "
+                    "random over seeds and windows together; top axis: heads removed).",
+                    plot_curves(curves, baseline, len(scores)))]
+    normalized = plot_layer_normalized(curves)
+    if normalized is not None:
+        pics.append(Picture("curves_layer_normalized.png", "Each weight and activation score ranked globally "
+                            "(solid) and with its scores divided by their layer's norm (dashed, Michel et al. 2019): "
+                            "a score that only fails across layers recovers when normalized.", normalized))
+    order = plot_pruning_order(scores)
+    if order is not None:
+        pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
+                            "curves prune: global ranking, lowest score first.", order))
+    methods = method_columns(scores)
+    maps = "".join(f"<figure><figcaption>{html.escape(map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
+                   "</figure>" for m in methods)
+    what = "importance ranks on one shared scale (1 = highest score)" if scale == "rank" else "scores"
+    pics.append(Picture("heatmaps.png", f"Per-head {what} of every method (rows: layers, columns: heads; grey: "
+                        "missing). On the page: hover a cell for its value and rank; heatmaps.png has the numbers in "
+                        "the cells.", plot_heatmaps(scores, methods, scale), svg=maps))
+    rho = dict(zip(pred["method"], pred["spearman_rho"].astype(float)))
+    rho_ci = ({m: (float(lo), float(hi)) for m, lo, hi in zip(pred["method"], pred["spearman_ci_lo"], pred["spearman_ci_hi"])}
+              if "spearman_ci_lo" in pred else None)
+    if rho:
+        bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""
+        pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
+                            f"heads that matter most by {TRUTH} named where their labels do not overlap; \u03c1 with "
+                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci)))
+    pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
+                        plot_rank_correlation(*rank_correlations(scores))))
+    return pics

@@ -1,0 +1,189 @@
+"""The report's per-head maps: layer x head heatmaps (PNG and inline SVG) and the pruning order."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+
+from headprune.report.plots.common import (
+    MISSING_COLOR,
+    annotate_cells,
+    display_exponent,
+    head_grid,
+    importance_rank,
+    render_png,
+    scaled_label,
+)
+from headprune.report.tables import pruning_order, ranked_methods
+from headprune.schema import METHOD_UNITS, ci_columns
+
+
+def _color_limits(values: np.ndarray) -> tuple[float, float, str]:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return 0.0, 1.0, "viridis"
+    lo, hi = float(finite.min()), float(finite.max())
+    if lo < 0 < hi:
+        edge = max(-lo, hi)
+        return -edge, edge, "RdBu_r"
+    if lo == hi:
+        pad = abs(lo) * 0.05 or 0.5
+        return lo - pad, hi + pad, "viridis"
+    return lo, hi, "viridis"
+
+
+def _head_ticks(ax, n_layers: int, n_heads: int, fontsize: float = 7) -> None:
+    """Layer and head numbers, horizontal, thinned to at most 16 labels per axis so they never overlap."""
+    hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 16))
+    ax.set_xticks(range(0, n_heads, hs), [str(h) for h in range(0, n_heads, hs)], fontsize=fontsize)
+    ax.set_yticks(range(0, n_layers, ls), [f"L{layer}" for layer in range(0, n_layers, ls)], fontsize=fontsize)
+
+
+def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value") -> bytes:
+    """Small multiples: one layer x head map per method. ``value``: each map on its own colour scale with a
+    colorbar in the method's unit, every cell number in one format (2 decimals; the power of ten in the colorbar
+    label); ``rank``: every map on one shared scale of importance ranks (1 = highest score), one colorbar."""
+    n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
+    cols = min(3, len(methods))
+    rows = -(-len(methods) // cols)
+    w, h = min(6.0, max(3.2, 0.36 * n_heads + 1.8)), min(6.0, max(2.2, 0.32 * n_layers + 1.0))
+    fig = Figure(figsize=(cols * w, rows * h + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    annotate = n_layers * n_heads <= 200
+    image = None
+    for ax, method in zip(axes, methods):
+        if scale == "rank":
+            ranked = scores.assign(_rank=importance_rank(scores[method].to_numpy(float)))
+            values = head_grid(ranked, "_rank").to_numpy(float)
+            vmin, vmax, cmap_name, k = 1.0, float(max(len(scores), 2)), "viridis_r", 0
+        else:
+            values = head_grid(scores, method).to_numpy(float)
+            k = display_exponent(values)
+            values = values / 10.0**k
+            vmin, vmax, cmap_name = _color_limits(values)
+        cmap = colormaps[cmap_name].with_extremes(bad=MISSING_COLOR)
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        ax.set_title(method, fontsize=9)
+        _head_ticks(ax, n_layers, n_heads)
+        if scale == "value":
+            bar = fig.colorbar(image, ax=ax, shrink=0.9)
+            bar.set_label(scaled_label(METHOD_UNITS.get(method, "score"), k), fontsize=7)
+            bar.ax.tick_params(labelsize=7)
+        if annotate:
+            annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
+                            fontsize=6 if n_heads <= 12 else 5)
+    for ax in axes[len(methods):]:
+        ax.set_visible(False)
+    if scale == "rank" and image is not None:
+        fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6,
+                     label="importance rank within the method (1 = highest score)")
+    what = "importance ranks, one shared scale" if scale == "rank" else "scores"
+    fig.suptitle(f"Per-head {what} (rows: layers, columns: heads; grey: missing)", fontsize=10)
+    return render_png(fig)
+
+
+def map_caption(scores: pd.DataFrame, method: str) -> str:
+    """``method (unit): low (colour) to high (colour)`` for an inline map."""
+    values = scores[method].to_numpy(float)
+    values = values[np.isfinite(values)]
+    unit = METHOD_UNITS.get(method, "score")
+    if not len(values):
+        return f"{method} ({unit}): no values"
+    cmap = _color_limits(values)[2]
+    ends = ("blue", "red") if cmap == "RdBu_r" else ("dark", "yellow")
+    return f"{method} ({unit}): {values.min():.3g} to {values.max():.3g}, {ends[0]} to {ends[1]}"
+
+
+def score_interval(scores: pd.DataFrame, method: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The 95% bootstrap interval (lo, hi) of each head's ``method`` score, or None when the table has none."""
+    lo, hi = ci_columns(method)
+    if lo not in scores or hi not in scores:
+        return None
+    return scores[lo].to_numpy(float), scores[hi].to_numpy(float)
+
+
+def error_bars(values: np.ndarray, interval: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """``errorbar``'s [2, n] extents below and above each value (0 where the interval is missing)."""
+    if interval is None:
+        return None
+    lo, hi = interval
+    return np.nan_to_num(np.stack([values - lo, hi - values]), nan=0.0).clip(min=0.0)
+
+
+def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
+    """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
+    hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
+    values = head_grid(scores, method).to_numpy(float)
+    n_layers, n_heads = values.shape
+    vmin, vmax, cmap_name = _color_limits(values)
+    cmap = colormaps[cmap_name]
+    ranks = dict(zip(scores["head_id"], importance_rank(scores[method].to_numpy(float))))
+    interval = score_interval(scores, method)
+    ci = dict(zip(scores["head_id"], zip(*interval))) if interval is not None else {}
+    cell, left, top = 12, 26, 12
+    width, height = left + cell * n_heads, top + cell * n_layers
+    unit = METHOD_UNITS.get(method, "")
+    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" '
+              f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">')]
+    hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 24))
+    parts += [f'<text x="{left + cell * h + cell / 2}" y="{top - 3}" text-anchor="middle">{h}</text>'
+              for h in range(0, n_heads, hs)]
+    parts += [f'<text x="{left - 3}" y="{top + cell * layer + cell * 0.75}" text-anchor="end">L{layer}</text>'
+              for layer in range(0, n_layers, ls)]
+    span = (vmax - vmin) or 1.0
+    for (i, j), v in np.ndenumerate(values):
+        head = f"L{i}H{j}"
+        if np.isfinite(v):
+            r, g, b, _ = cmap(float(np.clip((v - vmin) / span, 0, 1)))
+            fill = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+            rank = ranks.get(head, math.nan)
+            tip = f"{head} {method} = {v:.4g} {unit}"
+            if head in ci and np.isfinite(ci[head]).all():
+                tip += f" (95% CI {ci[head][0]:.4g} to {ci[head][1]:.4g})"
+            tip += "" if math.isnan(rank) else f"; rank {rank:g} of {len(scores)}"
+        else:
+            fill, tip = MISSING_COLOR, f"{head}: no score"
+        parts.append(f'<rect x="{left + cell * j}" y="{top + cell * i}" width="{cell}" height="{cell}" '
+                     f'fill="{fill}"><title>{html.escape(tip)}</title></rect>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
+    """One small layer x head grid per ranking method: the step at which the head is removed (1 = first)."""
+    grids = [(m, pruning_order(scores, m)) for m in ranked_methods(scores)]
+    if not grids:
+        return None
+    n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
+    cols = min(4, len(grids))
+    rows = -(-len(grids) // cols)
+    cell_w, cell_h = max(2.2, 0.34 * n_heads + 0.6), max(1.6, 0.3 * n_layers + 0.9)
+    fig = Figure(figsize=(cols * cell_w, rows * cell_h + 0.6))
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    n = len(scores)
+    cmap = colormaps["viridis_r"].with_extremes(bad=MISSING_COLOR)
+    for ax, (method, grid) in zip(axes, grids):
+        ax.set_title(method, fontsize=9)
+        ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)] if n_heads <= 16 else [], fontsize=6)
+        ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)], fontsize=6)
+        if grid is None:
+            ax.text(0.5, 0.5, "not ranked\n(a NaN score)", ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes)
+            ax.set_xlim(-0.5, n_heads - 0.5)
+            ax.set_ylim(n_layers - 0.5, -0.5)
+            continue
+        values = grid.to_numpy(float)
+        ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=1, vmax=max(n, 2), aspect="auto")
+        if n_layers * n_heads <= 200:
+            annotate_cells(ax, values, cmap, 1.0, float(max(n, 2)), "{:.0f}", fontsize=5.5)
+    for ax in axes[len(grids):]:
+        ax.set_visible(False)
+    fig.suptitle("Pruning order: the step at which each head is removed (1 = first; rows: layers, columns: heads)",
+                 fontsize=10)
+    fig.tight_layout()
+    return render_png(fig)
