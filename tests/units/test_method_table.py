@@ -17,26 +17,30 @@ def test_derived_views_pinned():
     assert schema.ACTIVATION_METHODS == ("out_norm", "fluct", "entropy")
     assert schema.GRADIENT_METHODS == ("grad", "taylor")
     assert schema.ABLATION_METHODS == ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
+    assert schema.RESAMPLE_METHODS == ("abl_resample",)
     assert schema.LEARNED_METHODS == ("gate",)
     assert schema.METHODS == (schema.WEIGHT_METHODS + schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS
-                              + schema.ABLATION_METHODS)
+                              + schema.ABLATION_METHODS + schema.RESAMPLE_METHODS)
     assert schema.ALL_METHODS == schema.METHODS + ("gate",)
-    assert schema.DATA_METHODS == schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS + schema.ABLATION_METHODS
-    assert schema.COSTLY == ("abl_opt",)
+    assert schema.DATA_METHODS == (schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS + schema.ABLATION_METHODS
+                                   + schema.RESAMPLE_METHODS)
+    assert schema.COSTLY == ("abl_opt", "abl_resample")
     assert schema.DESCRIPTIVE == ("entropy",)
     assert schema.IMPORTANCE_METHODS == tuple(m for m in schema.METHODS if m != "entropy")
     assert schema.RANKABLE_METHODS == schema.IMPORTANCE_METHODS + ("gate",)
-    assert list(schema.METHOD_FAMILIES) == ["weights", "activations", "gradients", "ablation", "learned"]
+    assert list(schema.METHOD_FAMILIES) == ["weights", "activations", "gradients", "ablation", "resample",
+                                           "learned"]
     weight, delta = "weight norm", "ΔNLL, nats/token"
     assert schema.METHOD_UNITS == {
         "wo_fro": weight, "wo_spec": weight, "ov_fro": weight, "ov_spec": weight,
         "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
         "grad": "nats/token per unit gate", "taylor": "nats/token",
-        "abl_zero": delta, "abl_zero_folded": delta, "abl_mean": delta, "abl_opt": delta, "gate": "P(gate open)"}
+        "abl_zero": delta, "abl_zero_folded": delta, "abl_mean": delta, "abl_opt": delta, "abl_resample": delta,
+        "gate": "P(gate open)"}
 
 
 def test_table_rows():
-    assert len({s.name for s in METHOD_TABLE}) == len(METHOD_TABLE) == 14
+    assert len({s.name for s in METHOD_TABLE}) == len(METHOD_TABLE) == 15
     assert all(s.label and s.unit for s in METHOD_TABLE)
     with pytest.raises(dataclasses.FrozenInstanceError):
         METHOD_SPECS["wo_fro"].costly = True  # type: ignore[misc]
@@ -50,7 +54,8 @@ def test_scorers_match_the_table():
 
     scored = {name: f.methods for name, f in FAMILY_SCORERS.items() if f.methods}
     assert scored == {f: m for f, m in schema.METHOD_FAMILIES.items() if f != "learned"}
-    assert list(FAMILY_SCORERS) == ["weights", "activations", "gradients", "optimal fit", "ablation"]  # run order
+    assert list(FAMILY_SCORERS) == ["weights", "activations", "gradients", "optimal fit", "ablation",
+                                   "resample"]  # run order
     assert all(f.needs_data == any(METHOD_SPECS[m].data_dependent for m in f.methods)
                for f in FAMILY_SCORERS.values() if f.methods)
 
@@ -74,7 +79,7 @@ def test_parse_once_at_the_edge():
         check_methods(["all"])
     s = RunSettings(model="m", methods=("grad, wo_fro",), optimal=True)
     assert s.methods == ("wo_fro", "grad", "abl_opt")
-    assert RunSettings(model="m").methods == tuple(m for m in schema.METHODS if m != "abl_opt")
+    assert RunSettings(model="m").methods == tuple(m for m in schema.METHODS if m not in schema.COSTLY)
     assert dataclasses.replace(s).methods == s.methods  # idempotent
     with pytest.raises(HeadpruneError, match="magic"):
         RunSettings(model="m", methods=("wo_fro,magic",))
