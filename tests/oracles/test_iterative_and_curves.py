@@ -348,7 +348,9 @@ def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf,
     def hf_overwritten(constants):
         out = copy.deepcopy(hf)
         for layer in {l for l, _ in constants}:
-            def replace(mod, args, heads=[(h, c) for (l, h), c in constants.items() if l == layer]):
+            heads = [(h, c) for (l, h), c in constants.items() if l == layer]
+
+            def replace(mod, args, heads=heads):
                 z = args[0].clone()
                 for h, c in heads:
                     z[..., h * DK:(h + 1) * DK] = c.to(z.dtype)

@@ -6,16 +6,15 @@ independently in Hugging Face's GPT2LMHeadModel (a c_proj pre-hook overwrites th
 
 import pytest
 import torch
+from test_optimal_ablation import hf_with_constants
 from transformers import GPT2LMHeadModel
 
-import headprune.scoring.optimal as optimal
 from headprune.io.loading import load_model
 from headprune.perplexity import Windowing
-from headprune.scoring import head_means
+from headprune.scoring import head_means, optimal
 from headprune.scoring.optimal import fit_layer
 
 from helpers import TINY, guide_loop, save_hf_gpt2
-from test_optimal_ablation import hf_with_constants
 
 SEQ, STRIDE, BATCH, VOCAB = 64, 40, 3, 512
 H, L = TINY["n_head"], TINY["n_layer"]

@@ -6,7 +6,6 @@ model in Hugging Face's GPT2LMHeadModel with the guide's loop) and ``prune``'s p
 import json
 import math
 import re
-
 from pathlib import Path
 
 import pytest

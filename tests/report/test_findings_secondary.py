@@ -39,5 +39,5 @@ def test_next_layer_and_its_total_are_the_second_largest_sum(per_layer):
 
 def test_one_layer_has_no_next():
     sentence = findings(_scores({0: [0.1, 0.3]}), pd.DataFrame(columns=["method", "compensation"]), pd.DataFrame())
-    assert sentence == ["Layer 0 matters most: its heads' abl_zero (NLL increase when one head is zero-ablated) sum "
-                        "to 0.400 nats/token, 100% of all heads' total."]
+    assert sentence == [("Layer 0 matters most: its heads' abl_zero (NLL increase when one head is zero-ablated) sum "
+                         "to 0.400 nats/token, 100% of all heads' total.")]
