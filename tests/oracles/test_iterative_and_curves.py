@@ -368,3 +368,49 @@ def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf,
     print(f"\niterative optimal: max |logit error| {err:.2e}; the wrong variants differ by {wrong}")
     assert err <= 1e-4
     assert min(wrong.values()) > 100 * 1e-4, wrong
+
+
+def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token_ids, scores_file):
+    """The other branches of prune_iteratively. ``random`` in 2 steps: each step draws u ~ U(0,1) afresh from
+    default_rng(seed) over the remaining heads in (layer, head) order (drawn here by hand) and removes the lowest.
+    Mean compensation in 2 steps by wo_fro: step 2's means are measured in HF on the model whose step-1 heads
+    already output their means. Bad compensation and missing scoring data are refused."""
+    from headprune.errors import HeadpruneError
+    from headprune.perplexity import Windowing
+    from headprune.pruning.iterative import prune_iteratively
+
+    _, score_ids = token_ids
+    table = pd.read_csv(scores_file)
+    w = Windowing(SEQ, STRIDE, 8)
+    left, want_random = list(HEADS), []
+    for _ in range(2):
+        u = np.random.default_rng(5).random(len(left))
+        take = [left[i] for i in np.argsort(u, kind="stable")[:2]]
+        want_random += take
+        left = [h for h in left if h not in take]
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4, steps=2, seed=5,
+                                    show_progress=False)
+    assert got == want_random
+    tokens = random_tokens(5)
+    with torch.no_grad():
+        assert (pruned(tokens) - hf_without(hf, want_random)(tokens).logits).abs().max() <= TOL
+
+    order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, score_ids=score_ids,
+                                    windowing=w, compensate="mean", show_progress=False)
+    assert got == order
+    first = hf_means(hf, score_ids)
+    second = hf_means(hf_without(hf, order[:2], first), score_ids)  # step-1 heads' slices already hold their means
+    with torch.no_grad():
+        want = hf_without(hf, order, second)(tokens).logits
+        stale = hf_without(hf, order, first)(tokens).logits  # all means from the unpruned model: one-shot
+        err, gap = (pruned(tokens) - want).abs().max().item(), (stale - want).abs().max().item()
+    print(f"\niterative mean compensation: max |logit error| {err:.2e}, one-shot means differ by {gap:.2e}")
+    assert err <= TOL and gap > 100 * TOL
+
+    with pytest.raises(HeadpruneError, match="must be none, mean or optimal"):
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, compensate="median", score_ids=score_ids)
+    with pytest.raises(HeadpruneError, match="needs scoring data"):
+        prune_iteratively(load_model(tiny_dir), table, "abl_zero", count=2, steps=2)
+    with pytest.raises(HeadpruneError, match="at least 1"):
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=2, steps=0)
