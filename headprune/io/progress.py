@@ -41,8 +41,10 @@ class Progress:
         self.key = fingerprint(**settings)
         self.settings = settings
         self.units: dict[str, Any] = {}
-        # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill).
+        # For tests only: SIGKILL this process right after it has recorded this many units (a deterministic kill;
+        # HEADPRUNE_TEST_KILL_SIGNAL=INT sends SIGINT instead, as Ctrl-C would).
         self._kill_after = int(os.environ.get("HEADPRUNE_TEST_KILL_AFTER_UNITS", "0"))
+        self._kill_signal = getattr(signal, "SIG" + os.environ.get("HEADPRUNE_TEST_KILL_SIGNAL", "KILL"))
         self._recorded = 0
         # The header is written with the first unit: a run that fails before computing anything leaves no file
         # behind to block the corrected rerun.
@@ -126,7 +128,7 @@ class Progress:
             self.units[unit] = json.loads(json.dumps(value))
             self._recorded += 1
             if self._recorded == self._kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), self._kill_signal)
         return self.units[unit]
 
     def remove(self) -> None:

@@ -80,7 +80,7 @@ def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer:
                 if grad:
                     assert total_grad is not None
                     total_grad += torch.autograd.grad(torch.stack(loss).sum(), leaf)[0]
-            sums[first:first + len(chunk)] = torch.stack(loss).detach().cpu()
+            sums[first:first + len(chunk)] += torch.stack(loss).detach().cpu()
     return sums, total_grad
 
 

@@ -22,6 +22,29 @@ def test_window_counts_are_seeded_multinomial_draws():
     assert (a.sum(1) == 7).all() and a.shape == (50, 7)
 
 
+def test_window_counts_are_multinomial_draws_with_replacement():
+    """Each replicate draws n windows with replacement, uniformly: its counts sum to n, a window's count is
+    Binomial(n, 1/n) (zero with probability (1 − 1/n)^n ≈ 0.36, above 1 often; drawing without replacement
+    would give every window exactly 1), and every window is drawn equally often over replicates. Chi-square
+    tests against those distributions, with a fixed seed."""
+    from scipy import stats
+
+    n, b = 20, 4000
+    counts = window_counts(n, b, seed=11).numpy()
+    assert counts.shape == (b, n) and (counts >= 0).all() and (counts == np.round(counts)).all()
+    assert (counts.sum(1) == n).all()
+    assert (counts > 1).any(1).mean() > 0.99 and (counts == 0).mean() == pytest.approx((1 - 1 / n) ** n, abs=0.01)
+    values = np.minimum(counts, 4).ravel().astype(int)  # pooled counts, 4 or more in one bin
+    observed = np.bincount(values, minlength=5)
+    pmf = stats.binom.pmf(np.arange(4), n, 1 / n)
+    expected = np.append(pmf, 1 - pmf.sum()) * values.size
+    p_counts = stats.chisquare(observed, expected).pvalue
+    p_windows = stats.chisquare(counts.sum(0)).pvalue  # column totals: uniform over windows
+    print(f"\nchi-square p: counts vs Binomial(n, 1/n) {p_counts:.3f}, windows uniform {p_windows:.3f}")
+    assert p_counts > 1e-3 and p_windows > 1e-3
+    assert counts.mean() == 1.0 and np.abs(counts.mean(0) - 1).max() < 0.1
+
+
 def test_interval_is_the_percentile_interval():
     x = np.arange(201, dtype=float)  # percentiles 2.5 and 97.5 of 0..200 are 5 and 195
     lo, hi = interval(x)

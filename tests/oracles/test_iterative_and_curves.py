@@ -290,3 +290,128 @@ def test_curve_points_equal_hf_pruned_models(tiny_dir, hf, token_ids, scores_fil
         assert row.ppl == pytest.approx(want_ppl, rel=TOL)
     # the random spread is large enough that ddof=0 (a factor sqrt(2/3)) would be far outside TOL
     assert min(s for s in stds if s > 1e-9) * (1 - math.sqrt(2 / 3)) > 100 * TOL
+
+
+# ---------------------------------------------------------------- iterative branches (issue 22, point 2)
+
+def test_iterative_per_layer_equals_hand_rescoring_loop(tiny_dir, hf, token_ids, full_abl_zero, scores_file, corpora,
+                                                        tmp_path):
+    """``--per-layer --fraction 0.75 --iterative 3``: each layer loses 3 of its 4 heads, 1 per step; before each
+    step after the first the remaining heads' abl_zero is re-measured in HF on the model pruned so far, and each
+    layer's lowest remaining head goes. Not the one-shot per-layer set, and no layer loses more than its share."""
+    _, score_ids = token_ids
+    removed, gaps = [], []
+    for step in range(3):
+        delta = hf_abl_zero(hf, score_ids, removed) if step else full_abl_zero
+        for layer in range(L):
+            in_layer = {h: v for h, v in delta.items() if h[0] == layer}
+            gaps.append(cut_gap(in_layer, 1))
+            removed += lowest(in_layer, 1)
+    one_shot = [h for layer in range(L) for h in lowest({h: v for h, v in full_abl_zero.items() if h[0] == layer}, 3)]
+    print(f"\nper-layer iterative {removed}, one-shot {one_shot}, smallest score gap at a cut {min(gaps):.2e}")
+    assert min(gaps) > 100 * TOL, gaps
+    assert set(removed) != set(one_shot)  # re-scoring changes the choice here
+
+    args = ["prune", "--model", str(tiny_dir), "--scores", str(scores_file), "--method", "abl_zero", "--fraction",
+            "0.75", "--per-layer", "--score-data", str(corpora[1]), *WINDOW]
+    assert main(args + ["--iterative", "3", "--out", str(tmp_path / "it")]) == 0
+    got = exported_heads(tmp_path / "it")
+    assert sorted(got) == sorted(removed)
+    for step in range(3):  # removal order: step by step, each step one head per layer
+        assert sorted(got[L * step: L * (step + 1)]) == sorted(removed[L * step: L * (step + 1)])
+    tokens = random_tokens(3)
+    with torch.no_grad():
+        want = hf_without(hf, removed)(tokens).logits
+        assert (load_model(tmp_path / "it")(tokens) - want).abs().max() <= TOL
+
+
+def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf, token_ids, scores_file):
+    """``compensate="optimal"`` in 2 steps by wo_fro (4 heads, 2 per step): step 1's constants are those optimal
+    for its two heads on the unpruned model, step 2's those optimal for its two on the model after step 1. The
+    result equals HF with all four heads' z overwritten by their step's constants; the constants fitted for all
+    four at once (one-shot), or for step 2's heads on the unpruned model, give another model."""
+    from headprune.perplexity import Windowing
+    from headprune.pruning.iterative import prune_iteratively
+    from headprune.pruning.prune import prune_model
+    from headprune.scoring import joint_constants
+
+    _, score_ids = token_ids
+    table = pd.read_csv(scores_file)
+    order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
+    w = Windowing(SEQ, STRIDE, 8)
+    model = load_model(tiny_dir)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, score_ids=score_ids,
+                                    windowing=w, compensate="optimal", show_progress=False)
+    assert got == order
+    first = joint_constants(model, score_ids, order[:2], w, show_progress=False)
+    second = joint_constants(prune_model(model, order[:2], first), score_ids, order[2:], w, show_progress=False)
+
+    def hf_overwritten(constants):
+        out = copy.deepcopy(hf)
+        for layer in {l for l, _ in constants}:
+            heads = [(h, c) for (l, h), c in constants.items() if l == layer]
+
+            def replace(mod, args, heads=heads):
+                z = args[0].clone()
+                for h, c in heads:
+                    z[..., h * DK:(h + 1) * DK] = c.to(z.dtype)
+                return (z,)
+            out.transformer.h[layer].attn.c_proj.register_forward_pre_hook(replace)
+        return out
+
+    tokens = random_tokens(4)
+    with torch.no_grad():
+        want = hf_overwritten({**first, **second})(tokens).logits
+        err = (pruned(tokens) - want).abs().max().item()
+        one_shot = hf_overwritten(joint_constants(model, score_ids, order, w, show_progress=False))(tokens).logits
+        stale = hf_overwritten({**first, **joint_constants(model, score_ids, order[2:], w, show_progress=False)})
+        wrong = {"one-shot": (one_shot - want).abs().max().item(), "stale": (stale(tokens).logits - want).abs().max().item()}
+    print(f"\niterative optimal: max |logit error| {err:.2e}; the wrong variants differ by {wrong}")
+    assert err <= 1e-4
+    assert min(wrong.values()) > 100 * 1e-4, wrong
+
+
+def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token_ids, scores_file):
+    """The other branches of prune_iteratively. ``random`` in 2 steps: each step draws u ~ U(0,1) afresh from
+    default_rng(seed) over the remaining heads in (layer, head) order (drawn here by hand) and removes the lowest.
+    Mean compensation in 2 steps by wo_fro: step 2's means are measured in HF on the model whose step-1 heads
+    already output their means. Bad compensation and missing scoring data are refused."""
+    from headprune.errors import HeadpruneError
+    from headprune.perplexity import Windowing
+    from headprune.pruning.iterative import prune_iteratively
+
+    _, score_ids = token_ids
+    table = pd.read_csv(scores_file)
+    w = Windowing(SEQ, STRIDE, 8)
+    left, want_random = list(HEADS), []
+    for _ in range(2):
+        u = np.random.default_rng(5).random(len(left))
+        take = [left[i] for i in np.argsort(u, kind="stable")[:2]]
+        want_random += take
+        left = [h for h in left if h not in take]
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4, steps=2, seed=5,
+                                    show_progress=False)
+    assert got == want_random
+    tokens = random_tokens(5)
+    with torch.no_grad():
+        assert (pruned(tokens) - hf_without(hf, want_random)(tokens).logits).abs().max() <= TOL
+
+    order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, score_ids=score_ids,
+                                    windowing=w, compensate="mean", show_progress=False)
+    assert got == order
+    first = hf_means(hf, score_ids)
+    second = hf_means(hf_without(hf, order[:2], first), score_ids)  # step-1 heads' slices already hold their means
+    with torch.no_grad():
+        want = hf_without(hf, order, second)(tokens).logits
+        stale = hf_without(hf, order, first)(tokens).logits  # all means from the unpruned model: one-shot
+        err, gap = (pruned(tokens) - want).abs().max().item(), (stale - want).abs().max().item()
+    print(f"\niterative mean compensation: max |logit error| {err:.2e}, one-shot means differ by {gap:.2e}")
+    assert err <= TOL and gap > 100 * TOL
+
+    with pytest.raises(HeadpruneError, match="must be none, mean or optimal"):
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, compensate="median", score_ids=score_ids)
+    with pytest.raises(HeadpruneError, match="needs scoring data"):
+        prune_iteratively(load_model(tiny_dir), table, "abl_zero", count=2, steps=2)
+    with pytest.raises(HeadpruneError, match="at least 1"):
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=2, steps=0)

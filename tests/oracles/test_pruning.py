@@ -240,3 +240,30 @@ def test_hf_export_loads_in_stock_transformers(tiny, tiny_dir, tmp_path):
         once = prune_model(tiny, HEADS[:2])
         hf2 = GPT2LMHeadModel.from_pretrained(export_hf(prune_model(once, HEADS[2:]), tmp_path / "hf2")).eval()
         assert _maxdiff(hf2(x).logits, prune_model(tiny, HEADS)(x)) <= 1e-4
+
+
+def test_hf_export_zeroes_removed_heads_whatever_the_record_says(tiny, tiny_dir, tmp_path, monkeypatch):
+    """The removed heads' Q/K/V columns (weights and biases) and W_O rows are exactly 0 in the exported tensors,
+    read from the checkpoint by the heads we removed (never from the export record, here made to list none), and
+    every other attention weight is the original's."""
+    import headprune.io.export as export_module
+
+    monkeypatch.setattr(export_module, "removed_heads", lambda model: [])  # a record that lists no head
+    out = export_hf(prune_model(tiny, HEADS), tmp_path / "hf")
+    assert json.loads((out / EXPORT_MARKER).read_text())["removed_heads"] == []
+    got = GPT2LMHeadModel.from_pretrained(out).state_dict()
+    ref = GPT2LMHeadModel.from_pretrained(tiny_dir).state_dict()
+    for layer in range(3):
+        pre = f"transformer.h.{layer}.attn."
+        for head in range(H):
+            cols = torch.cat([torch.arange(part * D + head * DK, part * D + (head + 1) * DK) for part in range(3)])
+            rows = torch.arange(head * DK, (head + 1) * DK)
+            pieces = {"c_attn.weight": got[pre + "c_attn.weight"][:, cols], "c_attn.bias": got[pre + "c_attn.bias"][cols],
+                      "c_proj.weight": got[pre + "c_proj.weight"][rows]}
+            originals = {"c_attn.weight": ref[pre + "c_attn.weight"][:, cols], "c_attn.bias": ref[pre + "c_attn.bias"][cols],
+                         "c_proj.weight": ref[pre + "c_proj.weight"][rows]}
+            for name, piece in pieces.items():
+                if (layer, head) in HEADS:
+                    assert torch.count_nonzero(piece) == 0, (layer, head, name)
+                else:
+                    assert torch.equal(piece, originals[name]), (layer, head, name)
