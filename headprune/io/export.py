@@ -1,14 +1,6 @@
-"""Checkpoint keys and exports: Hugging Face GPT-2 names <-> ours, and pruned models saved to folders.
-
-Hugging Face GPT-2 stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our parameter names are
-the same without the prefix, so loading is a key rename (:func:`convert_state_dict`) and exporting its
-inverse (:func:`hf_tensors`). The causal-mask buffers (``attn.bias``, ``attn.masked_bias``) are dropped and
-``lm_head.weight`` is tied to ``wte.weight``.
-
-Exports are built in a temporary folder beside the target and renamed into place (never half-written):
-``native`` keeps the pruned model's smaller tensors (``config.json`` records ``headprune_kept_heads``);
-``hf`` writes the original shapes with every removed head's Q/K/V columns, biases and W_O rows zeroed, which
-stock ``GPT2LMHeadModel`` loads."""
+"""Pruned models saved to folders: ``native`` (the really smaller tensors, reloads in headprune) and ``hf`` (the
+original shapes with removed heads zeroed, loads in stock transformers), each written atomically with a
+``headprune_export.json`` record of what was removed, how and from what."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
-
-Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
-tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
-meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
-tensor. Keys are renamed by :func:`headprune.io.hf_keys.convert_state_dict`; the model records where it came
-from in ``model.origin``."""
+"""The model fingerprint: a short hash of the config and every tensor, memoized per model, that tells whether a
+scores, curves or progress file belongs to a model."""
 
 from __future__ import annotations
 

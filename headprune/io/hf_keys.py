@@ -1,14 +1,5 @@
-"""Checkpoint keys and exports: Hugging Face GPT-2 names <-> ours, and pruned models saved to folders.
-
-Hugging Face GPT-2 stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our parameter names are
-the same without the prefix, so loading is a key rename (:func:`convert_state_dict`) and exporting its
-inverse (:func:`hf_tensors`). The causal-mask buffers (``attn.bias``, ``attn.masked_bias``) are dropped and
-``lm_head.weight`` is tied to ``wte.weight``.
-
-Exports are built in a temporary folder beside the target and renamed into place (never half-written):
-``native`` keeps the pruned model's smaller tensors (``config.json`` records ``headprune_kept_heads``);
-``hf`` writes the original shapes with every removed head's Q/K/V columns, biases and W_O rows zeroed, which
-stock ``GPT2LMHeadModel`` loads."""
+"""Hugging Face GPT-2 names <-> ours: HF stores ``transformer.``-prefixed Conv1D weights ``[in, out]``; our names are
+the same without the prefix, so loading is a key rename (:func:`convert_state_dict`) and an hf export the reverse."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Load GPT-2 checkpoints (hub id, HF cache, local directory, shipped zoo model) and their tokenizers.
+"""Load checkpoints (hub id, HF cache, local directory, shipped zoo model) of every supported family.
 
 Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
 tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the

@@ -1,12 +1,5 @@
-"""Atomic outputs and append-only progress files for resumable sweeps.
-
-Every file is written to a temporary name in its own folder, flushed, fsynced and renamed over the
-target, so a reader (or a killed run) never sees a half-written file.
-
-A sweep records each finished unit as one JSON line in a progress file whose first line is the run's
-fingerprint (command, model, data, settings). Rerunning the same command skips the recorded units; a
-different fingerprint refuses to resume unless told to overwrite. A torn last line (SIGKILL in mid-write)
-is ignored and its unit recomputed."""
+"""Append-only progress files for resumable sweeps: each finished unit is one JSON line under a header of the
+settings; a rerun with the same settings takes the recorded units as done, another is refused unless overwritten."""
 
 from __future__ import annotations
 
