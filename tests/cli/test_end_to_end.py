@@ -13,6 +13,7 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.io.files import read_scores
+from headprune.io.fingerprint import SCORES_DIGEST
 from headprune.io.loading import load_model
 from headprune.models.interventions import mask_gates
 from headprune.schema import COSTLY, CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
@@ -70,7 +71,7 @@ def test_run_tables(run_dir):
     assert list(scores.columns) == score_columns(RUN_METHODS)
     assert len(scores) == 12 and scores[RUN_METHODS].notna().all().all()
     curves = pd.read_parquet(run_dir / "curves.parquet")
-    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN]
+    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN, SCORES_DIGEST]
     assert (curves[FILL_COLUMN] == "").eq(curves.compensation == "none").all()
     assert curves.loc[curves.compensation == "mean", FILL_COLUMN].str.contains("validation split").all()
     baseline = json.loads((run_dir / "baseline.json").read_text())
@@ -303,7 +304,7 @@ def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):
             "--out", str(out)]
     assert main(args) == 0
     curves = pd.read_csv(out)
-    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN]
+    assert list(curves.columns) == [*CURVE_COLUMNS, FILL_COLUMN, SCORES_DIGEST]
     assert curves.method.tolist() == ["wo_fro", "wo_fro", "taylor", "taylor", "random", "random"]
     assert not out.with_name("curves.csv.progress.jsonl").exists()
     assert main(args) == 0  # deterministic: the same seed gives bit-identical curves

@@ -120,7 +120,7 @@ def test_score_all_curve_and_anatomy(name, built, corpus, capsys, tmp_path):
     scores = pd.read_csv(tmp_path / "s.csv")
     assert len(scores) == 8 and scores[["wo_fro", "ov_fro", "taylor", "abl_zero", "abl_mean"]].notna().all().all()
     cli(capsys, "curve", "--model", folder, *data, "--scores", tmp_path / "s.csv", "--methods", "taylor,abl_zero",
-        "--fractions", "0,0.5", "--seeds", 2, "--bootstrap", 10, "--out", tmp_path / "c.csv", "--quiet")
+        "--fractions", "0,0.5", "--seeds", 2, "--bootstrap", 40, "--out", tmp_path / "c.csv", "--quiet")
     curves = pd.read_csv(tmp_path / "c.csv")
     assert set(curves.method) == {"taylor", "abl_zero", "random"} and (curves[curves.fraction == 0].delta_nll == 0).all()
     cli(capsys, "anatomy", "--model", folder, *data, "--out", tmp_path / "anat")
@@ -250,7 +250,7 @@ def test_run_on_llama_names_family_layout_and_unit(built, corpus, tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "headprune", "run", "--model", str(folder), "--data", str(corpus),
                            "--score-data", str(corpus), "--max-tokens", "200", "--seq-len", "32", "--seeds", "2",
-                           "--bootstrap", "10", "--fractions", "0,0.5", "--out", str(out), "--quiet"],
+                           "--bootstrap", "40", "--fractions", "0,0.5", "--out", str(out), "--quiet"],
                           check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = (out / "summary.md").read_text()
@@ -265,7 +265,7 @@ def test_score_unit_group_equals_hf_joint_ablation(built, corpus, capsys, tmp_pa
     folder, hf = built["llama"]
     data = ["--data", corpus, "--max-tokens", 200, "--seq-len", 32, "--stride", 16]
     summary = json.loads(cli(capsys, "score", "--model", folder, *data, "--methods", "abl_zero,wo_fro", "--unit",
-                             "group", "--bootstrap", 20, "--json", "--out", tmp_path / "g.csv", "--quiet"))
+                             "group", "--bootstrap", 40, "--json", "--out", tmp_path / "g.csv", "--quiet"))
     cli(capsys, "score", "--model", folder, *data, "--methods", "abl_zero,wo_fro", "--out", tmp_path / "h.csv",
         "--quiet")
     table, heads = pd.read_csv(tmp_path / "g.csv"), pd.read_csv(tmp_path / "h.csv")
