@@ -170,7 +170,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     if model_type(model) != "gpt2":  # another family: name it, its GQA layout and the unit heads are scored in
         settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
-    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
+    from headprune.schema import SCORES_DIGEST, scores_digest
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     report = build_report(scores, curves, out, settings, baseline, anatomy)

@@ -286,3 +286,21 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
     df = df.sort_values([*recover, "_key", "_comp", "fraction"], kind="stable").drop(columns=["_key", "_comp"])
     order = [c for c in CURVE_COLUMNS if c in df.columns] + [c for c in df.columns if c not in CURVE_COLUMNS]
     return df[order].reset_index(drop=True)
+
+
+#: The curves column naming the scores table the curves were ranked by (:func:`scores_digest`).
+SCORES_DIGEST = "scores_digest"
+
+
+def scores_digest(scores) -> str:
+    """A short hash of a scores table's content: every head's (layer, head) and its value in every method column,
+    printed to 9 significant digits (so a csv or parquet copy of the same table has the same digest). Curves
+    record the digest of the table that ranked them; ``report`` refuses scores of another run."""
+    import hashlib
+
+    df = check_scores(scores, HEAD_COLUMNS, need_method=False)
+    methods = method_columns(df)
+    h = hashlib.sha256(",".join(methods).encode())
+    for row in df[["layer", "head", *methods]].itertuples(index=False):
+        h.update((",".join(f"{v:.9g}" if isinstance(v, float) else str(v) for v in row) + "\n").encode())
+    return h.hexdigest()[:16]

@@ -56,13 +56,12 @@ def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
     from headprune.io.files import read_scores
-    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
     from headprune.pruning.options import Compensation, CurveOptions
     from headprune.pruning.recovered_curves import recovered_curves
     from headprune.pruning.selection import check_scores_match
-    from headprune.schema import IMPORTANCE_METHODS, RANDOM, parse_fractions
+    from headprune.schema import IMPORTANCE_METHODS, RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
     from headprune.scoring import head_means, joint_constants
 
     check_gate_args(args, "--gate-steps", "--gate-lr")

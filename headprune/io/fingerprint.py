@@ -26,7 +26,6 @@ def model_fingerprint(model: GPT2) -> str:
     Every weight counts, not just attention: a fine-tune that changed only MLP, embedding or LayerNorm weights
     is another model whose scores must not be mixed with these. Memoized per model until a tensor is replaced or
     changed in place (its storage or version counter moves), so a run hashes its weights once."""
-    import hashlib
 
     config = json.dumps(model.cfg.as_dict(), sort_keys=True)
     state = model.state_dict()
@@ -46,21 +45,3 @@ def model_fingerprint(model: GPT2) -> str:
         h.update(flat.to(torch.bfloat16).float().cpu().numpy().tobytes())  # same for any dtype
     _FINGERPRINTS[model] = (key, h.hexdigest()[:16])
     return _FINGERPRINTS[model][1]
-
-
-#: The curves column naming the scores table the curves were ranked by (:func:`scores_digest`).
-SCORES_DIGEST = "scores_digest"
-
-
-def scores_digest(scores) -> str:
-    """A short hash of a scores table's content: every head's (layer, head) and its value in every method column,
-    printed to 9 significant digits (so a csv or parquet copy of the same table has the same digest). Curves
-    record the digest of the table that ranked them; ``report`` refuses scores of another run."""
-    from headprune.schema import HEAD_COLUMNS, check_scores, method_columns
-
-    df = check_scores(scores, HEAD_COLUMNS, need_method=False)
-    methods = method_columns(df)
-    h = hashlib.sha256(",".join(methods).encode())
-    for row in df[["layer", "head", *methods]].itertuples(index=False):
-        h.update((",".join(f"{v:.9g}" if isinstance(v, float) else str(v) for v in row) + "\n").encode())
-    return h.hexdigest()[:16]

@@ -70,7 +70,7 @@ def check_together(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict) -
     if len(prints) == 2 and prints[0] != prints[1]:
         raise HeadpruneError(f"the scores (model {min(prints[0])}) and the curves (model {min(prints[1])}) come from "
                              "different models; use the tables of one run")
-    from headprune.io.fingerprint import SCORES_DIGEST, scores_digest
+    from headprune.schema import SCORES_DIGEST, scores_digest
 
     if SCORES_DIGEST in curves.columns and (ranked := set(curves[SCORES_DIGEST].astype(str))) != {
             mine := scores_digest(scores)}:

@@ -13,10 +13,9 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.io.files import read_scores
-from headprune.io.fingerprint import SCORES_DIGEST
 from headprune.io.loading import load_model
 from headprune.models.interventions import mask_gates
-from headprune.schema import COSTLY, CURVE_COLUMNS, FILL_COLUMN, METHODS, score_columns
+from headprune.schema import COSTLY, CURVE_COLUMNS, FILL_COLUMN, METHODS, SCORES_DIGEST, score_columns
 
 RUN_METHODS = [m for m in METHODS if m not in COSTLY]  # abl_opt only with RunSettings(optimal=True)
 
