@@ -44,12 +44,12 @@ O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gpt_neox
 
 
 def _source_config(model: HeadModel) -> dict:
-    from headprune.models.hf_families import read_hf_config
+    from headprune.io.loading import parse_config_json
 
     if model.origin.folder is None:
         raise HeadpruneError(f"exporting a {model_type(model)} model needs the config.json it was loaded from; this "
                              "model has no source folder (load it with headprune.io.loading.load_model)")
-    hf = read_hf_config(model.origin.folder)
+    hf = parse_config_json(model.origin.folder)
     for key in ("headprune_kept_heads", "headprune_o_bias", "torch_dtype"):
         hf.pop(key, None)
     hf["dtype"] = str(model.dtype).removeprefix("torch.")

@@ -72,7 +72,7 @@ def _snapshot(repo_id: str) -> Path:
     return folder
 
 
-def read_config_json(folder: Path) -> dict:
+def parse_config_json(folder: Path) -> dict:
     """``folder/config.json`` as a dict; a missing, damaged or non-object file is refused."""
     path = folder / "config.json"
     if not path.is_file():
@@ -83,6 +83,12 @@ def read_config_json(folder: Path) -> dict:
         raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
     if not isinstance(hf, dict):
         raise HeadpruneError(f"{path} must hold a JSON object, not {type(hf).__name__}; the checkpoint is damaged")
+    return hf
+
+
+def read_config_json(folder: Path) -> dict:
+    """:func:`parse_config_json`, refused unless its ``model_type`` is one headprune supports."""
+    hf = parse_config_json(folder)
     if hf.get("model_type") not in SUPPORTED:
         raise HeadpruneError(f"{folder} holds a {hf.get('model_type')!r} model; headprune analyses the model types "
                              f"{', '.join(SUPPORTED)}")

@@ -7,7 +7,6 @@ the meta device, each cast to the requested dtype as it arrives, so the peak is 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,23 +14,9 @@ import torch
 
 from headprune.errors import HeadpruneError
 from headprune.io.checkpoint import CheckpointReader
-from headprune.io.loading import check_device_dtype, resolve_device, resolve_dtype, resolve_source
+from headprune.io.loading import check_device_dtype, parse_config_json, resolve_device, resolve_dtype, resolve_source
 from headprune.models.base import HeadModel, Origin
 from headprune.models.families import REGISTRY, SUPPORTED, Family
-
-
-def read_hf_config(folder: Path) -> dict:
-    """The config.json dict of ``folder`` (a clear error when it is missing or damaged)."""
-    path = folder / "config.json"
-    if not path.is_file():
-        raise HeadpruneError(f"{folder} has no config.json; it is not a Hugging Face model directory")
-    try:
-        hf = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise HeadpruneError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
-    if not isinstance(hf, dict):
-        raise HeadpruneError(f"{path} must hold a JSON object, not {type(hf).__name__}; the checkpoint is damaged")
-    return hf
 
 
 def family_of(hf: dict, folder: Path) -> Family:
@@ -45,7 +30,7 @@ def family_of(hf: dict, folder: Path) -> Family:
 
 def read_family_config(folder: Path):
     """(family, config) of a non-GPT-2 model directory."""
-    hf = read_hf_config(folder)
+    hf = parse_config_json(folder)
     family = family_of(hf, folder)
     try:
         return family, family.read_config(hf)
