@@ -21,6 +21,12 @@ class HeadpruneError(Exception):
         self.param = param
 
 
+def config_error(where: str, model_type: str, err: Exception) -> HeadpruneError:
+    """The error for a config that cannot build a model: a missing field is named as such."""
+    what = f"has no {err.args[0]!r} field" if isinstance(err, KeyError) else f"is not usable ({err})"
+    return HeadpruneError(f"{where} {what}, which a {model_type} config needs; the checkpoint is incomplete")
+
+
 def os_error_line(err: OSError) -> str | None:
     """The one line for an OSError the user can fix (else None: a bug, shown with its traceback). stdout is pointed
     at /dev/null first, so the interpreter's last flush of a broken stdout adds no second error."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from headprune.errors import HeadpruneError
+from headprune.errors import HeadpruneError, config_error
 from headprune.io.export import dense_state
 from headprune.io.hf_keys import convert_state_dict, hf_key
 from headprune.models.base import HeadModel, Origin
@@ -70,7 +70,7 @@ def _from_gpt2(hf_model: GPT2LMHeadModel, config: dict) -> GPT2:
     try:
         cfg = ModelConfig.from_hf({**config, "tie_word_embeddings": _tied(hf_model)})
     except (KeyError, ValueError, TypeError) as err:
-        raise HeadpruneError(f"the model's config is not a usable GPT-2 config ({err})") from None
+        raise config_error("the model's config", "GPT-2", err) from None
     return cast(GPT2, _assign(GPT2, cfg, convert_state_dict(hf_model.state_dict(), cfg)))
 
 
@@ -78,7 +78,7 @@ def _from_family(hf_model: PreTrainedModel, family: Family, config: dict) -> Hea
     try:
         cfg = family.read_config({**config, "tie_word_embeddings": _tied(hf_model)})
     except (KeyError, ValueError, TypeError) as err:
-        raise HeadpruneError(f"the model's config is not a usable {config['model_type']} config ({err})") from None
+        raise config_error("the model's config", config["model_type"], err) from None
     state = dict(hf_model.state_dict())
     head = next(name for name, module in hf_model.named_modules() if module is hf_model.get_output_embeddings())
     if head != family.lm_head:  # transformers 5 names GPT-NeoX's embed_out lm_head in memory (embed_out on disk)

@@ -15,7 +15,7 @@ from typing import cast
 
 import torch
 
-from headprune.errors import HeadpruneError
+from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader
 from headprune.io.hf_keys import convert_state_dict
 from headprune.models.base import Origin
@@ -103,7 +103,7 @@ def read_config(folder: Path) -> ModelConfig:
     try:
         return ModelConfig.from_hf(hf)
     except (KeyError, ValueError, TypeError) as err:
-        raise HeadpruneError(f"{folder / 'config.json'} is not a usable GPT-2 config ({err})") from None
+        raise config_error(str(folder / "config.json"), "GPT-2", err) from None
 
 
 def load_model(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from headprune.errors import HeadpruneError
+from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader
 from headprune.io.loading import check_device_dtype, parse_config_json, resolve_device, resolve_dtype, resolve_source
 from headprune.models.base import HeadModel, Origin
@@ -35,7 +35,7 @@ def read_family_config(folder: Path):
     try:
         return family, family.read_config(hf)
     except (KeyError, ValueError, TypeError) as err:
-        raise HeadpruneError(f"{folder / 'config.json'} is not a usable {hf['model_type']} config ({err})") from None
+        raise config_error(str(folder / "config.json"), hf["model_type"], err) from None
 
 
 def zero_filled(cfg, key: str) -> bool:

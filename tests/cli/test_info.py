@@ -192,4 +192,4 @@ def test_cli_process_reports_without_traceback(tmp_path):
                           check=False, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
-    assert "'llama' model, not GPT-2" in proc.stderr
+    assert "config.json has no 'num_attention_heads' field, which a llama config needs" in proc.stderr

@@ -34,6 +34,7 @@ from transformers import GPT2LMHeadModel
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids, tokenize_corpus
 from headprune.io.files import read_scores
+from headprune.io.fingerprint import model_fingerprint
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing
@@ -147,8 +148,10 @@ IMP = {0: [0.51, 0.9, 0.94, 0.39], 1: [5.93, 3.56, 6.15, 3.71], 2: [0.13, 0.27, 
 
 
 @pytest.fixture(scope="module")
-def scores_file(tmp_path_factory):
-    rows = [{"layer": l, "head": h, "head_id": f"L{l}H{h}", "imp": v} for l, vs in IMP.items() for h, v in enumerate(vs)]
+def scores_file(tiny_dir, tmp_path_factory):
+    fingerprint = model_fingerprint(load_model(tiny_dir))
+    rows = [{"layer": l, "head": h, "head_id": f"L{l}H{h}", "imp": v, "model_fingerprint": fingerprint}
+            for l, vs in IMP.items() for h, v in enumerate(vs)]
     path = tmp_path_factory.mktemp("scores") / "scores.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     return path

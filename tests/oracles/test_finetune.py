@@ -213,7 +213,7 @@ def test_finetune_command_keeps_format_and_pruned_shapes(fmt, tiny_dir, corpus, 
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--train-data", "SAME"], "is the evaluation data"),
+    (["--train-data", "SAME"], "contains the evaluation data"),
     (["--steps", "0"], "--steps 0 must be at least 1"),
     (["--distill-weight", "0.5"], "--distill-weight needs --teacher"),
     (["--teacher", "TEACHER", "--distill-weight", "2"], "--distill-weight 2.0 must lie in [0, 1]"),
@@ -313,7 +313,7 @@ def test_curve_recover_adds_recovered_points_and_the_report_shows_them(tiny_dir,
     assert main(["curve", *common, "--data", str(eval_corpus), "--scores", str(scores), "--methods", "wo_fro",
                  "--fractions", "0,0.5", "--recover", "2", "--train-data", str(eval_corpus),
                  "--out", str(tmp_path / "c2.csv")]) == 2
-    assert "is the evaluation data" in capsys.readouterr().err and not (tmp_path / "c2.csv").exists()
+    assert "contains the evaluation data" in capsys.readouterr().err and not (tmp_path / "c2.csv").exists()
 
 
 def test_check_curves_keeps_recovered_rows_apart():

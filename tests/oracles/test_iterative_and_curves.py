@@ -17,9 +17,10 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
+from headprune.io.fingerprint import model_fingerprint
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
-from headprune.pruning.options import Selection
+from headprune.pruning.options import ScoringData, Selection
 from headprune.pruning.selection import select_heads
 
 from helpers import TINY, guide_loop
@@ -74,12 +75,13 @@ def full_abl_zero(hf, token_ids):
 
 
 @pytest.fixture(scope="module")
-def scores_file(hf, full_abl_zero, tmp_path_factory):
+def scores_file(hf, full_abl_zero, tiny_dir, tmp_path_factory):
     """A scores table written by hand: abl_zero from HF on the scoring corpus, wo_fro from c_proj's rows."""
     abl = full_abl_zero
     wo = [hf.transformer.h[l].attn.c_proj.weight[h * DK : (h + 1) * DK].double().norm().item() for l, h in HEADS]
     table = pd.DataFrame({"layer": [l for l, _ in HEADS], "head": [h for _, h in HEADS],
-                          "head_id": [f"L{l}H{h}" for l, h in HEADS], "wo_fro": wo, "abl_zero": [abl[h] for h in HEADS]})
+                          "head_id": [f"L{l}H{h}" for l, h in HEADS], "wo_fro": wo, "abl_zero": [abl[h] for h in HEADS],
+                          "model_fingerprint": model_fingerprint(load_model(tiny_dir))})
     path = tmp_path_factory.mktemp("oracle-scores") / "scores.csv"
     table.to_csv(path, index=False)
     return path
@@ -340,8 +342,8 @@ def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf,
     order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
     w = Windowing(SEQ, STRIDE, 8)
     model = load_model(tiny_dir)
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, score_ids=score_ids,
-                                    windowing=w, compensate="optimal", show_progress=False)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, compensate="optimal",
+                                    data=ScoringData(score_ids, w), show_progress=False)
     assert got == order
     first = joint_constants(model, score_ids, order[:2], w, show_progress=False)
     second = joint_constants(prune_model(model, order[:2], first), score_ids, order[2:], w, show_progress=False)
@@ -389,16 +391,16 @@ def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token
         take = [left[i] for i in np.argsort(u, kind="stable")[:2]]
         want_random += take
         left = [h for h in left if h not in take]
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4, steps=2, seed=5,
-                                    show_progress=False)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4, steps=2,
+                                    selection=Selection(seed=5), show_progress=False)
     assert got == want_random
     tokens = random_tokens(5)
     with torch.no_grad():
         assert (pruned(tokens) - hf_without(hf, want_random)(tokens).logits).abs().max() <= TOL
 
     order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, score_ids=score_ids,
-                                    windowing=w, compensate="mean", show_progress=False)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, compensate="mean",
+                                    data=ScoringData(score_ids, w), show_progress=False)
     assert got == order
     first = hf_means(hf, score_ids)
     second = hf_means(hf_without(hf, order[:2], first), score_ids)  # step-1 heads' slices already hold their means
@@ -409,8 +411,9 @@ def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token
     print(f"\niterative mean compensation: max |logit error| {err:.2e}, one-shot means differ by {gap:.2e}")
     assert err <= TOL and gap > 100 * TOL
 
-    with pytest.raises(HeadpruneError, match="must be none, mean or optimal"):
-        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, compensate="median", score_ids=score_ids)
+    with pytest.raises(HeadpruneError, match="must be one of none, mean, optimal"):
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, compensate="median",
+                          data=ScoringData(score_ids))
     with pytest.raises(HeadpruneError, match="needs scoring data"):
         prune_iteratively(load_model(tiny_dir), table, "abl_zero", count=2, steps=2)
     with pytest.raises(HeadpruneError, match="at least 1"):

@@ -12,6 +12,7 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
+from headprune.io.fingerprint import model_fingerprint
 from headprune.io.loading import load_model
 from headprune.io.progress import Progress
 from headprune.io.tokenizer import load_tokenizer
@@ -217,7 +218,8 @@ def test_prune_compensate_optimal_export_equals_optimally_ablated_hf(tiny_dir, c
 
     scores = tmp_path / "scores.csv"  # ranks exactly these three heads lowest
     pd.DataFrame({"layer": [l for l in range(L) for _ in range(H)], "head": list(range(H)) * L,
-                  "wo_fro": [0.0 if (l, h) in heads else 1.0 + l * H + h for l in range(L) for h in range(H)]}
+                  "wo_fro": [0.0 if (l, h) in heads else 1.0 + l * H + h for l in range(L) for h in range(H)],
+                  "model_fingerprint": model_fingerprint(model)}
                  ).to_csv(scores, index=False)
     curve = tmp_path / "curve.csv"
     assert main(["curve", "--model", str(tiny_dir), "--data", str(corpus), "--scores", str(scores), "--methods",

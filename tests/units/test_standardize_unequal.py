@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 
+from headprune.pruning.options import Selection
 from headprune.pruning.selection import rank_heads, select_heads
 
 # a pruned model's scores: layer 0 kept 4 heads, layer 1 kept heads 0 and 3, layer 2 kept 1, 2 and 3
@@ -36,6 +37,6 @@ def test_standardize_uses_the_population_std_on_unequal_layers():
     # by hand: layer 0's lowest z is -0.91 (population) or -0.79 (sample); layer 1's is -1 or -0.71
     assert population[0] == (1, 0) and sample[0] == (0, 0)  # the two definitions disagree here
     assert population != sample
-    assert rank_heads(_table(), "imp", standardize=True) == population
-    assert select_heads(_table(), "imp", count=1, standardize=True) == [(1, 0)]
-    assert select_heads(_table(), "imp", count=3, standardize=True) == population[:3]
+    assert rank_heads(_table(), "imp", Selection(standardize=True)) == population
+    assert select_heads(_table(), "imp", count=1, selection=Selection(standardize=True)) == [(1, 0)]
+    assert select_heads(_table(), "imp", count=3, selection=Selection(standardize=True)) == population[:3]
