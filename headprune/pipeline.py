@@ -30,18 +30,20 @@ from headprune.pruning.gates import GATE, gate_head_sets
 from headprune.pruning.options import Compensation, CurveOptions, Selection
 from headprune.report import best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
+from headprune.reproduce import reproduce_commands
 from headprune.runtime import reuse_freed_memory
 from headprune.schema import (
     ACTIVATION_METHODS,
+    DEFAULT_FRACTIONS,
     DEFAULT_MAX_TOKENS,
+    DEFAULT_SEEDS,
     IMPORTANCE_METHODS,
     LAYER_NORMALIZED,
     RANDOM,
-    RUN_FRACTIONS,
     WEIGHT_METHODS,
     parse_methods,
 )
-from headprune.scoring import joint_constants, score_heads
+from headprune.scoring import head_means, joint_constants, score_heads
 
 
 @dataclass
@@ -57,8 +59,8 @@ class RunSettings:
     seq_len: int | None = None
     stride: int | None = None
     max_tokens: int | None = DEFAULT_MAX_TOKENS
-    fractions: tuple[float, ...] = RUN_FRACTIONS
-    seeds: int = 10  # random-baseline seeds: its band shows seed and data spread
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    seeds: int = DEFAULT_SEEDS  # random-baseline seeds: its band shows seed and data spread
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
     bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
@@ -132,10 +134,12 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     t0 = time.perf_counter()
     fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
 
-    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=scored.means, show_progress=False)
+    # the means come with the activation scores; without those (a --methods subset) they are measured here
+    means = scored.means if scored.means is not None else head_means(model, score_ids, windowing, progress, not quiet)
+    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
     options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
                            selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
-    compensation = Compensation(means=scored.means, optimal=optimal, fill_data=fill_data)
+    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, eval_ids, scores, variants, options, compensation, progress,
@@ -150,7 +154,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
-    settings = {**_fields(s), "methods": methods, "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+    point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
+    settings = {**_fields(s), "methods": methods,
+                "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)}, "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
                 "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "compensation_fills": fill_data,

@@ -29,6 +29,14 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
     return corpus_ids(data or args.data, split or args.split, model_tokenizer(model), args.max_tokens or None)
 
 
+def data_line(label: str, source: str, split: str, ids, w=None) -> str:
+    """The header line of a command that read ``ids``: which corpus, split and token count (and windows), so a
+    number it prints can be matched to the report's (which reads the same default budget)."""
+    where = f" ({split} split)" if source == "default" else ""
+    windows = f"; windows: seq_len {w.seq_len}, stride {w.stride}" if w is not None else ""
+    return f"{label}: {source}{where}, {len(ids):,} tokens{windows}"
+
+
 def fill_source(args, score_ids) -> str:
     """Where compensation fills came from, said in the outputs: ``--score-data``'s validation split and its
     token count (without ``--score-data``: the default corpus' scoring split), or "" without compensation."""

@@ -8,6 +8,7 @@ from functools import partial
 from headprune.cli.common import (
     check_gate_args,
     data_from_args,
+    data_line,
     fill_source,
     load_from_args,
     selection_from_args,
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> None:
     compensate = args.compensate != "none"
     needs_score_ids = compensate or learned
     score_ids = data_from_args(args, model, args.score_data, "validation") if needs_score_ids else None
+    print(data_line("data", args.data, args.split, ids, w))
+    if score_ids is not None:
+        print(data_line("score data", args.score_data, "validation", score_ids))
     variants = [(m, "none") for m in methods] + [(RANDOM, "none")]
     variants += [(m, args.compensate) for m in methods] if compensate else []
     train_ids = curve_train_ids(args, model, ids) if args.recover else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from headprune.cli.common import _json_number, data_from_args, load_from_args, windowing_from_args
+from headprune.cli.common import _json_number, data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_data_args, add_model_args
 
 HELP = 'sliding-window perplexity of a model on a corpus'
@@ -30,9 +30,7 @@ def run(args: argparse.Namespace) -> None:
     header = {"model": args.model, "data": args.data, "split": args.split if args.data == "default" else None,
               "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
     if not args.json:
-        split = f" ({header['split']} split)" if header["split"] else ""
-        print(f"model: {args.model}\ndata: {args.data}{split}, {len(ids):,} tokens\n"
-              f"windows: seq_len {w.seq_len}, stride {w.stride}")
+        print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids, w)}")
     result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.json)
     n_bytes = scored_bytes(model_tokenizer(model), ids, w)
     bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan

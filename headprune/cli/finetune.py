@@ -86,7 +86,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
                     checkpoint_every=args.checkpoint_every).resolve(model.cfg.n_positions)
     tok = model_tokenizer(model)
     train_ids = corpus_ids(args.train_data, "train", tok, args.max_train_tokens)
-    eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)
+    eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens or None)
     refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     fmt = args.format or marker.get("format", "native")
     n = model.cfg.n_positions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from headprune.errors import HeadpruneError
-from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
+from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MAX_TOKENS, DEFAULT_MODEL, DEFAULT_SEEDS
 
 # ``headprune --help``: what the tool is for, in a user's words, then (after the commands) three examples.
 DESCRIPTION = """\
@@ -86,17 +86,18 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
 CORPUS_FORMS = "default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT"
 
 
-def add_data_args(p: argparse.ArgumentParser, split: str = "test", max_tokens: int | None = None,
-                  data_help: str | None = None, windows: bool = True) -> None:
+def add_data_args(p: argparse.ArgumentParser, split: str = "test", data_help: str | None = None,
+                  windows: bool = True) -> None:
     """``--data`` (default: the default corpus; ``data_help`` for an optional one: its default is none),
-    ``--max-tokens`` and (``windows``) the window options."""
+    ``--max-tokens`` (every command reads the same default budget, so their numbers are the report's) and
+    (``windows``) the window options."""
     p.add_argument("--data", default=None if data_help else "default",
                    help=data_help or f"corpus ({split} split of the default corpus): {CORPUS_FORMS}")
     if windows:
         add_window_args(p)
-    all_note = "; 0: all" if max_tokens else ""
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help=f"use only the first K tokens of each corpus (default: {max_tokens or 'all'}{all_note})")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"use only the first K tokens of each corpus (default: {DEFAULT_MAX_TOKENS}, as in `run`; "
+                        "0: all)")
     p.set_defaults(split=split)
 
 
@@ -118,7 +119,7 @@ def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
                    help="bootstrap replicates (resampled windows) for the 95%% intervals: 0 (no intervals) or at least 40")
 
 
-def add_fraction_args(p: argparse.ArgumentParser, seeds: int = 3, fractions=DEFAULT_FRACTIONS) -> None:
+def add_fraction_args(p: argparse.ArgumentParser, seeds: int = DEFAULT_SEEDS, fractions=DEFAULT_FRACTIONS) -> None:
     p.add_argument("--fractions", default=",".join(map(str, fractions)),
                    help="comma-separated fractions of all heads to prune, each in [0, 1]")
     p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
@@ -180,9 +181,8 @@ def check_counts(args) -> None:
     if (fraction := getattr(args, "fraction", None)) is not None and not 0 <= fraction <= 1:
         raise HeadpruneError(f"--fraction {fraction} must lie in [0, 1]")
     max_tokens = getattr(args, "max_tokens", None)
-    if max_tokens is not None and max_tokens < 2 and not (max_tokens == 0 and args.command == "run"):
-        raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2" + (" (or 0: all)" if args.command == "run"
-                                                                               else ""), "max_tokens")
+    if max_tokens is not None and max_tokens < 2 and max_tokens != 0:
+        raise HeadpruneError(f"max_tokens {max_tokens} must be at least 2 (or 0: all)", "max_tokens")
 
 
 def add_finetune_args(p: argparse.ArgumentParser) -> None:

@@ -15,17 +15,17 @@ from headprune.cli.options import (
     add_seed_arg,
 )
 from headprune.errors import HeadpruneError
-from headprune.schema import DEFAULT_MAX_TOKENS, METHODS, RUN_FRACTIONS
+from headprune.schema import METHODS
 
 HELP = 'the whole analysis: ledger, scores, pruning curves, report'
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    add_data_args(p, "test", max_tokens=DEFAULT_MAX_TOKENS)
+    add_data_args(p, "test")
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")
-    add_fraction_args(p, seeds=10, fractions=RUN_FRACTIONS)
+    add_fraction_args(p)
     add_seed_arg(p, "seed of the random baseline and the bootstrap")
     add_bootstrap_arg(p)
     p.add_argument("--optimal", action="store_true",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from headprune.cli.common import data_from_args, load_from_args, windowing_from_args
+from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_bootstrap_arg, add_data_args, add_model_args, add_run_flags, add_seed_arg
 from headprune.schema import METHODS
 
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> None:
 
         require_groups(model)
     ids = data_from_args(args, model)
+    if not args.json:
+        print(data_line("data", args.data, args.split, ids, w))
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
     scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet,
                          bootstrap=args.bootstrap, seed=args.seed)

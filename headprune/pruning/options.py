@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.errors import HeadpruneError
-from headprune.schema import COMPENSATIONS
+from headprune.schema import COMPENSATIONS, DEFAULT_SEEDS
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ class CurveOptions:
     (method, fraction) (learned gates)."""
 
     fractions: tuple[float, ...]
-    seeds: int = 3
+    seeds: int = DEFAULT_SEEDS
     bootstrap: int = DEFAULT_REPLICATES
     selection: Selection = field(default_factory=Selection)
     windowing: Windowing | None = None  # the evaluation windows (default: the model's n_positions, no overlap)
