@@ -2,7 +2,8 @@
 
 Heads are scored on one corpus split (``score_data``, default: the default corpus' validation split) and
 the curves are measured on another (``data``, default: its test split), so no head is chosen on the text
-that judges it. Every unit of work is recorded in ``OUT/.progress.jsonl``: a killed run resumes.
+that judges it. Every unit of work is recorded in ``OUT/.progress.jsonl``: a killed run resumes; the file is
+removed once the report is written.
 """
 
 from __future__ import annotations
@@ -180,5 +181,6 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     report = build_report(scores, curves, out, settings, baseline, anatomy)
+    progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

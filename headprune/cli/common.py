@@ -8,10 +8,11 @@ import math
 from headprune.errors import HeadpruneError
 
 
-def load_from_args(args):
+def load_from_args(args, dtype: str | None = None):
+    """``--model`` on ``--device`` in ``dtype`` (default ``--dtype``)."""
     from headprune.io.loading import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias)
+    return load_model(args.model, device=args.device, dtype=dtype or args.dtype, fold_value_bias=args.fold_value_bias)
 
 
 def windowing_from_args(args, model):
@@ -69,3 +70,30 @@ def selection_from_args(args: argparse.Namespace):
     from headprune.pruning.options import Selection
 
     return Selection(per_layer=args.per_layer, normalize=args.normalize, standardize=args.standardize, seed=args.seed)
+
+
+def split_layer_ranking(method: str, args: argparse.Namespace, flag: str = "--method") -> str:
+    """The scores column of ``method``, checking a ``NAME@layer`` ranking (the name the report and curves give the
+    ranking by NAME's scores L2-normalised per layer: ``--method NAME --normalize layer``) against the options:
+    refused with ``--normalize``/``--standardize`` (it says its normalisation itself) and for random and gate,
+    which have no scores to normalise."""
+    from headprune.pruning.gates import GATE
+    from headprune.schema import RANDOM, split_ranking
+
+    name, by_layer = split_ranking(method)
+    if not by_layer:
+        return method
+    if args.normalize or args.standardize:
+        given = "--normalize" if args.normalize else "--standardize"
+        raise HeadpruneError(f"{flag} {method} already normalises each layer's scores; drop {given} "
+                             f"(or rank by {flag} {name} {given}{' ' + args.normalize if args.normalize else ''})")
+    if name in (RANDOM, GATE):
+        raise HeadpruneError(f"{flag} {method}: {name} has no scores to normalise per layer; use {flag} {name}")
+    return name
+
+
+def layer_ranking_from_args(args: argparse.Namespace) -> None:
+    """``--method NAME@layer`` read as ``--method NAME --normalize layer`` (in place; see
+    :func:`split_layer_ranking`)."""
+    if args.method is not None and (name := split_layer_ranking(args.method, args)) != args.method:
+        args.method, args.normalize = name, "layer"

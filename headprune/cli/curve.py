@@ -12,6 +12,7 @@ from headprune.cli.common import (
     fill_source,
     load_from_args,
     selection_from_args,
+    split_layer_ranking,
     windowing_from_args,
 )
 from headprune.cli.options import (
@@ -36,7 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
                                                     f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
                                                     "random; gate learns hard-concrete gates for each fraction (on "
-                                                    "--score-data, --gate-steps steps each)")
+                                                    "--score-data, --gate-steps steps each); NAME@layer (as the report "
+                                                    "names it): NAME's scores normalised per layer")
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
                    help="mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> None:
     available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
     methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in (RANDOM, GATE) and m not in available:
+        if m not in (RANDOM, GATE) and split_layer_ranking(m, args, "--methods") not in available:
             raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
                                  f"{', '.join([*available, GATE, RANDOM])}")
     methods = [m for m in methods if m != RANDOM]

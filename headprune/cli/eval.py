@@ -15,6 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_data_args(p, "test")
     p.add_argument("--json", action="store_true", help="print one JSON object: the header's fields, tokens, windows, "
                                                        "nll, nll_se, ppl, ppl_se, bytes, bits_per_byte")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
               "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
     if not args.json:
         print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids, w)}")
-    result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.json)
+    result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not (args.json or args.quiet))
     n_bytes = scored_bytes(model_tokenizer(model), ids, w)
     bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan
     if args.json:

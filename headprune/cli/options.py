@@ -48,18 +48,27 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             self._action_max_length = max(self._action_max_length, longest + self._current_indent + 4)
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+#: ``prune --dtype``: it also says what the export is written in, and without it the export keeps the source's.
+EXPORT_DTYPE_HELP = ("number format of the weights, fp32, bf16 or fp16: given, the model is loaded, pruned and "
+                     "exported in it; without it, computed in fp32 and exported in the source checkpoint's dtype "
+                     "(fp16 for the shipped model) (default: none)")
+
+
+def add_model_args(p: argparse.ArgumentParser, export: bool = False) -> None:
+    """``--model``, ``--device``, ``--dtype`` (``export``: :data:`EXPORT_DTYPE_HELP`, default none) and
+    ``--fold-value-bias``."""
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
                         "Hugging Face hub id such as gpt2")
-    add_device_args(p)
+    add_device_args(p, export)
     add_fold_arg(p)
 
 
-def add_device_args(p: argparse.ArgumentParser) -> None:
+def add_device_args(p: argparse.ArgumentParser, export: bool = False) -> None:
     p.add_argument("--device", default="auto",
                    help="where to compute: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="fp32", help="number format of the weights: fp32, bf16 or fp16")
+    p.add_argument("--dtype", default=None if export else "fp32",
+                   help=EXPORT_DTYPE_HELP if export else "number format of the weights: fp32, bf16 or fp16")
 
 
 def add_fold_arg(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from headprune.cli.common import data_from_args, fill_source, load_from_args, selection_from_args, windowing_from_args
+from headprune.cli.common import (
+    data_from_args,
+    fill_source,
+    layer_ranking_from_args,
+    load_from_args,
+    selection_from_args,
+    windowing_from_args,
+)
 from headprune.cli.options import CORPUS_FORMS, add_data_args, add_model_args, add_run_flags, add_selection_args
 from headprune.errors import HeadpruneError
 from headprune.schema import RANKABLE_METHODS
@@ -13,12 +20,13 @@ HELP = 'remove heads (listed or by score), export the smaller model'
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
+    add_model_args(p, export=True)
     add_data_args(p, "test", data_help="also measure perplexity before and after pruning on this corpus, its test split: "
                                        f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random")
+    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random; NAME@layer "
+                                    "(as the report names it): NAME's scores normalised per layer, --normalize layer")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
     amount.add_argument("--count", type=int, help="number of heads to remove")
@@ -39,6 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from headprune.io.export import export_hf, export_native
+    from headprune.io.export_source import dtype_name, export_dtype
     from headprune.io.files import check_writable, read_scores
     from headprune.io.fingerprint import model_fingerprint
     from headprune.models.gpt2 import GPT2
@@ -55,8 +64,9 @@ def run(args: argparse.Namespace) -> None:
         raise HeadpruneError("give either --heads L0H1,... or --scores FILE --method M (--fraction F | --count K)")
     if args.scores is not None and (args.method is None or (args.fraction is None) == (args.count is None)):
         raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
+    layer_ranking_from_args(args)
     check_writable(args.out)
-    model = load_from_args(args)
+    model = load_from_args(args, args.dtype or "fp32")  # --dtype not given: fp32, the export in the source's
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
     compensate = args.compensate
@@ -94,7 +104,8 @@ def run(args: argparse.Namespace) -> None:
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats,
             "source_fingerprint": model_fingerprint(model), "fold_value_bias": args.fold_value_bias}
     export = export_native if args.format == "native" else export_hf
-    export(pruned, args.out, overwrite=args.overwrite, metadata=meta)
+    saved = export_dtype(pruned, args.dtype)
+    export(pruned, args.out, overwrite=args.overwrite, metadata=meta, dtype=saved)
     print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
@@ -111,4 +122,8 @@ def run(args: argparse.Namespace) -> None:
 
         print(hf_layout(pruned) if not isinstance(pruned, GPT2) else
               "hf export: original shapes with the removed heads zeroed (GPT-2 derives its head size from d/h)")
-    print(f"saved {args.format} checkpoint -> {args.out}")
+    if args.format == "native":
+        print("native checkpoint: reloads in headprune (--model OUT, load_model), not in stock transformers; "
+              "for transformers' from_pretrained export with --format hf")
+    given = "--dtype" if args.dtype is not None else "the source checkpoint's dtype"
+    print(f"saved {args.format} checkpoint ({dtype_name(saved)} weights, {given}) -> {args.out}")

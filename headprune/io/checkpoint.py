@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,16 @@ class CheckpointReader:
         for name, tensor in part.items():
             self.specs[name] = (tuple(tensor.shape), tensor.is_floating_point())
             self._where[name] = tensor
+
+    def float_dtype(self) -> torch.dtype | None:
+        """The floating dtype holding most of the checkpoint's numbers (None when it has no float weights)."""
+        sizes: dict[torch.dtype, int] = {}
+        for name, (shape, is_float) in self.specs.items():
+            if is_float:
+                where = self._where[name]
+                dtype = where.dtype if isinstance(where, torch.Tensor) else _SAFETENSORS_FLOATS[where[3]]
+                sizes[dtype] = sizes.get(dtype, 0) + math.prod(shape)
+        return max(sizes, key=lambda d: sizes[d]) if sizes else None
 
     def get(self, name: str) -> torch.Tensor:
         """One tensor, read now (memory of its own, whatever the file format)."""

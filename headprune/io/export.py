@@ -1,6 +1,8 @@
 """Pruned models saved to folders: ``native`` (the really smaller tensors, reloads in headprune) and ``hf`` (the
 original shapes with removed heads zeroed, loads in stock transformers), each written atomically with a
-``headprune_export.json`` record of what was removed, how and from what."""
+``headprune_export.json`` record of what was removed, how and from what. Both keep the source's special token ids
+and, unless ``dtype`` is given, its weights' dtype (:mod:`headprune.io.export_source`); every file gets the mode
+a new file gets under the umask (0644 under 022)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
+from headprune.io.export_source import cast_floats, dtype_name, export_dtype, source_token_ids
 from headprune.io.files import (
     clear_stale_temporaries,
     current_umask,
@@ -90,7 +93,8 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
         with write_failures(f"export {folder}"):  # a full disk in safetensors' writer too: one line, no folder
             os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
             write(tmp)
-            for f in tmp.iterdir():
+            for f in tmp.iterdir():  # safetensors' writer makes 0600 files; every file gets what open() gives
+                os.chmod(f, 0o666 & ~current_umask())
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
             _replace_dir(tmp, folder)
@@ -100,12 +104,16 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
     return folder
 
 
-def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dict) -> Callable[[Path], None]:
+def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dict,
+            dtype: torch.dtype) -> Callable[[Path], None]:
     from safetensors.torch import save_file
 
+    config = cfg.to_hf() | source_token_ids(model) | {"dtype": dtype_name(dtype)}
+    marker = marker | {"dtype": dtype_name(dtype)}
+
     def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
-        save_file(hf_tensors(state), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(hf_tensors(cast_floats(state, dtype)), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         src = model.origin.folder
         for name in TOKENIZER_FILES:
             if src is not None and (src / name).is_file():
@@ -116,30 +124,34 @@ def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dic
 
 
 def export_native(model: GPT2, folder: str | os.PathLike, overwrite: bool = False,
-                  metadata: dict | None = None) -> Path:
+                  metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.loading.load_model` reloads:
     config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the tokenizer files
-    of ``model.origin.folder``, and headprune_export.json (what was removed, plus ``metadata``)."""
+    of ``model.origin.folder``, and headprune_export.json (what was removed, plus ``metadata``). Weights in
+    ``dtype``, by default the source checkpoint's."""
     if not isinstance(model, GPT2):  # Llama, Mistral, Qwen, GPT-NeoX
         from headprune.io.family_export import export_family_native
 
-        return export_family_native(model, folder, overwrite, metadata)
+        return export_family_native(model, folder, overwrite, metadata, dtype)
     marker = {"format": "native", "source": model.origin.source,
               "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
-    return _write_export(folder, _writer(model, model.cfg, model.state_dict(), marker), overwrite)
+    writer = _writer(model, model.cfg, model.state_dict(), marker, export_dtype(model, dtype))
+    return _write_export(folder, writer, overwrite)
 
 
-def export_hf(model: GPT2, folder: str | os.PathLike, overwrite: bool = False, metadata: dict | None = None) -> Path:
+def export_hf(model: GPT2, folder: str | os.PathLike, overwrite: bool = False, metadata: dict | None = None,
+              dtype: str | torch.dtype | None = None) -> Path:
     """Save a (pruned) model as a plain GPT-2 checkpoint for stock ``GPT2LMHeadModel``: original shapes, every
-    removed head's Q/K/V columns, biases and W_O rows zeroed (its mean compensation is already in b_O)."""
+    removed head's Q/K/V columns, biases and W_O rows zeroed (its mean compensation is already in b_O). Weights
+    in ``dtype``, by default the source checkpoint's."""
     if not isinstance(model, GPT2):  # compact when the prune is uniform, else zeroed (headprune.io.family_export)
         from headprune.io.family_export import export_family_hf
 
-        return export_family_hf(model, folder, overwrite, metadata)
+        return export_family_hf(model, folder, overwrite, metadata, dtype)
     marker = {"format": "hf", "source": model.origin.source,
               "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
     full, state = dense_state(model)
-    return _write_export(folder, _writer(model, full, state, marker), overwrite)
+    return _write_export(folder, _writer(model, full, state, marker, export_dtype(model, dtype)), overwrite)
 
 
 def dense_state(model: GPT2) -> tuple[ModelConfig, dict[str, Tensor]]:

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
+from headprune.io.export_source import cast_floats, dtype_name, export_dtype
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, Family, model_type
 from headprune.models.heads import head_id
@@ -43,7 +44,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gpt_neox": "attention_bias"}
 
 
-def _source_config(model: HeadModel) -> dict:
+def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:
+    """The source config.json (special token ids and all), its ``dtype`` the export's."""
     from headprune.io.loading import parse_config_json
 
     if model.origin.folder is None:
@@ -52,7 +54,7 @@ def _source_config(model: HeadModel) -> dict:
     hf = parse_config_json(model.origin.folder)
     for key in ("headprune_kept_heads", "headprune_o_bias", "torch_dtype"):
         hf.pop(key, None)
-    hf["dtype"] = str(model.dtype).removeprefix("torch.")
+    hf["dtype"] = dtype_name(dtype)
     return hf
 
 
@@ -145,14 +147,14 @@ def _native_o_bias(hf: dict, kind: str) -> bool:
 
 
 def _writer(model: HeadModel, family: Family, hf: dict, state: dict[str, Tensor],
-            marker: dict) -> Callable[[Path], None]:
+            marker: dict, dtype: torch.dtype) -> Callable[[Path], None]:
     from safetensors.torch import save_file
 
     from headprune.io.export import EXPORT_MARKER
 
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        tensors = {family.hf_key(k): v.detach().contiguous() for k, v in state.items()}
+        tensors = {family.hf_key(k): v for k, v in cast_floats(state, dtype).items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         src = model.origin.folder
         for name in TOKENIZER_FILES:
@@ -171,11 +173,13 @@ def _marker(model: HeadModel, fmt: str, metadata: dict | None) -> dict:
 
 
 def export_family_native(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
-                         metadata: dict | None = None) -> Path:
-    """Save a (pruned) family model as a headprune checkpoint that ``load_model`` reloads exactly."""
+                         metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
+    """Save a (pruned) family model as a headprune checkpoint that ``load_model`` reloads exactly (in ``dtype``,
+    by default the source checkpoint's)."""
     from headprune.io.export import _write_export
 
-    hf, family = _source_config(model), REGISTRY[model_type(model)]
+    dtype = export_dtype(model, dtype)
+    hf, family = _source_config(model, dtype), REGISTRY[model_type(model)]
     if model.cfg.is_pruned:
         hf["headprune_kept_heads"] = model.cfg.kept_heads
     state = {k: v for k, v in model.state_dict().items()}
@@ -183,15 +187,18 @@ def export_family_native(model: HeadModel, folder: str | os.PathLike, overwrite:
         hf["headprune_o_bias"] = True
     elif not model.cfg.o_bias:
         state = {k: v for k, v in state.items() if not k.endswith((".attn.o_proj.bias", ".attn.dense.bias"))}
-    return _write_export(folder, _writer(model, family, hf, state, _marker(model, "native", metadata)), overwrite)
+    marker = _marker(model, "native", {**(metadata or {}), "dtype": dtype_name(dtype)})
+    return _write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)
 
 
 def export_family_hf(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
-                     metadata: dict | None = None) -> Path:
-    """Save a (pruned) family model for stock transformers: compact when uniform, else zeroed (module docstring)."""
+                     metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
+    """Save a (pruned) family model for stock transformers: compact when uniform, else zeroed (module docstring);
+    in ``dtype``, by default the source checkpoint's."""
     from headprune.io.export import _write_export
 
-    hf, family = _source_config(model), REGISTRY[model_type(model)]
+    dtype = export_dtype(model, dtype)
+    hf, family = _source_config(model, dtype), REGISTRY[model_type(model)]
     if is_uniform(model):
         a = model.h[0].attn
         hf.update(num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=model.cfg.d_head)
@@ -199,5 +206,6 @@ def export_family_hf(model: HeadModel, folder: str | os.PathLike, overwrite: boo
     else:
         state = _zeroed_state(model)
     _add_o_bias(model, hf, state)
-    marker = _marker(model, "hf", {"layout": "compact" if is_uniform(model) else "zeroed", **(metadata or {})})
-    return _write_export(folder, _writer(model, family, hf, state, marker), overwrite)
+    marker = _marker(model, "hf", {"layout": "compact" if is_uniform(model) else "zeroed", **(metadata or {}),
+                                   "dtype": dtype_name(dtype)})
+    return _write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)

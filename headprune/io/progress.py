@@ -3,9 +3,11 @@ settings; a rerun with the same settings takes the recorded units as done, anoth
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import re
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -124,8 +126,17 @@ class Progress:
                 os.kill(os.getpid(), self._kill_signal)
         return self.units[unit]
 
-    def remove(self) -> None:
-        for path in [self.path, *self.others]:
+    def remove(self, every_rank: bool = False) -> None:
+        """Delete the progress file and those of ``others``, once the result is written. ``every_rank``: also the
+        files of this run's other processes (``NAME.rank{r}-of-{n}``), for rank 0 to call after writing a result
+        that needed all their units (so the units were all recorded)."""
+        if os.environ.get("HEADPRUNE_TEST_KEEP_PROGRESS"):  # for tests only: inspect which units each process did
+            return
+        paths = [self.path, *self.others]
+        if every_rank:
+            base = re.sub(r"\.rank\d+-of-\d+$", "", self.path.name)
+            paths += sorted(self.path.parent.glob(glob.escape(base) + ".rank*-of-*"))
+        for path in paths:
             path.unlink(missing_ok=True)
 
 
@@ -138,5 +149,5 @@ class NoProgress:
     def get_or_compute(self, unit: str, compute: Callable[[], Any]) -> Any:
         return json.loads(json.dumps(compute()))
 
-    def remove(self) -> None:
+    def remove(self, every_rank: bool = False) -> None:
         pass

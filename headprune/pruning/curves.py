@@ -94,6 +94,12 @@ def delta_interval(pruned: list[list[float]], base: list[float], n: Tensor, coun
     return float(lo), float(hi)
 
 
+def bar_label(variants: list[tuple[str, str]]) -> str:
+    """The progress bar's name: "pruning curves", with the compensations where any (the run's second bar)."""
+    kinds = sorted({c for _, c in variants} - {"none"})
+    return "pruning curves" + (f" ({', '.join(c + '-compensated' for c in kinds)})" if kinds else "")
+
+
 def pruning_curves(
     model: GPT2,
     ids: torch.Tensor,
@@ -159,7 +165,7 @@ def pruning_curves(
 
     jobs = [(m, c, f, s) for m, c in variants for f in options.fractions
             for s in (range(seed, seed + options.seeds) if m == RANDOM else [seed])]
-    bar = lambda it: tqdm(it, desc="pruning curves", disable=not show_progress, leave=False)
+    bar = lambda it: tqdm(it, desc=bar_label(variants), disable=not show_progress, leave=False)
     results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
     counts = window_counts(len(base), options.bootstrap, seed) if options.bootstrap else None
     base_nll = sum(base) / float(n.sum())

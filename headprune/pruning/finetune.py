@@ -298,13 +298,13 @@ def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fo
 def export_recovered(model: GPT2, folder: str | os.PathLike, fmt: str, marker: dict, info: dict,
                      overwrite: bool = False) -> Path:
     """Write the fine-tuned model like the pruned export it came from (``fmt``: native or hf, shapes kept),
-    its record carrying the pruning metadata plus ``finetune`` = ``info``."""
+    its record carrying the pruning metadata plus ``finetune`` = ``info``; in the dtype it was trained in."""
     from headprune.io.export import export_hf, export_native
 
-    meta = {k: v for k, v in marker.items() if k not in ("format", "source", "removed_heads")}
+    meta = {k: v for k, v in marker.items() if k not in ("format", "source", "removed_heads", "dtype")}
     meta["finetune"] = info
     export = export_native if fmt == "native" else export_hf
-    return export(model, folder, overwrite=overwrite, metadata=meta)
+    return export(model, folder, overwrite=overwrite, metadata=meta, dtype=model.dtype)
 
 
 def gap_recovered(unpruned_ppl: float, pruned_ppl: float, recovered_ppl: float) -> float:

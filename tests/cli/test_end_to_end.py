@@ -39,6 +39,7 @@ def run_dir(tiny_dir, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "report"
     mp = pytest.MonkeyPatch()
     mp.setenv("HEADPRUNE_CACHE", str(tmp_path_factory.getbasetemp() / "token-cache"))
+    mp.setenv("HEADPRUNE_TEST_KEEP_PROGRESS", "1")  # removed at the end; kept for the resume test's complete file
     code = main(["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--out", str(out),
                  "--max-tokens", "400", "--fractions", "0,0.25,0.5,0.75", "--seeds", "2", "--quiet"])
     mp.undo()
@@ -172,8 +173,10 @@ def _run_args(model, corpus, out):
 
 
 def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, monkeypatch, tmp_path):
-    """A finished run's progress file answers every unit: rerunning computes no unit, appends nothing and writes
-    the same tables; a unit missing from the file is the only one recomputed."""
+    """A complete progress file (a run stopped after its last unit; a finished run removes it) answers every unit:
+    rerunning computes no unit, appends nothing and writes the same tables; a unit missing from the file is the
+    only one recomputed."""
+    monkeypatch.setenv("HEADPRUNE_TEST_KEEP_PROGRESS", "1")
     out = tmp_path / "report"
     shutil.copytree(run_dir, out)
     progress = out / ".progress.jsonl"

@@ -65,7 +65,8 @@ def test_torchrun_curve_equals_one_process(scores, tiny_dir, corpus, tmp_path):
     assert not list(tmp_path.glob("*.progress.jsonl*"))
 
 
-def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path):
+def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADPRUNE_TEST_KEEP_PROGRESS", "1")  # a finished run removes them: kept to see the shares
     args = ["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--max-tokens", "300",
             "--batch-size", "2", "--fractions", "0,0.5", "--seeds", "2"]
     one, two = tmp_path / "one", tmp_path / "two"

@@ -7,8 +7,8 @@ Each test names the issue's class it covers. The one-line/exit-2/nothing-written
 import json
 import os
 import socket
-import subprocess
 import stat
+import subprocess
 import sys
 import time
 

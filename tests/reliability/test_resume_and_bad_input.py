@@ -106,7 +106,8 @@ def test_sigkill_curve_after_fixed_units_then_resume_gives_identical_curves(tiny
 
 
 @pytest.mark.slow
-def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_dir, corpus, tmp_path):
+def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_dir, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADPRUNE_TEST_KEEP_PROGRESS", "1")  # a finished run removes it: kept to compare the units
     whole, out = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(_run_cmd(tiny_dir, corpus, whole), env=_env(tmp_path), check=True, capture_output=True, timeout=300)
     progress = out / ".progress.jsonl"
@@ -115,7 +116,7 @@ def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_d
     assert [u.split("/")[0][:3] for u in (done[1], done[8], done[38])] == ["act", "abl", "cur"]
     for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv"]:
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
-    # a run keeps its progress file: the same units, each once, as the uninterrupted run's
+    # the same units, each once, as the uninterrupted run's
     assert sorted(_units(progress)) == sorted(_units(whole / ".progress.jsonl"))
 
 

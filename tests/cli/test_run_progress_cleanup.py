@@ -1,0 +1,57 @@
+"""``headprune run`` removes its progress file once the report is written, and keeps it when interrupted (the
+kill-after-N-units hook of headprune.io.progress); its second progress bar says it draws the compensated curves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from headprune.io.progress import Progress
+from headprune.pruning.curves import bar_label
+
+
+def _run(model, corpus, out, tmp_path, **env):
+    cmd = [sys.executable, "-m", "headprune", "run", "--model", str(model), "--data", str(corpus), "--score-data",
+           str(corpus), "--out", str(out), "--max-tokens", "200", "--batch-size", "2", "--fractions", "0,0.5",
+           "--seeds", "2", "--methods", "wo_fro,fluct", "--bootstrap", "0", "--device", "cpu"]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **env})
+
+
+def _progress_files(out):
+    return sorted(p.name for p in out.iterdir() if p.name.startswith(".progress"))
+
+
+def test_run_removes_progress_after_exit_0_and_keeps_it_when_killed(tiny_dir, corpus, tmp_path):
+    out = tmp_path / "report"
+    killed = _run(tiny_dir, corpus, out, tmp_path, HEADPRUNE_TEST_KILL_AFTER_UNITS="3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert _progress_files(out) == [".progress.jsonl"]
+    assert len((out / ".progress.jsonl").read_text().splitlines()) == 1 + 3  # header + the 3 units
+    done = _run(tiny_dir, corpus, out, tmp_path)  # resumes, finishes, then removes it
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "report.html").is_file() and _progress_files(out) == []
+    # the bars: the plain curves, then the best method's mean-compensated ones, named as such
+    assert "pruning curves (mean-compensated)" in done.stderr and "pruning curves:" in done.stderr
+
+
+def test_bar_label_names_the_compensations():
+    assert bar_label([("wo_fro", "none"), ("random", "none")]) == "pruning curves"
+    assert bar_label([("grad", "mean")]) == "pruning curves (mean-compensated)"
+    assert bar_label([("grad", "mean"), ("grad", "optimal")]) == \
+        "pruning curves (mean-compensated, optimal-compensated)"
+
+
+def test_rank_zero_removes_every_process_file(tmp_path):
+    """Under torchrun rank 0 writes the report after gathering every unit: it removes all ranks' files (and
+    those of a run with another process count), nothing else."""
+    names = [".progress.jsonl.rank1-of-2", ".progress.jsonl", ".progress.jsonl.rank2-of-3", "other.progress.jsonl"]
+    for i, name in enumerate(names):
+        Progress(tmp_path / name, {"a": 1}).get_or_compute(f"u{i}", lambda: 1.5)
+    progress = Progress(tmp_path / ".progress.jsonl.rank0-of-2", {"a": 1}, others=[tmp_path / ".progress.jsonl"])
+    assert set(progress.units) == {"u1"}
+    progress.get_or_compute("u9", lambda: 2.5)
+    progress.remove(every_rank=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.progress.jsonl"]
