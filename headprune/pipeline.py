@@ -95,11 +95,13 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                              f"{', '.join(IMPORTANCE_METHODS)}", "methods")
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
+    t_load = time.perf_counter() - t_start
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
     seq_len, stride = windowing.seq_len, windowing.stride
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
+    t_tokens = time.perf_counter() - t_start - t_load
     fingerprint = _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
@@ -157,10 +159,11 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
     settings = {**_fields(s), "methods": methods,
-                "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)}, "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
-                "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
+                "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
+                "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len, "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "compensation_fills": fill_data,
+                "seconds_load": round(t_load, 1), "seconds_tokenize": round(t_tokens, 1),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
                 "seconds_compensated_curves": round(t_opt, 1),
                 **({"seconds_gates": round(t_gates, 1)} if s.learn_gates else {}),
@@ -180,7 +183,12 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     from headprune.schema import SCORES_DIGEST, scores_digest
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
+    t0 = time.perf_counter()
     report = build_report(scores, curves, out, settings, baseline, anatomy)
+    stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
+              if k.startswith("seconds_") and k != "seconds_per_method"}
+    log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
+        + f", report {time.perf_counter() - t0:.1f}")
     progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
     return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}
