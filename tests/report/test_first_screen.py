@@ -26,9 +26,10 @@ FRACTIONS = [0.0, 3 / N, 10 / N, 16 / N]  # 30% is read at 31.25%, 50% at 50%
 
 def scores_frame(seed=1):
     """taylor follows abl_zero closely (trust it), wo_fro is noise (do not)."""
-    df = make_scores(LAYERS, HEADS, ["wo_fro", "taylor", "abl_zero"], seed=seed)
+    df = make_scores(LAYERS, HEADS, ["wo_fro", "taylor", "abl_zero", "abl_mean"], seed=seed)
     rng = np.random.default_rng(seed + 10)
     df["taylor"] = df["abl_zero"] + rng.normal(0, 0.05, N)
+    df["abl_mean"] = df["abl_zero"] + rng.normal(0, 0.001, N)  # closer still, but an ablation: not a cheap score
     df["wo_fro"] = rng.normal(1.0, 0.3, N)
     return df
 
@@ -47,6 +48,11 @@ def own_bootstrap(x, y, replicates=200, seed=0):
         i = rng.integers(len(x), size=len(x))
         draws.append(stats.spearmanr(x[i], y[i]).statistic if np.ptp(x[i]) and np.ptp(y[i]) else np.nan)
     return np.nanpercentile(draws, [2.5, 97.5])
+
+
+def pixels(png: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(png)) as im:
+        return np.asarray(im.convert("RGB"), dtype=float)
 
 
 def said(scores, curves):
@@ -137,11 +143,14 @@ def test_first_screen_comes_before_any_list_and_in_summary_md(tmp_path):
 def test_curves_figure_draws_the_best_layer_ranking_and_a_phone_version(tmp_path):
     curves = curves_frame()
     with_layer = plot_curves(curves, BASELINE, N, keep=("wo_fro@layer",))
-    assert with_layer != plot_curves(curves, BASELINE, N)  # the kept ranking adds a line
+    without = pixels(plot_curves(curves, BASELINE, N))
+    assert without.shape != pixels(with_layer).shape or np.abs(without - pixels(with_layer)).mean() > 1  # a line more
     page = build_report(scores_frame(), curves, tmp_path / "r", SETTINGS, BASELINE)
     html = page.read_text()
     assert '<picture><source media="(max-width: 600px)" srcset="data:image/png;base64,' in html
     assert "the best (wo_fro@layer) is drawn too" in html
+    drawn = pixels((tmp_path / "r" / "curves.png").read_bytes())  # the report's figure is the one with it
+    assert drawn.shape == pixels(with_layer).shape and np.abs(drawn - pixels(with_layer)).mean() < 1
     phone = (tmp_path / "r" / "curves_phone.png").read_bytes()
     with Image.open(io.BytesIO(phone)) as im:
         width = im.width
