@@ -46,6 +46,14 @@ window.addEventListener("load", function () {
       var box = (el || t).getBoundingClientRect();
       return box.right > w.innerWidth + 1 || box.left < -1;
     }).length;
+    var cut = Array.from(d.querySelectorAll("table")).filter(function (t) {
+      return t.getBoundingClientRect().width > t.parentElement.clientWidth + 1;  // needs sideways scrolling
+    });
+    r.tables_cut = cut.length;
+    r.phone_pictures = Array.from(d.querySelectorAll("picture img")).filter(function (i) {
+      return i.currentSrc !== i.src; }).length;  // <picture> images showing their <source> (the phone version)
+    r.cut_columns = cut.map(function (t) { return Array.from(t.rows[0].cells).map(function (c) {
+      return c.textContent; }).join(","); });
     var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) { return t.tBodies[0].rows.length > 2; });
     if (t) {
       var i = t.tHead.rows[0].cells.length - 1;
@@ -78,7 +86,8 @@ def _chromium(browser: str, args: list[str], timeout: float) -> subprocess.Compl
 
 
 def measure(report: str | Path, widths: list[int], browser: str | None = None, timeout: float = 120) -> dict:
-    """{width: {viewport, page_width, height, images, broken_images, tables, tables_past_page, sorted}}."""
+    """{width: {viewport, page_width, height, images, broken_images, tables, tables_past_page, tables_cut,
+    sorted}}; tables_cut: tables wider than their box (readable only by scrolling sideways)."""
     browser = browser or find_browser()
     if browser is None:
         raise FileNotFoundError(f"no headless browser found ({', '.join(BROWSERS)})")

@@ -10,14 +10,17 @@
   with a colorbar in its unit, or (``scale="rank"``) all in importance ranks on one shared scale; report.html shows
   them as inline SVG whose cells give head, value and rank on hover;
 - ``curves.png``: perplexity and NLL increase against the share of heads pruned (% and heads removed); random as
-  mean line with a +-1 std band; one Okabe-Ito hue per method family;
+  mean line with a +-1 std band; one Okabe-Ito hue per method family; the best ``@layer`` ranking too;
+  ``curves_phone.png``: its perplexity panel for a 400 px screen (best ranking, best ``@layer``, random), which
+  report.html shows on narrow screens;
 - ``pruning_order.png``: per ranking method, the step at which each head is removed (layer x head grid);
 - ``scatters.png``: each score against ``abl_zero`` (small multiples; points coloured by layer, a discrete legend;
   Spearman rho with its 95% interval in the titles; values with each score's 95% bootstrap interval as grey bars
   or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
-- ``summary.md``: the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
+- ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
+  perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
   the random band at 30% and 50%, the scores that rank heads inversely, what mean and optimal compensation buy), the
   perplexity (and bits per byte where the baseline has ``bytes``) at 10/30/50% pruned, top-10 heads by
   ``abl_zero``, heads removed per layer, predictiveness, then settings and timings;
@@ -91,6 +94,8 @@ def _write_report(out: Path, scores, curves, content, settings, baseline, pictur
     write_json(out / "baseline.json", baseline)
     for pic in pictures:
         write_bytes(out / pic.name, pic.png)
+        if pic.phone_png is not None:
+            write_bytes(out / pic.phone_name, pic.phone_png)
     secs = sections(content, pictures)
     if anatomy is not None:
         write_anatomy_files(out, anatomy)

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 
 import pandas as pd
 
+from headprune.report.numbers import format_table
 from headprune.report.plots import Picture
-from headprune.report.render import Block, Facts, Findings, Note, Paragraph, Section, Table
+from headprune.report.render import Answers, Block, Facts, Findings, Note, Paragraph, Section, Table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222;
 line-height:1.45}
-.scroll{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
+.scroll{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em;background:linear-gradient(to right,#fff 30%,#fff0),
+linear-gradient(to left,#fff 30%,#fff0) 100% 0,linear-gradient(to right,#0002,#0000),
+linear-gradient(to left,#0002,#0000) 100% 0;background-repeat:no-repeat;background-size:2em 100%,2em 100%,.8em 100%,
+.8em 100%;background-attachment:local,local,scroll,scroll}
+th{white-space:normal;vertical-align:bottom}
+.answers{font-size:1.05em;margin:1em 0}.answers p{margin:.6em 0}.phone{display:none}
+@media (max-width:600px){.phone{display:block}}
 table{border-collapse:collapse;font-size:.85em}
-th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}th{background:#f3f3f3}
+th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}th{background:#f3f3f3}
 table.sortable th{cursor:pointer}table.sortable th:hover{background:#e4e4e4}
 td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%;height:auto}
 figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
@@ -37,13 +45,30 @@ Array.from(body.rows).sort(function(a,b){var x=key(a),y=key(b),c=typeof x===type
 (typeof x==="number"?-1:1);return up?c:-c;}).forEach(function(r){body.appendChild(r);});});});});"""
 
 
-def _html_table(df: pd.DataFrame) -> str:
-    table = df.to_html(index=False, border=0, na_rep="n/a", float_format=lambda v: f"{v:.6g}", classes="sortable")
-    return f'<div class="scroll">\n{table}\n</div>'
+def _html_table(df: pd.DataFrame, phone: bool = False) -> str:
+    """A sortable table in a box that scrolls sideways (a shadow at an edge with more columns behind it); column
+    headers may wrap after an underscore, so a long name does not widen its column."""
+    table = format_table(df).to_html(index=False, border=0, classes="sortable")
+    table = re.sub(r"<th>([^<]*)</th>", lambda m: "<th>" + m.group(1).replace("_", "_<wbr>") + "</th>", table)
+    return f'<div class="scroll{" phone" if phone else ""}">\n{table}\n</div>'
+
+
+def _html_picture(block: Picture) -> str:
+    """The PNG, or on screens up to 600 px its phone version where it has one (``<picture>``, data: URIs)."""
+    e = html.escape
+    uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
+    img = f'<img src="{uri}" alt="{e(block.name)}">'
+    if block.phone_png is not None:
+        small = "data:image/png;base64," + base64.b64encode(block.phone_png).decode("ascii")
+        img = f'<picture><source media="(max-width: 600px)" srcset="{small}">{img}</picture>'
+    return f"<figure>{img}<figcaption>{e(block.name)}: {e(block.caption)}</figcaption></figure>"
 
 
 def _html_block(block: Block) -> str:
     e = html.escape
+    if isinstance(block, Answers):
+        items = "\n".join(f"<p><b>{e(q)}</b> {e(a)}</p>" for q, a in block.items)
+        return f'<div class="answers">\n{items}\n</div>'
     if isinstance(block, Findings):
         items = "\n".join(f"<li>{e(s)}</li>" for s in block.sentences)
         return f'<div class="findings"><ul>\n{items}\n</ul></div>'
@@ -52,16 +77,14 @@ def _html_block(block: Block) -> str:
     if isinstance(block, Note):
         return f'<p class="note">Note: {e(block.text)}</p>'
     if isinstance(block, Table):
-        return _html_table(block.df)
+        return _html_table(block.df, block.phone)
     if isinstance(block, Paragraph):
         return f"<p>{e(block.text)}</p>"
     assert isinstance(block, Picture)
     if block.svg is not None:  # inline markup (hover values) instead of the PNG
         return (f'<figure><div class="maps">{block.svg}</div><figcaption>{e(block.name)}: {e(block.caption)}'
                 "</figcaption></figure>")
-    uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
-    return (f'<figure><img src="{uri}" alt="{e(block.name)}"><figcaption>{e(block.name)}: {e(block.caption)}'
-            "</figcaption></figure>")
+    return _html_picture(block)
 
 
 def _section(i: int, sec: Section) -> list[str]:
@@ -73,10 +96,14 @@ def _section(i: int, sec: Section) -> list[str]:
 
 
 def render_html(secs: list[Section]) -> str:
-    toc = "\n".join(f'<li><a href="#s{i}">{html.escape(sec.title)}</a></li>' for i, sec in enumerate(secs))
-    body = ["<h1>headprune report</h1>", f'<nav aria-label="contents"><ol>\n{toc}\n</ol></nav>']
+    toc = "\n".join(f'<li><a href="#s{i}">{html.escape(sec.title)}</a></li>' for i, sec in enumerate(secs)
+                    if not sec.lead)
+    body = ["<h1>headprune report</h1>"]
+    for i, sec in enumerate(secs):  # the first screen before the table of contents
+        body += _section(i, sec) if sec.lead else []
+    body.append(f'<nav aria-label="contents"><ol>\n{toc}\n</ol></nav>')
     for i, sec in enumerate(secs):
-        body += _section(i, sec)
+        body += [] if sec.lead else _section(i, sec)
     head = ('<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>headprune report</title><style>{CSS}</style>")
     page = "\n".join(body)

@@ -4,7 +4,8 @@
 A section is a title and blocks: findings (the headline sentences), facts (label: value), notes, paragraphs,
 tables and pictures. Markdown leaves out what only a page can show (the full tables and the gallery of
 pictures: ``html_only`` sections) and links the pictures it keeps; ``collapsed`` sections fold on the page.
-Order: findings, the curves, the top heads, the pruning order, predictiveness, the rest; settings last.
+Order: the first screen (three questions answered in words, :mod:`.headline`), findings, the curves, the top
+heads, the pruning order, predictiveness, the rest; settings last.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pandas as pd
 
 from headprune.errors import HeadpruneError
 from headprune.report.findings import findings
+from headprune.report.headline import answers
+from headprune.report.numbers import column_decimals, fixed, format_table
 from headprune.report.plots import Picture
 from headprune.report.tables import (
     BEST_MAX_FRACTION,
@@ -33,7 +36,7 @@ from headprune.report.tables import (
     summary_table,
     top_heads,
 )
-from headprune.schema import TRUTH
+from headprune.schema import SCORES_DIGEST, TRUTH
 
 SCORE_DATA_KEYS = ("score_data", "scoring_data", "data_score")
 EVAL_DATA_KEYS = ("eval_data", "evaluation_data", "data_eval")
@@ -59,6 +62,7 @@ class Content:
     top: pd.DataFrame
     layer_counts: pd.DataFrame
     findings: list[str] = field(default_factory=list)
+    answers: list[tuple[str, str]] = field(default_factory=list)  # the first screen (:mod:`.headline`)
     facts: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -69,6 +73,11 @@ class Content:
 @dataclass
 class Findings:
     sentences: list[str]
+
+
+@dataclass
+class Answers:
+    items: list[tuple[str, str]]  # (question, answer)
 
 
 @dataclass
@@ -89,9 +98,10 @@ class Paragraph:
 @dataclass
 class Table:
     df: pd.DataFrame
+    phone: bool = False  # a compact copy shown only on narrow screens (not in markdown)
 
 
-Block = Findings | Facts | Note | Paragraph | Table | Picture
+Block = Answers | Findings | Facts | Note | Paragraph | Table | Picture
 
 
 @dataclass
@@ -100,6 +110,7 @@ class Section:
     blocks: list[Block]
     html_only: bool = False
     collapsed: bool = False
+    lead: bool = False  # on the page before the table of contents: the first screen
 
 
 def _setting(settings: dict, keys: tuple[str, ...]) -> str | None:
@@ -136,7 +147,7 @@ def make_content(scores, curves, settings, baseline) -> Content:
     pred = predictiveness(scores)
     content = Content(scores, curves, settings, baseline, best, summary_table(curves, bpb_factor(baseline)),
                       fraction_note(curves), pred, top_heads(scores), layer_counts(scores),
-                      findings(scores, curves, pred))
+                      findings(scores, curves, pred), answers(scores, curves, pred, baseline))
     score_data, eval_data = _setting(settings, SCORE_DATA_KEYS), _setting(settings, EVAL_DATA_KEYS)
     content.facts = [
         ("Model", f"{settings.get('model', 'not recorded')} (fingerprint {scores['model_fingerprint'].iloc[0]})"
@@ -195,8 +206,43 @@ def flatten(settings: dict, prefix: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-def _settings_frame(settings: dict) -> pd.DataFrame:
-    return pd.DataFrame(flatten(settings), columns=["setting", "value"])
+PER_RUN_COLUMNS = ("model_fingerprint", SCORES_DIGEST)  # one value per run: in the settings, not in every row
+
+
+def _settings_frame(settings: dict, fingerprint: str) -> pd.DataFrame:
+    """The settings as rows, less the model fingerprint where the Model fact already names it."""
+    rows = [(k, v) for k, v in flatten(settings) if not (k == "model_fingerprint" and v == fingerprint)]
+    return pd.DataFrame(rows, columns=["setting", "value"])
+
+
+def per_row(df: pd.DataFrame) -> pd.DataFrame:
+    """A table for the page without the columns that hold one value per run (the settings show it once)."""
+    return df.drop(columns=[c for c in PER_RUN_COLUMNS if c in df.columns])
+
+
+def score_tables(scores: pd.DataFrame) -> list[Block]:
+    """The scores table for the page in two that fit 1400 px: the values, then the 95% intervals (if any), one
+    column "lo to hi" per method at one precision (:mod:`.numbers`)."""
+    df = per_row(scores)
+    ci = [c for c in df.columns if c.endswith(("_ci_lo", "_ci_hi"))]
+    if not ci:
+        return [Table(df)]
+    ids = [c for c in ("head_id",) if c in df.columns]
+    spans = pd.DataFrame({c: df[c] for c in ids})
+    for lo in (c for c in ci if c.endswith("_ci_lo") and c[:-3] + "_hi" in df.columns):
+        hi, method = lo[:-3] + "_hi", lo[: -len("_ci_lo")]
+        d = column_decimals(np.concatenate([df[lo].to_numpy(float), df[hi].to_numpy(float)]))
+        spans[method] = [f"{fixed(a, d)} to {fixed(b, d)}" for a, b in zip(df[lo].to_numpy(float), df[hi].to_numpy(float))]
+    return [Table(df.drop(columns=ci)), Paragraph("95% bootstrap intervals of the scores over the scoring windows:"),
+            Table(spans)]
+
+
+def phone_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The perplexity at 30% and 50% only, compensation folded into the ranking's name: narrow enough for a phone."""
+    wanted = [c for c in ("ppl@30%", "ppl@50%") if c in summary.columns]
+    name = [m if comp == "none" else f"{m} ({comp}-comp.)" for m, comp in zip(summary["method"],
+                                                                              summary["compensation"])]
+    return pd.DataFrame({"ranking": name, **{c: summary[c].to_numpy() for c in wanted}})
 
 
 def sections(c: Content, pictures: list[Picture]) -> list[Section]:
@@ -209,7 +255,7 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     headline += [*map(Note, c.notes)]
     curves: list[Block] = [Paragraph(f"Unpruned: {baseline_text(c.baseline)}. Best method: {_best_text(c)}.")]
     curves += [curves_pic] if curves_pic else []
-    curves += [Table(c.summary)]
+    curves += [Table(phone_summary(c.summary), phone=True), Table(c.summary)]
     curves += [Paragraph(c.fraction_note)] if c.fraction_note else []
     curves += [Paragraph("Rankings named <method>@layer divide each layer's scores by their layer's norm "
                          "first (Michel et al. 2019): does a score fail within layers, or only across them?"),
@@ -223,16 +269,18 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     top: list[Block] = [Table(c.top) if len(c.top) else
                         Paragraph(f"Not available: the scores have no {TRUTH} column.")]
     settings: list[Block] = [Facts(c.facts)]
-    settings += [Table(_settings_frame(c.settings))] if c.settings else []
+    settings += [Table(_settings_frame(c.settings, str(c.scores["model_fingerprint"].iloc[0])))] if c.settings else []
+    lead = [Section("In short", [Answers(c.answers)], lead=True)] if c.answers else []
     return [
+        *lead,
         Section("Findings", headline),
         Section("Perplexity after pruning", curves),
         Section(f"Top {TOP_HEADS} heads by {TRUTH}", top),
         Section("Pruning order", order),
         Section(f"How well each score predicts {TRUTH}", predicts),
         Section("Pictures", gallery, html_only=True),
-        Section("Scores (one row per head)", [Table(c.scores)], html_only=True),
-        Section("Curves (one row per method, compensation, fraction)", [Table(c.curves)], html_only=True),
+        Section("Scores (one row per head)", score_tables(c.scores), html_only=True),
+        Section("Curves (one row per method, compensation, fraction)", [Table(per_row(c.curves))], html_only=True),
         Section("Settings and timings", settings, collapsed=True),
     ]
 
@@ -241,15 +289,18 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
 
 
 def markdown_table(df: pd.DataFrame) -> str:
-    def cell(v) -> str:
-        return number(v).replace("|", "\\|")
-
+    """``df`` as a markdown table, one precision per float column (:func:`.numbers.format_table`)."""
+    text = format_table(df)
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    lines += ["| " + " | ".join(v.replace("|", "\\|") for v in row) + " |" for row in text.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def _markdown_block(block: Block) -> list[str]:
+    if isinstance(block, Answers):
+        return [line for q, a in block.items for line in ("", f"**{q}** {a}")]
+    if isinstance(block, Table) and block.phone:
+        return []
     if isinstance(block, Findings):
         return ["", *(f"> - {sentence}" for sentence in block.sentences), ""]
     if isinstance(block, Picture):

@@ -28,6 +28,8 @@ WIDTHS = [1400, 400]
 def page(tmp_path_factory):
     out = tmp_path_factory.mktemp("browser")
     wide = make_scores(layers=4, heads=16)  # a wide scores table: 16 heads, many columns
+    for m in ("wo_fro", "entropy", "taylor", "abl_zero", "abl_mean"):  # and every score's interval
+        wide[f"{m}_ci_lo"], wide[f"{m}_ci_hi"] = wide[m] - 0.01, wide[m] + 0.01
     return build_report(wide, make_curves(), out, SETTINGS | {"nested": {"a": 1}}, BASELINE)
 
 
@@ -41,6 +43,9 @@ def test_page_fits_every_width_with_working_images_and_sorting(page):
         assert r["images"] == n_images and r["broken_images"] == []
         assert r["tables"] == n_tables and r["tables_past_page"] == 0
         assert r["sorted"] is True
+    assert found[1400]["tables_cut"] == 0, f"tables cut at 1400 px: {found[1400]['cut_columns']}"
+    assert not [c for c in found[400]["cut_columns"] if c.startswith("ranking,ppl@30%")], "phone table scrolls"
+    assert found[400]["phone_pictures"] == 1 and found[1400]["phone_pictures"] == 0  # curves_phone.png on a phone
 
 
 def test_probe_sees_an_overflowing_table_and_a_broken_image(tmp_path):

@@ -27,12 +27,17 @@ class Picture:
     caption: str
     png: bytes
     svg: str | None = None  # report.html shows this inline markup (hover values) instead of the PNG
+    phone_png: bytes | None = None  # a version readable 400 px wide: report.html shows it on narrow screens
+
+    @property
+    def phone_name(self) -> str:
+        return self.name.removesuffix(".png") + "_phone.png"
 
 
-def render_png(fig: Figure) -> bytes:
+def render_png(fig: Figure, dpi: float = DPI) -> bytes:
     """``fig`` as PNG bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
 
 

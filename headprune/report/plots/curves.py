@@ -15,11 +15,13 @@ from headprune.schema import LAYER_NORMALIZED, RANDOM, split_ranking
 LOG_Y_RATIO = 10.0  # curves.png uses a log y axis when max/min perplexity exceeds this
 
 
-def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None) -> bytes:
-    """Perplexity (left) and ΔNLL (right) against the % of heads pruned; a secondary x axis in heads removed."""
+def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None, keep: tuple[str, ...] = ()
+                ) -> bytes:
+    """Perplexity (left) and ΔNLL (right) against the % of heads pruned; a secondary x axis in heads removed.
+    Per-layer rankings (``<method>@layer``) have their own figure, but those in ``keep`` are drawn here too."""
     fig = Figure(figsize=(11.0, 4.8))
     ax_ppl, ax_nll = fig.subplots(1, 2)
-    curves = curves[~curves["method"].map(lambda m: split_ranking(m)[1])]  # per-layer variants: their own figure
+    curves = curves[curves["method"].isin(keep) | ~curves["method"].map(lambda m: split_ranking(m)[1])]
     methods = [m for m in dict.fromkeys(curves["method"]) if m != RANDOM]
     styles = curve_styles(methods)
     seen: list[float] = []
@@ -72,6 +74,44 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
                frameon=False)
     fig.tight_layout()
     return render_png(fig)
+
+
+PHONE_SIZE, PHONE_DPI = (4.2, 4.6), 2 * 110  # inches; drawn 924 px wide: sharp at 400 CSS px on a 2x screen
+PHONE_FONT = 12
+
+
+def plot_curves_phone(curves: pd.DataFrame, baseline: dict, methods: list[str]) -> bytes:
+    """The perplexity panel of :func:`plot_curves` for a 400 px screen: only ``methods`` (uncompensated), random
+    with its ± 1 std band and the unpruned line, in fonts of 12 pt that stay ~11 px tall on the phone."""
+    fig = Figure(figsize=PHONE_SIZE)
+    ax = fig.subplots()
+    plain = curves[curves["compensation"] == "none"]
+    styles = curve_styles(methods)
+    for method in [*methods, RANDOM]:
+        g = plain[plain["method"] == method].sort_values("fraction")
+        if g.empty:
+            continue
+        x, ppl = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float)
+        if method == RANDOM:
+            std = np.nan_to_num(g["ppl_std"].to_numpy(float))
+            ax.fill_between(x, np.maximum(ppl - std, 1.0), ppl + std, color="grey", alpha=0.25, lw=0)
+            ax.plot(x, ppl, color=FAMILY_COLORS[RANDOM], lw=2.2, label="random (± 1 std)")
+        else:
+            st = styles[method]
+            ax.plot(x, ppl, color=st["color"], ls=st["ls"], marker=st["marker"], ms=6, lw=2.4, label=method)
+    if np.isfinite(baseline["ppl"]):
+        ax.axhline(baseline["ppl"], color="grey", ls=":", lw=1.5, label=f"unpruned ({baseline['ppl']:.1f})")
+    top = plain["ppl"].to_numpy(float)
+    if len(top) and np.nanmax(top) / max(np.nanmin(top), 1e-12) > LOG_Y_RATIO:
+        ax.set_yscale("log")
+    ax.set_xlabel("heads pruned (%)", fontsize=PHONE_FONT)
+    ax.set_ylabel("perplexity", fontsize=PHONE_FONT)
+    ax.set_title("Perplexity after pruning", fontsize=PHONE_FONT + 1)
+    ax.tick_params(labelsize=PHONE_FONT - 1)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=PHONE_FONT - 1, loc="upper left", frameon=False)
+    fig.tight_layout()
+    return render_png(fig, PHONE_DPI)
 
 
 def _delta_interval(g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -6,22 +6,31 @@ import html
 
 import pandas as pd
 
+from headprune.errors import HeadpruneError
+from headprune.report.headline import best_layer_ranking
 from headprune.report.plots.common import Picture
-from headprune.report.plots.curves import plot_curves, plot_layer_normalized
+from headprune.report.plots.curves import plot_curves, plot_curves_phone, plot_layer_normalized
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
-from headprune.report.tables import rank_correlations
+from headprune.report.tables import best_method, rank_correlations
 from headprune.schema import TRUTH, method_columns
 
 
 def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame,
                   scale: str = "value") -> list[Picture]:
-    """The report's figures; ``scale``: heatmaps and scatters in each method's values or in shared ranks."""
+    """The report's figures; ``scale``: heatmaps and scatters in each method's values or in shared ranks.
+
+    curves.png draws the best ``@layer`` ranking the first screen names (:func:`.headline.best_layer_ranking`)
+    beside the global rankings, and has a phone version with the best ranking, that one and random only."""
+    layer = best_layer_ranking(curves)
+    keep = (layer,) if layer else ()
+    shown = "" if layer is None else f" Of the per-layer normalised rankings, the best ({layer}) is drawn too."
     pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
-                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey band: random ± 1 std "
-                    "over seeds; right, bands: 95% paired-bootstrap intervals over the evaluation windows, for "
-                    "random over seeds and windows together; top axis: heads removed).",
-                    plot_curves(curves, baseline, len(scores)))]
+                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey "
+                    "band: random ± 1 std over seeds; right, bands: 95% paired-bootstrap intervals over the "
+                    "evaluation windows, for random over seeds and windows together; top axis: heads removed)."
+                    + shown, plot_curves(curves, baseline, len(scores), keep),
+                    phone_png=plot_curves_phone(curves, baseline, _phone_methods(curves, layer)))]
     normalized = plot_layer_normalized(curves)
     if normalized is not None:
         pics.append(Picture("curves_layer_normalized.png", "Each weight and activation score ranked globally "
@@ -30,7 +39,8 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     order = plot_pruning_order(scores)
     if order is not None:
         pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
-                            "curves prune: global ranking, lowest score first.", order))
+                            "curves prune: global ranking, lowest score first; dark: removed first, bright: removed last, the "
+                            "important heads, as in the heatmaps.", order))
     methods = method_columns(scores)
     maps = "".join(f"<figure><figcaption>{html.escape(map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
                    "</figure>" for m in methods)
@@ -49,3 +59,11 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
                         plot_rank_correlation(*rank_correlations(scores))))
     return pics
+
+
+def _phone_methods(curves: pd.DataFrame, layer: str | None) -> list[str]:
+    try:
+        best = [best_method(curves)]
+    except HeadpruneError:  # no ranking: the phone figure shows random alone
+        best = []
+    return list(dict.fromkeys([*best, *([layer] if layer else [])]))

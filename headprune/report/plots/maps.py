@@ -154,8 +154,21 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     return "".join(parts)
 
 
+#: The pruning order's colours follow the heatmaps' "bright = important": removed first (step 1, the least
+#: important by the method) dark, removed last bright, as viridis runs from low to high values there.
+ORDER_CMAP = "viridis"
+
+
+def order_colors(steps: np.ndarray, n: int) -> np.ndarray:
+    """RGBA of each step 1..n as :func:`plot_pruning_order` draws it (NaN: the missing-head grey)."""
+    cmap = colormaps[ORDER_CMAP].with_extremes(bad=MISSING_COLOR)
+    span = max(n, 2) - 1
+    return cmap(np.ma.masked_invalid((np.asarray(steps, float) - 1) / span))
+
+
 def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
-    """One small layer x head grid per ranking method: the step at which the head is removed (1 = first)."""
+    """One small layer x head grid per ranking method: the step at which the head is removed (1 = first; dark,
+    the last bright: :data:`ORDER_CMAP`)."""
     grids = [(m, pruning_order(scores, m)) for m in ranked_methods(scores)]
     if not grids:
         return None
@@ -166,7 +179,7 @@ def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
     fig = Figure(figsize=(cols * cell_w, rows * cell_h + 0.6))
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     n = len(scores)
-    cmap = colormaps["viridis_r"].with_extremes(bad=MISSING_COLOR)
+    cmap = colormaps[ORDER_CMAP].with_extremes(bad=MISSING_COLOR)
     for ax, (method, grid) in zip(axes, grids):
         ax.set_title(method, fontsize=9)
         ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)] if n_heads <= 16 else [], fontsize=6)
@@ -183,7 +196,7 @@ def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
             annotate_cells(ax, values, cmap, 1.0, float(max(n, 2)), "{:.0f}", fontsize=5.5)
     for ax in axes[len(grids):]:
         ax.set_visible(False)
-    fig.suptitle("Pruning order: the step at which each head is removed (1 = first; rows: layers, columns: heads)",
-                 fontsize=10)
+    fig.suptitle("Pruning order: the step at which each head is removed (1 = first, dark; last = most important, "
+                 "bright, as in the heatmaps; rows: layers, columns: heads)", fontsize=10)
     fig.tight_layout()
     return render_png(fig)

@@ -1,0 +1,202 @@
+"""The report's first screen: three questions answered in words, each sentence computed from the tables.
+
+1. **Which heads matter?** The :data:`NAMED_HEADS` heads with the largest ``abl_zero`` (the NLL increase when one
+   head alone is zero-ablated: the score every other one is judged against), and the layer whose heads hold the
+   largest share of *the total*: Σ abl_zero over the heads of that layer / Σ abl_zero over all heads (finite
+   values; stated only where every layer's sum is ≥ 0, so shares lie in [0, 1]).
+2. **Which cheap score to trust?** Of the cheap scores (families weights, activations, gradients: no ablation
+   sweep), the one with the largest Spearman ρ against ``abl_zero``, with its 95% head-bootstrap interval, is
+   trusted where that interval lies above 0; those whose interval reaches 0 or below are not. Rankings that prune
+   worse than random (ΔNLL above the random mean + 1 std) at every finding fraction but beat it (below the mean
+   − 1 std) once normalised per layer (``<method>@layer``) are named as such.
+3. **What does pruning cost?** Perplexity unpruned → after pruning the best ranking's :data:`FINDING_FRACTIONS`
+   of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's.
+
+A sentence whose numbers are missing is left out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import pandas as pd
+
+from headprune.errors import HeadpruneError
+from headprune.report.findings import FINDING_FRACTIONS, layer_totals, versus_random
+from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_heads
+from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, method_family
+
+NAMED_HEADS = 5
+DETAIL = 2  # more untrusted scores than this: one range of ρ and of the intervals instead of each
+CHEAP_FAMILIES = ("weights", "activations", "gradients")  # no ablation sweep: seconds, not minutes
+
+
+def names(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+class Rho(NamedTuple):
+    """One cheap score's Spearman ρ against abl_zero and its 95% head-bootstrap interval (NaN: none)."""
+
+    method: str
+    n: int
+    rho: float
+    lo: float
+    hi: float
+
+    @property
+    def lower(self) -> float:
+        return self.rho if math.isnan(self.lo) else self.lo
+
+    @property
+    def upper(self) -> float:
+        return self.rho if math.isnan(self.hi) else self.hi
+
+
+def rho_text(r: Rho) -> str:
+    """``ρ 0.81 (95% interval 0.64 to 0.90)``; without an interval only the point."""
+    text = f"ρ {r.rho:.2f}"
+    return text if math.isnan(r.lo) or math.isnan(r.hi) else text + f" (95% interval {r.lo:.2f} to {r.hi:.2f})"
+
+
+def heads_answer(scores: pd.DataFrame) -> str | None:
+    """Which heads matter: the top heads by abl_zero and the share of the total their leading layer holds."""
+    top = top_heads(scores, NAMED_HEADS)
+    if top.empty:
+        return None
+    totals = layer_totals(scores)
+    total, n = float(totals.sum()), int(scores[TRUTH].notna().sum())
+    text = (f"The heads that matter most: {names(list(top['head_id']))}, largest first by {TRUTH} (the NLL "
+            "increase when that head alone is zero-ablated).")
+    layer, value = int(totals.index[0]), float(totals.iloc[0])
+    if total > 0 and (totals >= 0).all():
+        text += (f" Layer {layer} holds {value / total:.0%} of the total, where the total is {TRUTH} summed over all "
+                 f"{n} heads (layer {layer}: {value:.3f} of {total:.3f} nats/token).")
+    else:
+        text += f" Layer {layer} has the largest sum of {TRUTH} ({value:.3f} nats/token)."
+    return text
+
+
+def cheap_rows(pred: pd.DataFrame) -> list[Rho]:
+    """The cheap importance scores with a finite ρ, largest ρ first (ties: table order)."""
+    if pred.empty:
+        return []
+    rows = pred[~pred["method"].isin(DESCRIPTIVE) & pred["method"].map(lambda m: method_family(m) in CHEAP_FAMILIES)]
+    rows = rows[rows["spearman_rho"].notna()].sort_values("spearman_rho", ascending=False, kind="stable")
+
+    def col(name: str) -> list[float]:
+        return [float(v) for v in rows[name]] if name in rows else [math.nan] * len(rows)
+
+    return [Rho(str(m), int(n), float(r), lo, hi) for m, n, r, lo, hi in zip(
+        rows["method"], rows["n"], rows["spearman_rho"], col("spearman_ci_lo"), col("spearman_ci_hi"))]
+
+
+def rescued_by_layer(curves: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(methods worse than random at every finding fraction whose ``@layer`` ranking beats random at every one,
+    methods worse than random at every finding fraction whose ``@layer`` ranking does not)."""
+    found = [versus_random(curves, t) for t in FINDING_FRACTIONS]
+    if any(f is None for f in found):
+        return [], []
+    worse = [set(f[2]) for f in found if f is not None]
+    beat = [{m for m, _, _ in f[1]} for f in found if f is not None]
+    always_worse = [m for m in dict.fromkeys(curves["method"]) if all(m in w for w in worse)]
+    rescued = [m for m in always_worse if all(m + LAYER_NORMALIZED in b for b in beat)]
+    variants = set(curves["method"])
+    return rescued, [m for m in always_worse if m not in rescued and m + LAYER_NORMALIZED in variants]
+
+
+def trust_answer(pred: pd.DataFrame, curves: pd.DataFrame) -> str | None:
+    """Which cheap score to trust (largest ρ, interval above 0) and which not (interval reaching 0 or below)."""
+    rows = cheap_rows(pred)
+    if not rows:
+        return None
+    best = rows[0]
+    if best.lower > 0:
+        text = (f"Trust {best.method}, the best of the cheap scores: Spearman {rho_text(best)} with {TRUTH} over "
+                f"{best.n} heads.")
+        also = [r for r in rows[1:] if r.lower > 0]
+        if also:
+            text += " Its interval lies above 0, and so does that of " \
+                    f"{'; '.join(f'{r.method} ({rho_text(r)})' for r in also)}."
+    else:
+        text = f"No cheap score ranks heads like {TRUTH}: the best, {best.method}, has Spearman {rho_text(best)}."
+    order = {m: i for i, m in enumerate(pred["method"])}  # the table's order
+    bad = sorted((r for r in rows[1:] if r.lower <= 0), key=lambda r: order[r.method])
+    if len(bad) > DETAIL:
+        text += (f" Do not trust {names([r.method for r in bad])}: their ρ lies between "
+                 f"{min(r.rho for r in bad):.2f} and {max(r.rho for r in bad):.2f}, and every 95% interval reaches 0 "
+                 f"or below (together {min(r.lower for r in bad):.2f} to {max(r.upper for r in bad):.2f}).")
+    elif bad:
+        text += f" Do not trust {'; '.join(f'{r.method} ({rho_text(r)})' for r in bad)}: the interval reaches 0 " \
+                "or below."
+    rescued, not_rescued = rescued_by_layer(curves)
+    at = names([f"{t:.0%}" for t in FINDING_FRACTIONS])
+    if rescued:
+        text += (f" {names(rescued)} prune worse than random at {at} of heads unless normalised per layer: each "
+                 f"one's {LAYER_NORMALIZED} ranking beats random at {at}.")
+    if not_rescued:
+        text += f" {names(not_rescued)} prune worse than random at {at} even normalised per layer."
+    return text
+
+
+def best_layer_ranking(curves: pd.DataFrame) -> str | None:
+    """The ``<method>@layer`` ranking with the lowest mean ΔNLL over 0 < fraction ≤ 50% (as :func:`best_method`)."""
+    layer = curves[curves["method"].str.endswith(LAYER_NORMALIZED)]
+    try:
+        return best_method(layer) if len(layer) else None
+    except HeadpruneError:
+        return None
+
+
+def _ppl_at(curves: pd.DataFrame, method: str, target: float) -> tuple[float, float] | None:
+    """(fraction read, perplexity) of ``method``'s uncompensated curve nearest ``target``."""
+    group = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
+    if group.empty:
+        return None
+    row = nearest_row(group, target)
+    return float(row["fraction"]), float(row["ppl"])
+
+
+def change(ppl: float, base: float) -> str:
+    """Relative perplexity change ppl / base − 1, e.g. ``+3.1%``."""
+    return f"{ppl / base - 1:+.1%}"
+
+
+def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
+    """Perplexity unpruned → pruned at 30% and 50% by the best ranking (and best @layer one), next to random."""
+    try:
+        best = best_method(curves)
+    except HeadpruneError:
+        return None
+    base = float(baseline["ppl"])
+    if not math.isfinite(base) or base <= 0:
+        return None
+    layer = best_layer_ranking(curves)
+    rankings = [(best, " (the best ranking: lowest mean ΔNLL up to 50%)")]
+    rankings += [(layer, f" (the best {LAYER_NORMALIZED} ranking)")] if layer is not None and layer != best else []
+    sentences = []
+    for k, target in enumerate(FINDING_FRACTIONS):
+        parts = []
+        for method, role in rankings:
+            read = _ppl_at(curves, method, target)
+            if read is not None:
+                parts.append(f"{method}{role if k == 0 else ''} {base:.1f} → {read[1]:.1f}, {change(read[1], base)}")
+        rand = _ppl_at(curves, RANDOM, target)
+        parts += [f"random {base:.1f} → {rand[1]:.1f}, {change(rand[1], base)}"] if rand is not None else []
+        where = f"{target:.0%}"
+        fraction = _ppl_at(curves, best, target)
+        if fraction is not None and abs(fraction[0] - target) > FRACTION_TOL:
+            where += f" (nearest point: {fraction[0]:.1%})"
+        sentences.append(f"Pruning {where} of heads, perplexity: {'; '.join(parts)}.")
+    return " ".join(sentences)
+
+
+QUESTIONS = ("Which heads matter?", "Which cheap score to trust?", "What does pruning cost?")
+
+
+def answers(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame, baseline: dict
+            ) -> list[tuple[str, str]]:
+    """(question, answer) for each of :data:`QUESTIONS` whose numbers are there."""
+    found = (heads_answer(scores), trust_answer(pred, curves), cost_answer(curves, baseline))
+    return [(q, a) for q, a in zip(QUESTIONS, found) if a]
