@@ -46,7 +46,9 @@ window.addEventListener("load", function () {
       var box = (el || t).getBoundingClientRect();
       return box.right > w.innerWidth + 1 || box.left < -1;
     }).length;
-    var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) { return t.tBodies[0].rows.length > 2; });
+    var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) {
+      return t.tBodies[0].rows.length > 2;
+    });
     if (t) {
       var i = t.tHead.rows[0].cells.length - 1;
       t.tHead.rows[0].cells[i].click();
