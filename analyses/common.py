@@ -45,7 +45,8 @@ def setup(name: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser]
     return args, model, score_ids, eval_ids, ensure_dir(args.out)
 
 
-def save(out: Path, name: str, fig: Figure | None = None, table=None, text: str | None = None, meta: dict | None = None):
+def save(out: Path, name: str, fig: Figure | None = None, table=None, text: str | None = None,
+         meta: dict | None = None):
     """Write a figure (PNG), a table (csv), a markdown note or a JSON record into ``out``, atomically."""
     if fig is not None:
         buf = io.BytesIO()

@@ -1,7 +1,8 @@
 """Recovery after pruning: how much of the perplexity lost at 50% of heads removed do a few fine-tuning or
 distillation steps win back, for the best one-shot head set and for a jointly learned one?
 
-    python -m analyses.recovery [--steps 400] [--methods abl_zero,abl_mean,grad] [--gate-steps 150]   -> reports/recovery/
+    python -m analyses.recovery [--steps 400] [--methods abl_zero,abl_mean,grad] [--gate-steps 150]
+        -> reports/recovery/
 
 Two head sets of the same size are removed physically: the best one-shot set (of ``--methods``, columns of a
 score run, ``--scores``, default the committed ``reports/stdlib-gpt2-mini/scores.csv``; lowest test perplexity
@@ -42,8 +43,10 @@ GATES = "learned gates"
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--scores", default="reports/stdlib-gpt2-mini/scores.csv", help="scores table of the model (relative: to the repository root)")
-    ap.add_argument("--methods", default="abl_zero,abl_mean,grad", help="scores columns that compete (lowest test ppl wins)")
+    ap.add_argument("--scores", default="reports/stdlib-gpt2-mini/scores.csv",
+                    help="scores table of the model (relative: to the repository root)")
+    ap.add_argument("--methods", default="abl_zero,abl_mean,grad",
+                    help="scores columns that compete (lowest test ppl wins)")
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--gate-steps", type=int, default=150, help="gate training steps (0: no learned set)")
@@ -173,7 +176,8 @@ save(out, "recovery", fig=fig, table=table, meta=settings,
      text=f"# Recovery after pruning ({args.model})\n\n{words}\n\n"
           f"One-shot methods at {args.fraction:.0%} (test perplexity, lowest first):\n\n"
           f"{markdown_table(oneshot_table.drop(columns='heads'))}\n\n"
-          f"Recovery ({args.steps} AdamW steps each, lr {args.lr:g} with 10% warmup and cosine decay, seed {args.seed}; "
-          f"test split, {len(eval_ids):,} tokens; gap shares against each set's own pruned perplexity; seconds on "
-          f"this machine, 2 cores):\n\n{markdown_table(table)}\n\nHeads removed:\n\n{markdown_table(sets_table)}\n")
+          f"Recovery ({args.steps} AdamW steps each, lr {args.lr:g} with 10% warmup and cosine decay, "
+          f"seed {args.seed}; test split, {len(eval_ids):,} tokens; gap shares against each set's own pruned "
+          f"perplexity; seconds on this machine, 2 cores):\n\n{markdown_table(table)}\n\nHeads removed:\n\n"
+          f"{markdown_table(sets_table)}\n")
 print(words)

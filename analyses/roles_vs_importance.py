@@ -25,7 +25,8 @@ args, model, score_ids, _, out = setup("roles_vs_importance", __doc__)
 probe = repeated_random_tokens(model.cfg.vocab_size, min(PROBE_LENGTH, model.cfg.n_positions // 2), PROBE_COUNT, SEED)
 anatomy = head_anatomy(model, probe, corpus_rows(score_ids, args.seq_len, ROWS))
 scores = score_heads(model, score_ids, ["abl_zero"], args.windowing).table
-heads = scores[["layer", "head", "head_id", "abl_zero"]].merge(anatomy.heads.drop(columns=["layer", "head"]), on="head_id")
+heads = scores[["layer", "head", "head_id", "abl_zero"]].merge(anatomy.heads.drop(columns=["layer", "head"]),
+                                                               on="head_id")
 heads["importance_rank"] = heads["abl_zero"].rank(ascending=False, method="min").astype(int)
 n = len(heads)
 keep_top = int(np.ceil(0.1 * n))
@@ -69,27 +70,32 @@ kept_roles = ", ".join(f"{r.head_id} (#{r.importance_rank}: prev {r.previous_tok
                        for r in must_keep.itertuples())
 rho = corr.set_index("anatomy")
 finding = [
-    (f"- **Induction heads**: on {PROBE_COUNT} random sequences of {probe.shape[1] // 2} tokens repeated twice the strongest "
-    f"induction score is {best.induction:.3f} ({best.head_id}); an ideal induction head scores {ideal:.3f} and "
-    f"uniform attention {uniform:.3f}. The model {verdict}. {best.head_id} ranks #{best.importance_rank} of {n} "
-    f"by abl_zero, so the top induction-like head is {'among' if best.importance_rank <= keep_top else 'not among'} "
+    (f"- **Induction heads**: on {PROBE_COUNT} random sequences of {probe.shape[1] // 2} tokens repeated twice "
+    f"the strongest induction score is {best.induction:.3f} ({best.head_id}); an ideal induction head scores "
+    f"{ideal:.3f} and uniform attention {uniform:.3f}. The model {verdict}. {best.head_id} ranks "
+    f"#{best.importance_rank} of {n} by abl_zero, so the top induction-like head is "
+    f"{'among' if best.importance_rank <= keep_top else 'not among'} "
     f"the {keep_top} heads (top 10%) pruning must keep."),
     f"- **The heads pruning must keep** (top 10% by abl_zero): {kept_roles}.",
     f"- **Roles vs importance** (Spearman over {n} heads, 95% bootstrap interval): "
     + "; ".join(f"{a} {r.spearman_rho:+.2f} [{r.ci95_low:+.2f}, {r.ci95_high:+.2f}]" for a, r in rho.iterrows()) + ".",
-    (f"- **What pruned heads write**: for the {len(cover)} heads with the lowest abl_zero ({PRUNED:.0%}), the kept heads "
-    f"of their layer can write a mean {cover.covered.mean():.2f} of their W_O row space (mean cos² of principal "
-    f"angles), against {cover.random_expectation.mean():.2f} for random subspaces of the same sizes."),
+    (f"- **What pruned heads write**: for the {len(cover)} heads with the lowest abl_zero ({PRUNED:.0%}), "
+    f"the kept heads of their layer can write a mean {cover.covered.mean():.2f} of their W_O row space "
+    f"(mean cos² of principal angles), against {cover.random_expectation.mean():.2f} for random subspaces "
+    "of the same sizes."),
 ]
-text = (f"# Head roles vs importance ({args.model})\n\nImportance: abl_zero on the validation split ({len(score_ids):,} "
-        f"tokens). Roles: TransformerLens detect_head scores ('mul') on the induction probe (seed {SEED}) and on the "
-        f"first {ROWS} scoring windows (*_corpus); dla, copying and W_O geometry as in docs/anatomy.md.\n\n"
+text = (f"# Head roles vs importance ({args.model})\n\nImportance: abl_zero on the validation split "
+        f"({len(score_ids):,} tokens). Roles: TransformerLens detect_head scores ('mul') on the induction probe "
+        f"(seed {SEED}) and on the first {ROWS} scoring windows (*_corpus); dla, copying and W_O geometry as in "
+        "docs/anatomy.md.\n\n"
         + "\n".join(finding) + "\n\n## Correlations\n\n" + markdown_table(corr)
         + "\n\n## Top heads by abl_zero\n\n" + markdown_table(heads.sort_values("importance_rank").head(12).round(4))
         + "\n\n## Strongest K-composition among the top 20% heads\n\n"
-        + markdown_table(comp_top[["head_a_id", "head_b_id", "rank_a", "rank_b", "q_comp", "k_comp", "v_comp"]].round(4))
+        + markdown_table(comp_top[["head_a_id", "head_b_id", "rank_a", "rank_b",
+                                   "q_comp", "k_comp", "v_comp"]].round(4))
         + "\n\n## Pruned heads' W_O row space covered by the kept heads of their layer\n\n"
-        + markdown_table(cover.groupby("layer")[["covered", "random_expectation"]].mean().reset_index().round(4)) + "\n")
+        + markdown_table(cover.groupby("layer")[["covered", "random_expectation"]].mean().reset_index().round(4))
+        + "\n")
 save(out, "heads", table=heads)
 save(out, "correlations", table=corr)
 save(out, "coverage", table=cover)

@@ -29,7 +29,8 @@ scatter_by_layer(ax1, x, y, scores.layer.to_numpy(), n_layers)
 lim = [min(x.min(), y.min()), max(x.max(), y.max())]
 ax1.plot(lim, lim, "k:", lw=1, label="abl_mean = abl_zero")
 label_points(ax1, x, y, list(scores.head_id), np.argsort(-x, kind="stable"), k=4)
-ax1.set(xlabel="abl_zero (ΔNLL, nats/token)", ylabel="abl_mean (ΔNLL, nats/token)", title=f"per head, Spearman {rho:.2f}")
+ax1.set(xlabel="abl_zero (ΔNLL, nats/token)", ylabel="abl_mean (ΔNLL, nats/token)",
+        title=f"per head, Spearman {rho:.2f}")
 ax1.grid(alpha=0.3)
 layer_legend(fig, n_layers)
 styles = {("abl_zero", "none"): ("#0072B2", "-", "o"), ("abl_zero", "mean"): ("#0072B2", "--", "s"),

@@ -42,8 +42,9 @@ def transformer_lens_loop(folder, ids, seq_len, batch_size):
 
     hf = GPT2LMHeadModel.from_pretrained(folder)
     c = hf.config
-    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions, d_head=c.n_embd // c.n_head,
-                                  n_heads=c.n_head, d_mlp=4 * c.n_embd, d_vocab=c.vocab_size, act_fn="gelu_new",
+    cfg = HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_ctx=c.n_positions,
+                                  d_head=c.n_embd // c.n_head, n_heads=c.n_head, d_mlp=4 * c.n_embd,
+                                  d_vocab=c.vocab_size, act_fn="gelu_new",
                                   normalization_type="LN", default_prepend_bos=False)
     tl = HookedTransformer(cfg)
     tl.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
@@ -97,7 +98,8 @@ def main() -> None:
     folder = gpt2_small_checkpoint()
     model = load_model(folder, device=args.device)
     ids = torch.randint(0, 50257, (args.batch * args.seq,), generator=torch.Generator().manual_seed(0))
-    print(f"GPT-2 small, random weights, {args.batch} x {args.seq} tokens, 144 heads, {torch.get_num_threads()} threads")
+    print(f"GPT-2 small, random weights, {args.batch} x {args.seq} tokens, 144 heads, "
+          f"{torch.get_num_threads()} threads")
     t0 = time.perf_counter()
     ours = torch.tensor(score_heads(model, ids, "abl_zero", Windowing(args.seq, args.seq, args.batch),
                                     show_progress=False).table.abl_zero)

@@ -46,7 +46,8 @@ def main() -> None:
     for method in METHODS:
         a, b = scores["fp32"][method], scores["bf16"][method]
         rho = stats.spearmanr(a, b).statistic
-        print(f"{method:9s} Spearman fp32 vs bf16 {rho:.4f}, max|Δ| / range {float((a - b).abs().max() / (a.max() - a.min())):.4f}")
+        print(f"{method:9s} Spearman fp32 vs bf16 {rho:.4f}, "
+              f"max|Δ| / range {float((a - b).abs().max() / (a.max() - a.min())):.4f}")
 
 
 if __name__ == "__main__":

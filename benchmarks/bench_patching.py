@@ -6,9 +6,9 @@ GPT-2 small architecture, random weights, induction pairs (same length). The loo
 head on the batch of pairs, as TransformerLens's ``get_act_patch_attn_head_out_all_pos`` does: ``hf`` on
 Hugging Face's GPT2LMHeadModel with a ``c_proj`` pre-hook overwriting the head's slice with the clean z;
 ``own_loop`` (``--own-loop``) on headprune's GPT2 with that head's gate 0 and the clean z as its per-position
-fill. Each is timed ``--repeats`` times, interleaved, median kept; the first timed call's results are compared. The sweep
-reruns only layers l..L−1 for a head of layer l, several patched copies a forward, and unembeds only each
-pair's last position. All three agree (max difference printed); target: sweep ≥ 1.3x the HF loop.
+fill. Each is timed ``--repeats`` times, interleaved, median kept; the first timed call's results are compared.
+The sweep reruns only layers l..L−1 for a head of layer l, several patched copies a forward, and unembeds only
+each pair's last position. All three agree (max difference printed); target: sweep ≥ 1.3x the HF loop.
 """
 
 from __future__ import annotations

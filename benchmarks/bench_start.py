@@ -45,7 +45,8 @@ def main() -> None:
     med = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"headprune --help: {med['--help']:.2f} s (no torch)")
     print(f"headprune {' '.join(evaluate)}: cold {med['eval cold']:.2f} s, warm {med['eval warm']:.2f} s "
-          f"(warm/cold = {med['eval warm'] / med['eval cold']:.2f}; the cache saves {med['eval cold'] - med['eval warm']:.2f} s)")
+          f"(warm/cold = {med['eval warm'] / med['eval cold']:.2f}; "
+          f"the cache saves {med['eval cold'] - med['eval warm']:.2f} s)")
 
 
 if __name__ == "__main__":

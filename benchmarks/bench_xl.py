@@ -47,7 +47,8 @@ def hub_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     for i in range(cfg["n_layer"]):
         p = f"h.{i}."
         out += [(p + "ln_1.weight", (d,)), (p + "ln_1.bias", (d,)), (p + "attn.bias", (1, 1, n, n)),
-                (p + "attn.masked_bias", ()), (p + "attn.c_attn.weight", (d, 3 * d)), (p + "attn.c_attn.bias", (3 * d,)),
+                (p + "attn.masked_bias", ()), (p + "attn.c_attn.weight", (d, 3 * d)),
+                (p + "attn.c_attn.bias", (3 * d,)),
                 (p + "attn.c_proj.weight", (d, d)), (p + "attn.c_proj.bias", (d,)), (p + "ln_2.weight", (d,)),
                 (p + "ln_2.bias", (d,)), (p + "mlp.c_fc.weight", (d, 4 * d)), (p + "mlp.c_fc.bias", (4 * d,)),
                 (p + "mlp.c_proj.weight", (4 * d, d)), (p + "mlp.c_proj.bias", (d,))]
@@ -64,7 +65,8 @@ def make_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, cfg: di
     if ".ln_" in name or name.startswith("ln_f"):
         return torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
     std = 0.02 / math.sqrt(2 * cfg["n_layer"]) if name.endswith("c_proj.weight") else 0.02
-    return torch.randn(shape, generator=gen) * std if name.endswith("weight") else torch.randn(shape, generator=gen) * 0.01
+    return (torch.randn(shape, generator=gen) * std if name.endswith("weight")
+            else torch.randn(shape, generator=gen) * 0.01)
 
 
 def _write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], gen: torch.Generator, cfg: dict) -> None:
@@ -211,7 +213,8 @@ def main() -> None:
             r = results[name]
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")  # after every measurement
-            print(f"{name:32s} {r['seconds']:8.1f} s ({r['cpu_seconds']:7.1f} s CPU)  peak RSS {r['peak_rss_gib']:6.2f} GiB "
+            print(f"{name:32s} {r['seconds']:8.1f} s ({r['cpu_seconds']:7.1f} s CPU)  "
+                  f"peak RSS {r['peak_rss_gib']:6.2f} GiB "
                   f"({r['peak_rss_gib'] / results['weights_gib']:.2f}x fp32 weights)  {r['stdout'][:100]}", flush=True)
     finally:
         if not args.keep:

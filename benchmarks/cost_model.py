@@ -19,8 +19,9 @@ Forward-equivalents on N tokens:
                                                        LM head from the cached residual stream
   curves   one point (method × fraction)            ≤ 1 (a forward of the pruned model)
 
-With k processes every family's units are shared (the ablation's by cost, :func:`headprune.io.distributed.assign_units`),
-and each process also runs the cached forward of every batch it touches: t_k ≈ t_1/k + one forward (+ the load).
+With k processes every family's units are shared (the ablation's by cost,
+:func:`headprune.io.distributed.assign_units`), and each process also runs the cached forward of every batch it
+touches: t_k ≈ t_1/k + one forward (+ the load).
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ class RunSettings:
     seed: int = 0
     ablation_rows: int | None = None  # see score_heads
     bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
-    optimal: bool = False  # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
+    # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
+    optimal: bool = False
     learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
     gate_steps: int = 200  # training steps per fraction
     methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt; abl_opt with
@@ -102,7 +103,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     t_tokens = time.perf_counter() - t_start - t_load
-    fingerprint = _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model), "eval_tokens": token_digest(eval_ids),
+    fingerprint = _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model),
+                               "eval_tokens": token_digest(eval_ids),
                                "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
                                "device_type": model.device.type, "version": __version__}
     out = ensure_dir(s.out)
@@ -160,7 +162,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
     settings = {**_fields(s), "methods": methods,
                 "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
-                "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len, "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
+                "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
+                "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
                 "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
                 "compensation_fills": fill_data,
                 "seconds_load": round(t_load, 1), "seconds_tokenize": round(t_tokens, 1),
@@ -190,5 +193,6 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
         + f", report {time.perf_counter() - t0:.1f}")
     progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
-    return {"report": report, "out": out, "best": best, "baseline": baseline, "table": summary_table(curves, bpb_factor(baseline)),
+    return {"report": report, "out": out, "best": best, "baseline": baseline,
+            "table": summary_table(curves, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

@@ -1,8 +1,9 @@
 """The tables headprune reads and writes, defined once (torch-free: ``headprune report`` imports only this).
 
 Scores: one row per head, ``layer, head, head_id, model_fingerprint`` then one column per method in
-:data:`ALL_METHODS` order (``score`` computes :data:`METHODS`; ``learn-gates`` trains :data:`LEARNED_METHODS`). For every importance method a HIGHER score means MORE important; the descriptive
-methods (:data:`DESCRIPTIVE`) describe a head and never choose heads to prune.
+:data:`ALL_METHODS` order (``score`` computes :data:`METHODS`; ``learn-gates`` trains :data:`LEARNED_METHODS`).
+For every importance method a HIGHER score means MORE important; the descriptive methods (:data:`DESCRIPTIVE`)
+describe a head and never choose heads to prune.
 
 Curves: one row per (method, compensation, fraction), columns :data:`CURVE_COLUMNS`.
 """
@@ -131,7 +132,8 @@ CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: STEPS fine-tuning steps (headprune.pruning.finetune); a table without it holds only unrecovered points.
 RECOVER_COLUMN = "recover_steps"
 FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
-TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")  # kept as text when read from csv (a hex id may look numeric)
+# kept as text when read from csv (a hex id may look numeric)
+TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 # The fractions and random-baseline seeds of every curve (`run` and `curve`): 0, 0.1, ..., 0.8 (0.9 left out so that
 # the whole job, 19 rankings with 10 random seeds and intervals, stays under 5 minutes on 2 CPU cores with the

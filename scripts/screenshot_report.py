@@ -54,7 +54,9 @@ window.addEventListener("load", function () {
       return i.currentSrc !== i.src; }).length;  // <picture> images showing their <source> (the phone version)
     r.cut_columns = cut.map(function (t) { return Array.from(t.rows[0].cells).map(function (c) {
       return c.textContent; }).join(","); });
-    var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) { return t.tBodies[0].rows.length > 2; });
+    var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) {
+      return t.tBodies[0].rows.length > 2;
+    });
     if (t) {
       var i = t.tHead.rows[0].cells.length - 1;
       t.tHead.rows[0].cells[i].click();

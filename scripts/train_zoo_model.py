@@ -170,20 +170,24 @@ def train(args, tokenizer, train_ids, val_ids) -> dict:
         opt.step()
         state["step"] = step + 1
         elapsed = t_last + time.time() - t0
-        bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{(step + 1 - bar.initial) * args.batch * args.seq_len / (time.time() - t0):.0f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}",
+                        tok_s=f"{(step + 1 - bar.initial) * args.batch * args.seq_len / (time.time() - t0):.0f}")
         if args.benchmark:
             continue
         if state["step"] % args.eval_every == 0 or state["step"] == args.steps:
             val = quick_val_loss(model, val_ids, args)
-            state["log"].append({"step": state["step"], "train_loss": loss.item(), "val_loss": val, "elapsed_s": elapsed})
-            tqdm.write(f"step {state['step']} train {loss.item():.3f} val {val:.3f} (ppl {math.exp(val):.1f}) {elapsed:.0f}s")
+            state["log"].append({"step": state["step"], "train_loss": loss.item(), "val_loss": val,
+                                 "elapsed_s": elapsed})
+            tqdm.write(f"step {state['step']} train {loss.item():.3f} val {val:.3f} (ppl {math.exp(val):.1f}) "
+                       f"{elapsed:.0f}s")
             if val < state["best_val"]:
                 state.update(best_val=val, best_step=state["step"],
                              best_model={k: v.detach().clone() for k, v in model.state_dict().items()})
         if state["step"] % args.ckpt_every == 0 or state["step"] == args.steps:
             state["elapsed"] = elapsed
             tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(), "state": state}, tmp)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state(),
+                        "state": state}, tmp)
             os.replace(tmp, ckpt)
     state["elapsed"] = t_last + time.time() - t0
     if args.benchmark:
@@ -245,7 +249,8 @@ docstrings under 40 characters skipped; test directories and site-packages exclu
 Split by document name: the first 8 bytes of sha256(name), big-endian, mod 100:
 < 90 train, < 95 validation, else test (`headprune.data.stdlib_docs.split_of`).
 Documents are joined with `<|endoftext|>`. Train: {train_docs} documents, {train_tokens:,} tokens;
-validation: {validation_docs} documents, {validation_tokens:,} tokens; test: {test_docs} documents, {test_tokens:,} tokens.
+validation: {validation_docs} documents, {validation_tokens:,} tokens; \
+test: {test_docs} documents, {test_tokens:,} tokens.
 
 ## Training
 

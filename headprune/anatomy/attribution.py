@@ -133,6 +133,7 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
     components = [("embed", float(sums["embed"]) / n)]
     for layer in range(L):
         components += [(f"L{layer}.heads", float(sums[f"heads.{layer}"].sum()) / n)] if f"heads.{layer}" in sums else []
-        components += [(f"L{layer}.b_O", float(sums[f"b_O.{layer}"]) / n), (f"L{layer}.mlp", float(sums[f"mlp.{layer}"]) / n)]
+        components += [(f"L{layer}.b_O", float(sums[f"b_O.{layer}"]) / n),
+                       (f"L{layer}.mlp", float(sums[f"mlp.{layer}"]) / n)]
     components.append(("ln_bias", float(sums["ln_bias"]) / n))
     return Attribution(pd.DataFrame(rows), pd.DataFrame(components, columns=["component", "value"]), logit_sum / n, n)

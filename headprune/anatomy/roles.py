@@ -54,7 +54,8 @@ PATTERNS = {"previous_token": previous_token_pattern, "duplicate_token": duplica
 def repeated_random_tokens(vocab_size: int, length: int, count: int, seed: int = 0) -> Tensor:
     """``count`` sequences of ``length`` uniform random token ids, each repeated twice: (count, 2·length)."""
     if length < 2 or count < 1:
-        raise HeadpruneError(f"the induction probe needs length >= 2 and count >= 1, got length {length}, count {count}")
+        raise HeadpruneError("the induction probe needs length >= 2 and count >= 1, "
+                             f"got length {length}, count {count}")
     first = torch.randint(0, vocab_size, (count, length), generator=torch.Generator().manual_seed(seed))
     return torch.cat([first, first], dim=1)
 

@@ -34,11 +34,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "test")
     p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--methods", default="all", help="scores columns to rank by: all (every importance column of --scores) "
-                                                    f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
-                                                    "random; gate learns hard-concrete gates for each fraction (on "
-                                                    "--score-data, --gate-steps steps each); NAME@layer (as the report "
-                                                    "names it): NAME's scores normalised per layer")
+    p.add_argument("--methods", default="all",
+                   help="scores columns to rank by: all (every importance column of --scores) "
+                        f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
+                        "random; gate learns hard-concrete gates for each fraction (on "
+                        "--score-data, --gate-steps steps each); NAME@layer (as the report "
+                        "names it): NAME's scores normalised per layer")
     add_fraction_args(p)
     p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
                    help="mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
@@ -93,12 +94,14 @@ def run(args: argparse.Namespace) -> None:
     variants += [(m, args.compensate) for m in methods] if compensate else []
     train_ids = curve_train_ids(args, model, ids) if args.recover else None
     settings = sweep_settings(args, model, ids, w, "curve", scores=scores.to_json(), variants=variants,
-                              recover=args.recover, train_tokens=token_digest(train_ids) if train_ids is not None else None,
+                              recover=args.recover,
+                              train_tokens=token_digest(train_ids) if train_ids is not None else None,
                               fractions=fractions, seeds=args.seeds, seed=args.seed, per_layer=args.per_layer,
                               normalize=args.normalize, standardize=args.standardize,
                               score_data=args.score_data if needs_score_ids else None,
                               score_tokens=token_digest(score_ids) if score_ids is not None else None,
-                              gate_steps=args.gate_steps if learned else None, gate_lr=args.gate_lr if learned else None)
+                              gate_steps=args.gate_steps if learned else None,
+                              gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
     means = optimal = None
     if score_ids is not None and compensate:

@@ -58,7 +58,8 @@ def add_model_args(p: argparse.ArgumentParser, export: bool = False) -> None:
     """``--model``, ``--device``, ``--dtype`` (``export``: :data:`EXPORT_DTYPE_HELP`, default none) and
     ``--fold-value-bias``."""
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a local directory or a "
+                   help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), "
+                        "a local directory or a "
                         "Hugging Face hub id such as gpt2")
     add_device_args(p, export)
     add_fold_arg(p)
@@ -92,7 +93,8 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
     add_batch_size_arg(p)
 
 
-CORPUS_FORMS = "default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, or hf:NAME[:CONFIG]:SPLIT"
+CORPUS_FORMS = ("default (the shipped Python-docs corpus), a .txt/.jsonl/.parquet file, a directory of .txt, "
+                "or hf:NAME[:CONFIG]:SPLIT")
 
 
 def add_data_args(p: argparse.ArgumentParser, split: str = "test", data_help: str | None = None,
@@ -111,7 +113,8 @@ def add_data_args(p: argparse.ArgumentParser, split: str = "test", data_help: st
 
 
 def add_score_data_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--score-data", default="default", help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
+    p.add_argument("--score-data", default="default",
+                   help=f"corpus for {what}, its validation split: {CORPUS_FORMS} (default: default)")
 
 
 def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random baseline and the bootstrap") -> None:
@@ -125,7 +128,8 @@ def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None
 
 def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap replicates (resampled windows) for the 95%% intervals: 0 (no intervals) or at least 40")
+                   help="bootstrap replicates (resampled windows) for the 95%% intervals: "
+                        "0 (no intervals) or at least 40")
 
 
 def add_fraction_args(p: argparse.ArgumentParser, seeds: int = DEFAULT_SEEDS, fractions=DEFAULT_FRACTIONS) -> None:
@@ -198,11 +202,14 @@ def add_finetune_args(p: argparse.ArgumentParser) -> None:
     """The recipe of ``headprune finetune`` (see headprune.pruning.finetune.Recipe)."""
     p.add_argument("--train-data", default="default",
                    help=f"training corpus (train split of the default corpus): {CORPUS_FORMS}")
-    p.add_argument("--max-train-tokens", type=int, default=None, help="use only the first K training tokens (default: all)")
+    p.add_argument("--max-train-tokens", type=int, default=None,
+                   help="use only the first K training tokens (default: all)")
     p.add_argument("--teacher", default=None,
-                   help="the unpruned model to distil from: zoo name, directory or hub id (without it: plain fine-tuning)")
+                   help="the unpruned model to distil from: zoo name, directory or hub id "
+                        "(without it: plain fine-tuning)")
     p.add_argument("--distill-weight", type=float, default=None,
-                   help="alpha in (1-alpha) CE + alpha T^2 KL(teacher || student), in [0, 1] (default: 0.5 with --teacher)")
+                   help="alpha in (1-alpha) CE + alpha T^2 KL(teacher || student), in [0, 1] "
+                        "(default: 0.5 with --teacher)")
     p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the distillation KL")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
     p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "

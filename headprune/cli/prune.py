@@ -21,8 +21,9 @@ HELP = 'remove heads (listed or by score), export the smaller model'
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p, export=True)
-    add_data_args(p, "test", data_help="also measure perplexity before and after pruning on this corpus, its test split: "
-                                       f"{CORPUS_FORMS} (default: none, not measured)")
+    add_data_args(p, "test",
+                  data_help="also measure perplexity before and after pruning on this corpus, its test split: "
+                            f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
     p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random; NAME@layer "

@@ -8,8 +8,9 @@ HELP = 'rebuild the report from saved scores and curves tables'
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet); settings.json and baseline.json beside "
-                                                   "it are used when present")
+    p.add_argument("--scores", required=True,
+                   help="scores table (.csv/.parquet); settings.json and baseline.json beside "
+                        "it are used when present")
     p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
     p.add_argument("--out", required=True, help="report directory")
     p.add_argument("--scale", choices=["value", "rank"], default="value",

@@ -34,8 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-gates", action="store_true",
                    help="also curve hard-concrete gates learned for each fraction (learn-gates; adds minutes)")
     p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction with --learn-gates")
-    p.add_argument("--methods", default="all", help="all, or a comma-separated list of the methods to score (those that "
-                   f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
+    p.add_argument("--methods", default="all",
+                   help="all, or a comma-separated list of the methods to score (those that "
+                        f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
     add_run_flags(p, "report directory", "headprune-report")
 
 

@@ -14,8 +14,9 @@ HELP = 'score heads: weight norms, activations, gradients, ablation'
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "validation")
-    p.add_argument("--methods", default="all", help=f"all (every method but the slow abl_opt: all,abl_opt adds it), or a "
-                                                    f"comma-separated list of: {', '.join(METHODS)}")
+    p.add_argument("--methods", default="all",
+                   help="all (every method but the slow abl_opt: all,abl_opt adds it), or a "
+                        f"comma-separated list of: {', '.join(METHODS)}")
     add_run_flags(p, "output table, .csv or .parquet")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")

@@ -38,7 +38,7 @@ def finish_sweep(progress, table, out) -> bool:
 
 def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
     """What makes a sweep's results what they are: resuming requires all of it to be equal."""
-    return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype), "device": model.device.type,
-            "data": args.data, "split": args.split, "tokens": token_digest(ids),
+    return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype),
+            "device": model.device.type, "data": args.data, "split": args.split, "tokens": token_digest(ids),
             "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
             "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}

@@ -133,14 +133,16 @@ def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
     if split not in SPLITS:
         raise HeadpruneError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     if not spec or not spec.strip():
-        raise HeadpruneError("empty corpus spec; use default, a .txt/.jsonl/.parquet path, a directory or hf:NAME[:CONFIG]:SPLIT")
+        raise HeadpruneError("empty corpus spec; use default, a .txt/.jsonl/.parquet path, a directory "
+                             "or hf:NAME[:CONFIG]:SPLIT")
     if spec == "default":
         return [text for name, text in default_documents() if split_of(name) == split]
     if spec.startswith("hf:"):
         return _nonempty(_load_hf(spec), spec)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise HeadpruneError(f"corpus path {path} does not exist; give an existing file or directory, default, or hf:NAME[:CONFIG]:SPLIT")
+        raise HeadpruneError(f"corpus path {path} does not exist; give an existing file or directory, default, "
+                             "or hf:NAME[:CONFIG]:SPLIT")
     if not path.is_dir() and not path.is_file():  # a FIFO or device would block forever or never end
         raise HeadpruneError(f"corpus path {path} is not a regular file or directory; give a .txt/.jsonl/.parquet file")
     if path.is_dir():
@@ -153,5 +155,6 @@ def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
     if path.suffix in (".jsonl", ".parquet"):
         return _nonempty(_read_table(path), str(path))
     raise HeadpruneError(
-        f"unsupported corpus file {path}; use a .txt, .jsonl or .parquet file, a directory of .txt files, default or hf:NAME[:CONFIG]:SPLIT"
+        f"unsupported corpus file {path}; use a .txt, .jsonl or .parquet file, a directory of .txt files, "
+        "default or hf:NAME[:CONFIG]:SPLIT"
     )

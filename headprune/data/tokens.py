@@ -146,7 +146,8 @@ def _stream_ids(texts: Sequence[Source], tokenizer, eos: int, limit: int | None)
     if pending:
         flush()
     if not has_text and not (limit and len(ids) >= limit):
-        raise HeadpruneError("the corpus has no text (empty or only whitespace); give a corpus with non-whitespace text")
+        raise HeadpruneError("the corpus has no text (empty or only whitespace); "
+                             "give a corpus with non-whitespace text")
     out = torch.frombuffer(ids, dtype=torch.long).clone() if len(ids) else torch.zeros(0, dtype=torch.long)
     return out[:limit] if limit else out
 

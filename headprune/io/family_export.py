@@ -111,7 +111,8 @@ def _zeroed_state(model: HeadModel) -> dict[str, Tensor]:
             state[pre + "dense.weight"] = _widen(state[pre + "dense.weight"], 1, cols, cfg.n_heads * dk)
             continue
         q, kv = _rows(kept, dk, dev), _rows(cfg.kept_kv_heads(layer), dk, dev)
-        for proj, index, n in (("q_proj", q, cfg.n_heads), ("k_proj", kv, cfg.n_kv_heads), ("v_proj", kv, cfg.n_kv_heads)):
+        for proj, index, n in (("q_proj", q, cfg.n_heads), ("k_proj", kv, cfg.n_kv_heads),
+                               ("v_proj", kv, cfg.n_kv_heads)):
             for part in ("weight", "bias"):
                 if pre + f"{proj}.{part}" in state:
                     state[pre + f"{proj}.{part}"] = _widen(state[pre + f"{proj}.{part}"], 0, index, n * dk)

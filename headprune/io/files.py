@@ -167,7 +167,8 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
         return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
                            na_values=["", "NaN", "nan"])
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many kinds
-        raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); is it a headprune csv/parquet?") from None
+        raise HeadpruneError(f"cannot read table {path} ({type(err).__name__}); "
+                             "is it a headprune csv/parquet?") from None
 
 
 def read_scores(path: str | os.PathLike) -> pd.DataFrame:

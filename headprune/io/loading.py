@@ -125,7 +125,8 @@ def load_model(
         from headprune.models.hf_families import load_family_model
 
         # typed as GPT2: every family has GPT-2's per-head interface (tests/oracles/test_families.py)
-        family = cast(GPT2, load_family_model(folder, device, torch.float32 if fold_value_bias else dtype, check_finite))
+        family = cast(GPT2, load_family_model(folder, device, torch.float32 if fold_value_bias else dtype,
+                                              check_finite))
         family.origin = Origin(str(source), folder)
         if fold_value_bias:
             fold_value_biases_(family)

@@ -30,7 +30,8 @@ def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size:
 
     folder = resolve_source(source) if source is not None else None
     has_own = folder is not None and (
-        (folder / "tokenizer.json").is_file() or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
+        (folder / "tokenizer.json").is_file()
+        or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
     )
     tok = GPT2TokenizerFast.from_pretrained(folder) if has_own else _gpt2_bpe()
     if vocab_size is not None and len(tok) > vocab_size:

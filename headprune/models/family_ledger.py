@@ -1,4 +1,5 @@
-"""The parameter and FLOP ledger of a family model (:mod:`headprune.models.ledger` is GPT-2's), with K/V sharing spelled out.
+"""The parameter and FLOP ledger of a family model (:mod:`headprune.models.ledger` is GPT-2's), with K/V
+sharing spelled out.
 
 Per layer with h query heads and h_kv KV heads of width d_k (multiply-add = 2 FLOPs, per token, context T):
   W_Q: d·h·d_k weights, W_K and W_V: d·h_kv·d_k each (a KV head is shared by its h/h_kv query heads),

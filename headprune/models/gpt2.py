@@ -32,11 +32,14 @@ from headprune.models.gpt2_config import ModelConfig
 def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
     """HeadpruneError unless ``tokens`` is an integer tensor of ids in [0, vocab_size) (an id outside would be an
     index error deep in the embedding, or on a GPU a device-side assert)."""
-    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8):
-        raise HeadpruneError(f"token ids must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (
+        torch.long, torch.int32, torch.int16, torch.uint8
+    ):
+        raise HeadpruneError("token ids must be an integer tensor, "
+                             f"got {getattr(tokens, 'dtype', type(tokens).__name__)}")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) (min {int(tokens.min())}, "
-                             f"max {int(tokens.max())}); use the model's own tokenizer")
+        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) "
+                             f"(min {int(tokens.min())}, max {int(tokens.max())}); use the model's own tokenizer")
 
 
 

@@ -25,14 +25,16 @@ def param_table(model: GPT2) -> pd.DataFrame:
 
         return family_params(model)
     rows = [
-        {"layer": -1, "component": "wte (tied LM head)" if model.lm_head is None else "wte", "params": model.wte.weight.numel()},
+        {"layer": -1, "component": "wte (tied LM head)" if model.lm_head is None else "wte",
+         "params": model.wte.weight.numel()},
         {"layer": -1, "component": "wpe", "params": model.wpe.weight.numel()},
     ]
     for layer, blk in enumerate(model.h):
         attn = blk.attn
         rows += [
             {"layer": layer, "component": "ln_1", "params": sum(p.numel() for p in blk.ln_1.parameters())},
-            {"layer": layer, "component": "attn.W_QKV", "params": attn.c_attn.weight.numel() + attn.c_attn.bias.numel()},
+            {"layer": layer, "component": "attn.W_QKV",
+             "params": attn.c_attn.weight.numel() + attn.c_attn.bias.numel()},
             {"layer": layer, "component": "attn.W_O", "params": attn.c_proj.weight.numel() + attn.c_proj.bias.numel()},
             {"layer": layer, "component": "ln_2", "params": sum(p.numel() for p in blk.ln_2.parameters())},
             {"layer": layer, "component": "mlp", "params": sum(p.numel() for p in blk.mlp.parameters())},
@@ -121,7 +123,8 @@ def format_info(model: GPT2, batch: int, seq_len: int) -> str:
     for r in wo.itertuples():
         lines.append(f"  layer {r.layer:>2}: heads {r.heads:>2}  {r.W_O_weights:,} + {r.b_O:,} = {r.W_O_total:,}  "
                      f"FLOPs/token {r.W_O_flops_per_token:,}")
-    lines.append(f"W_O all layers: {int(wo.W_O_total.sum()):,} params, {int(wo.W_O_flops_per_token.sum()):,} FLOPs/token")
+    lines.append(f"W_O all layers: {int(wo.W_O_total.sum()):,} params, "
+                 f"{int(wo.W_O_flops_per_token.sum()):,} FLOPs/token")
     lines.append(f"attention FLOPs/token at T={seq_len}: {attention_flops_per_token(model, seq_len):,}")
     lines.append(f"shape trace of one attention call (layer 0, B={batch}, T={seq_len}):")
     for name, shape in shape_trace(model, batch, seq_len):

@@ -87,7 +87,8 @@ class PromptPairs:
         for what, t in (("token", torch.cat([self.clean, self.corrupt], 1)), ("answer", self.answer),
                         ("wrong", self.wrong)):
             if t.numel() and (t.min() < 0 or t.max() >= vocab_size):
-                raise HeadpruneError(f"{self.name}: a {what} id lies outside the model's vocabulary 0..{vocab_size - 1}")
+                raise HeadpruneError(f"{self.name}: a {what} id lies outside the model's vocabulary "
+                                     f"0..{vocab_size - 1}")
         if self.clean.shape[1] > n_positions:
             raise HeadpruneError(f"{self.name}: a prompt has {self.clean.shape[1]} tokens, more than the model's "
                                  f"{n_positions} positions")

@@ -104,7 +104,8 @@ def pruning_curves(
     model: GPT2,
     ids: torch.Tensor,
     scores: pd.DataFrame,
-    variants: list[tuple[str, str]],  # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"
+    # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"
+    variants: list[tuple[str, str]],
     options: CurveOptions,
     compensation: Compensation = NO_COMPENSATION,
     progress: Progress | NoProgress | None = None,
@@ -154,7 +155,8 @@ def pruning_curves(
         comp = comp if heads else "none"
         key = (frozenset(heads), comp)
         if key not in evaluated:
-            fills = compensation.fills(comp, heads)  # optimal: fitted for this set (single-head constants do not compose)
+            # optimal: fitted for this set (single-head constants do not compose)
+            fills = compensation.fills(comp, heads)
             pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
             if recovery is not None:
                 recovery.train(pruned)  # every layer may change: evaluated from the embeddings on

@@ -96,7 +96,8 @@ def lr_factor(step: int, steps: int, warmup: int, min_lr_ratio: float = 0.1) -> 
 
 
 def train_batch(ids: Tensor, step: int, batch_size: int, seq_len: int, seed: int) -> Tensor:
-    """Batch ``step``: (batch_size, seq_len) windows of ``ids`` at starts drawn from a generator seeded by (seed, step)."""
+    """Batch ``step``: (batch_size, seq_len) windows of ``ids`` at starts drawn from a generator seeded by
+    (seed, step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(ids) - seq_len + 1, (batch_size,), generator=g)
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
@@ -114,7 +115,8 @@ def recovery_loss(logits: Tensor, tokens: Tensor, teacher_logits: Tensor | None 
         return ce, ce, None
     u = teacher_logits[:, :-1].reshape(-1, V).to(wide)
     log_p_teacher, log_p_student = F.log_softmax(u / temperature, -1), F.log_softmax(s / temperature, -1)
-    kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="batchmean")  # Σ_v p_u (log p_u − log p_s), mean over n
+    # Σ_v p_u (log p_u − log p_s), mean over n
+    kl = F.kl_div(log_p_student, log_p_teacher, log_target=True, reduction="batchmean")
     return (1 - alpha) * ce + alpha * temperature**2 * kl, ce, kl
 
 
@@ -220,8 +222,8 @@ def finetune(
         teacher.eval().requires_grad_(False)
     kill_after = int(os.environ.get(KILL_ENV, "0"))
     params = [p for p in model.parameters() if p.requires_grad]
-    bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc="fine-tune", disable=not show_progress,
-               leave=False)
+    bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc="fine-tune",
+               disable=not show_progress, leave=False)
     for step in bar:
         tokens = train_batch(ids, step, recipe.batch_size, recipe.seq_len, recipe.seed).to(model.device)  # type: ignore[arg-type]
         teacher_logits = None

@@ -30,8 +30,8 @@ def check_teacher(teacher, student, marker: dict, teacher_source: str) -> None:
         warn(f"the export does not record the model it was pruned from; cannot check that {teacher_source} is it")
         return
     if (mine := model_fingerprint(teacher)) != recorded:
-        raise HeadpruneError(f"the teacher {teacher_source} (fingerprint {mine}) is not the model the export was pruned "
-                             f"from (fingerprint {recorded}); pass the original model as --teacher")
+        raise HeadpruneError(f"the teacher {teacher_source} (fingerprint {mine}) is not the model the export "
+                             f"was pruned from (fingerprint {recorded}); pass the original model as --teacher")
 
 
 def check_removed_heads_zero(model, heads: list[tuple[int, int]], folder) -> None:

@@ -184,4 +184,5 @@ def check_scores_match(scores: pd.DataFrame, model: GPT2, source: str | None = N
     prints = set(frame["model_fingerprint"].astype(str))
     mine = model_fingerprint(model)
     if prints != {mine}:
-        raise HeadpruneError(f"{name} is from another model (fingerprint {min(prints)}, this model's is {mine}); {hint}")
+        raise HeadpruneError(f"{name} is from another model (fingerprint {min(prints)}, this model's is {mine}); "
+                             f"{hint}")

@@ -6,8 +6,8 @@ shape (h_kv', r'), 1 ≤ h_kv' ≤ h_kv, 1 ≤ r' ≤ r, that removes L·(h − 
 s (higher = more important) is, in each layer independently: keep in each group its r' highest-scoring heads, and
 keep the h_kv' groups whose kept heads score highest in sum. That maximises the total kept score Σ s over all
 prunes of that shape (each layer's choice is separable, and within a group the top r' are optimal). Among the
-shapes, the one whose removal count is nearest the asked k (ties: more removed, so a prune is never silently dropped) is taken, and among shapes with
-that count the one keeping the highest total score.
+shapes, the one whose removal count is nearest the asked k (ties: more removed, so a prune is never silently
+dropped) is taken, and among shapes with that count the one keeping the highest total score.
 """
 
 from __future__ import annotations

@@ -69,7 +69,8 @@ def ablate_layer(
 
 
 class AblationScores(Family):
-    """abl_zero, abl_zero_folded, abl_mean, abl_opt: per batch a baseline unit and, per method and layer, a unit for its heads."""
+    """abl_zero, abl_zero_folded, abl_mean, abl_opt: per batch a baseline unit and, per method and layer, a unit
+    for its heads."""
 
     name = "ablation"
     methods = ABLATION_METHODS
@@ -111,8 +112,8 @@ class AblationScores(Family):
 
     def costs(self, ctx: ScoringContext, units: list[Unit]) -> list[float]:
         """FLOPs of each unit. A head of layer l reruns layers l..L−1 and the LM head on the batch's b·T tokens:
-        h_l·b·T·((L − l)·c + u), with c = 8·d² + 4·d·d_mlp + 4·T·d per token and block (Q/K/V/O and MLP weights, then QKᵀ and A·V:
-        24·d² + 4·T·d for GPT-2's d_mlp = 4d) and
+        h_l·b·T·((L − l)·c + u), with c = 8·d² + 4·d·d_mlp + 4·T·d per token and block (Q/K/V/O and MLP weights,
+        then QKᵀ and A·V: 24·d² + 4·T·d for GPT-2's d_mlp = 4d) and
         u = 2·d·V per token for the LM head; the baseline unit is one forward, b·T·(L·c + u). Early layers cost up
         to (L·c + u)/(c + u) times the last one's, so equal unit counts per process would not balance."""
         cfg = ctx.model.cfg

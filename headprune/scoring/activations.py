@@ -97,7 +97,8 @@ class ActivationScores(Family):
 
     def units(self, ctx: ScoringContext) -> list[Unit]:
         entropy = "entropy" in ctx.methods
-        return [(f"act/w/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy)) for k, b in enumerate(ctx.batches)]
+        return [(f"act/w/{entropy}/b{k}", partial(batch_sums, ctx.model, b, entropy))
+                for k, b in enumerate(ctx.batches)]
 
     def combine(self, ctx: ScoringContext, results: dict[str, Any]) -> FamilyScores:
         return combine(ctx.model, list(results.values()))

@@ -104,7 +104,8 @@ def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, posit
         for batch, r in zip(batches, resid):
             capture = Capture()
             model.run_blocks(r, start=layer, stop=layer + 1, capture=capture)
-            dev = scored_positions(capture.z[layer], batch.mask).double() - init.double().to(r.device)  # (tokens, h, d_k)
+            # (tokens, h, d_k)
+            dev = scored_positions(capture.z[layer], batch.mask).double() - init.double().to(r.device)
             sq += (dev ** 2).mean(-1).sum(0).cpu()
             n += dev.shape[0]
         sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-6)[positions]  # [p]

@@ -114,7 +114,8 @@ def test_run_html_self_contained(run_dir):
 # Where each unit family's work function is looked up at call time (patching the defining module would not
 # reach the callers that imported the name), keyed by the unit-key prefix of the family.
 WORK = {"weights": ("headprune.scoring.weights", "weight_scores"),
-        "act": ("headprune.scoring.activations", "batch_sums"), "grad": ("headprune.scoring.gradients", "batch_gate_grad"),
+        "act": ("headprune.scoring.activations", "batch_sums"),
+        "grad": ("headprune.scoring.gradients", "batch_gate_grad"),
         "abl": ("headprune.scoring.ablation", "ablate_layer"), "base": ("headprune.scoring.ablation", "cache_batch"),
         "curve": ("headprune.pruning.curves", "pruned_window_sums")}
 
@@ -202,7 +203,8 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
                                 if not any(f'"unit": "{u}"' in line for u in forget)))
     assert main(args) == 0
     assert sorted(computed) == sorted(forget)
-    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=3, curve=1)  # batches 0 and 1 each rebuild their cache
+    # batches 0 and 1 each rebuild their cache
+    assert calls == Counter(weights=1, act=1, grad=1, base=2, abl=3, curve=1)
     assert sorted(_unit_keys(progress)) == sorted(units)
     assert {name: (out / name).read_bytes() for name in tables} == tables
 

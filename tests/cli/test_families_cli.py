@@ -122,7 +122,8 @@ def test_score_all_curve_and_anatomy(name, built, corpus, capsys, tmp_path):
     cli(capsys, "curve", "--model", folder, *data, "--scores", tmp_path / "s.csv", "--methods", "taylor,abl_zero",
         "--fractions", "0,0.5", "--seeds", 2, "--bootstrap", 40, "--out", tmp_path / "c.csv", "--quiet")
     curves = pd.read_csv(tmp_path / "c.csv")
-    assert set(curves.method) == {"taylor", "abl_zero", "random"} and (curves[curves.fraction == 0].delta_nll == 0).all()
+    assert (set(curves.method) == {"taylor", "abl_zero", "random"}
+            and (curves[curves.fraction == 0].delta_nll == 0).all())
     cli(capsys, "anatomy", "--model", folder, *data, "--out", tmp_path / "anat")
     heads = pd.read_csv(tmp_path / "anat" / "heads.csv")
     assert len(heads) == 8 and heads[["dla", "copying"]].notna().all().all()
@@ -224,7 +225,8 @@ def test_uniform_heads_is_the_best_uniform_prune(built):
                 value_sum = sum(value[(0, h)] for h in a) + sum(value[(1, h)] for h in b)
                 best = max(best or (value_sum, a, b), (value_sum, a, b))
         removed = set(uniform_heads(model, scores, "s", count=count))
-        assert removed == {(0, h) for h in range(4) if h not in best[1]} | {(1, h) for h in range(4) if h not in best[2]}
+        assert removed == ({(0, h) for h in range(4) if h not in best[1]}
+                           | {(1, h) for h in range(4) if h not in best[2]})
 
 
 def test_hf_export_refusals(built, tmp_path):

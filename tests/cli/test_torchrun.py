@@ -127,7 +127,8 @@ def reference(tiny_dir, corpus, tmp_path_factory):
 
 def test_two_nodes_equal_one_process(reference, tiny_dir, corpus, tmp_path):
     """torchrun --nnodes 2 --nproc-per-node 2 (two agents, a c10d rendezvous on localhost): 4 ranks, same bytes."""
-    args, port = SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(tmp_path / "four.csv")], _free_port()
+    args, port = (SCORE + ["--model", str(tiny_dir), "--data", str(corpus), "--out", str(tmp_path / "four.csv")],
+                  _free_port())
     nodes = [_node(tmp_path, args, port, 2) for _ in range(2)]
     for node in nodes:
         _, err = node.communicate(timeout=600)

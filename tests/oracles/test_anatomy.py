@@ -136,7 +136,8 @@ def dense_composition(model) -> dict[tuple[int, int, int, int], tuple[float, flo
     for (la, ha), (ov_a, _) in W.items():
         for (lb, hb), (ov_b, qk_b) in W.items():
             if la < lb:
-                out[la, ha, lb, hb] = tuple(float(torch.linalg.norm(ov_a @ m) / (torch.linalg.norm(ov_a) * torch.linalg.norm(m)))
+                out[la, ha, lb, hb] = tuple(float(torch.linalg.norm(ov_a @ m)
+                                                  / (torch.linalg.norm(ov_a) * torch.linalg.norm(m)))
                                             for m in (qk_b, qk_b.T, ov_b))
     return out
 
@@ -304,7 +305,8 @@ def test_anatomy_command_writes_the_tables(tiny_dir, corpus, tmp_path, capsys):
     expected = detect_heads(load_model(tiny_dir), repeated_random_tokens(50257, 8, 2, seed=3))
     np.testing.assert_allclose(heads["induction"], expected["induction"], rtol=1e-6)
     assert len(pd.read_csv(out / "composition.csv")) == 48
-    assert {"singular_values.csv", "wo_pairs.csv", "attribution.csv", "settings.json"} <= {p.name for p in out.iterdir()}
+    assert ({"singular_values.csv", "wo_pairs.csv", "attribution.csv", "settings.json"}
+            <= {p.name for p in out.iterdir()})
     assert main([*argv[:-2], "--probe-length", "40", "--out", str(tmp_path / "x")]) == 2  # 2·40 > n_positions 64
     assert "--probe-length 40 is too long" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -344,8 +346,8 @@ def test_report_section_from_saved_anatomy_without_torch_inputs(tmp_path):
                 "dla", "copying", "wo_eff_rank", "wo_overlap_rest"):
         heads[col] = rng.uniform(0, 0.1, size=len(heads))
     heads.loc[5, "induction"] = 0.4  # the strongest: 80% of an ideal 0.5
-    comp = pd.DataFrame([{"layer_a": 0, "head_a": 0, "layer_b": 1, "head_b": 1, "head_a_id": "L0H0", "head_b_id": "L1H1",
-                          "q_comp": 0.2, "k_comp": 0.3, "v_comp": 0.1}])
+    comp = pd.DataFrame([{"layer_a": 0, "head_a": 0, "layer_b": 1, "head_b": 1, "head_a_id": "L0H0",
+                          "head_b_id": "L1H1", "q_comp": 0.2, "k_comp": 0.3, "v_comp": 0.1}])
     thumbs = [Thumbnail("L1H1", "strongest induction", "probe", [[1.0, 0.0], [0.5, 0.5]])]
     anatomy = AnatomyReport(heads, comp, thumbs, {"induction_ideal": 0.5, "induction_uniform": 0.02})
     build_report(scores, make_curves(), tmp_path / "r", SETTINGS, BASELINE, anatomy)

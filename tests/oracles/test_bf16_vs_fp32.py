@@ -1,7 +1,7 @@
 """bf16 against fp32, with bounds tight enough that losing an attention layer (or a head) fails them.
 
-tests/oracles/test_gpt2_vs_transformers.py allows 0.05 in softmax probabilities; over GPT-2's 50,257-token vocabulary almost every
-probability is tiny, so a bf16 path that skipped a whole attention layer could still pass it. Here the
+tests/oracles/test_gpt2_vs_transformers.py allows 0.05 in softmax probabilities; over GPT-2's 50,257-token vocabulary
+almost every probability is tiny, so a bf16 path that skipped a whole attention layer could still pass it. Here the
 shipped model (``stdlib-gpt2-mini``, 6 x 8 heads, trained) runs on the first 4,096 tokens of the default
 corpus' validation split. Measured on the CPU (torch 2.x):
 

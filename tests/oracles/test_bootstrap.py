@@ -60,7 +60,8 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     model = load_model(tiny_dir)
     ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=torch.Generator().manual_seed(5))
     windowing = Windowing(SEQ, SEQ, 2)
-    # abl_opt: a fitted fill, held fixed as abl_mean's; abl_resample: its source windows are drawn from the corpus itself
+    # abl_opt: a fitted fill, held fixed as abl_mean's;
+    # abl_resample: its source windows are drawn from the corpus itself
     methods = [m for m in DATA_METHODS if m not in ("abl_opt", "abl_resample")]
     scored = score_heads(model, ids, methods, windowing, show_progress=False, bootstrap=REPLICATES, seed=9)
     table = scored.table

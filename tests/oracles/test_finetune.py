@@ -259,7 +259,8 @@ def test_sigkilled_finetune_resumes_to_bit_identical_weights(tiny_dir, corpus, e
     cmd = lambda out: [sys.executable, "-m", "headprune", *_ft_args(pruned, out, corpus, eval_corpus, "--steps", "5",
                                                                     "--checkpoint-every", "2")]
     subprocess.run(cmd(tmp_path / "whole"), env=env, check=True, capture_output=True, timeout=300)
-    killed = subprocess.run(cmd(tmp_path / "resumed"), check=False, env={**env, ft.KILL_ENV: "3"}, capture_output=True, timeout=300)
+    killed = subprocess.run(cmd(tmp_path / "resumed"), check=False, env={**env, ft.KILL_ENV: "3"}, capture_output=True,
+                            timeout=300)
     assert killed.returncode == -signal.SIGKILL and (tmp_path / "resumed.finetune-checkpoint.pt").is_file()
     assert not (tmp_path / "resumed").exists()
     subprocess.run(cmd(tmp_path / "resumed"), env=env, check=True, capture_output=True, timeout=300)

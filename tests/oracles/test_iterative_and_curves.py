@@ -58,7 +58,8 @@ def token_ids(tiny_dir, corpora, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HEADPRUNE_CACHE", str(tmp_path_factory.getbasetemp() / "token-cache"))
         tok = load_tokenizer(tiny_dir, vocab_size=TINY["vocab_size"])
-        eval_ids, score_ids = (corpus_ids(str(c), split, tok, MAX_TOKENS) for c, split in zip(corpora, ["test", "validation"]))
+        eval_ids, score_ids = (corpus_ids(str(c), split, tok, MAX_TOKENS)
+                               for c, split in zip(corpora, ["test", "validation"]))
     assert len(eval_ids) == len(score_ids) == MAX_TOKENS and not torch.equal(eval_ids, score_ids)
     return eval_ids, score_ids
 
@@ -247,7 +248,8 @@ def test_curve_points_equal_hf_pruned_models(tiny_dir, hf, token_ids, scores_fil
     fractions = [0, 0.25, 0.75]
     out = tmp_path / "curves.parquet"
     assert main(["curve", "--model", str(tiny_dir), "--data", str(corpora[0]), "--score-data", str(corpora[1]),
-                 "--scores", str(scores_file), "--methods", "abl_zero,wo_fro", "--fractions", ",".join(map(str, fractions)),
+                 "--scores", str(scores_file), "--methods", "abl_zero,wo_fro",
+                 "--fractions", ",".join(map(str, fractions)),
                  "--seeds", "3", "--compensate", "mean", "--out", str(out), *WINDOW]) == 0
     curves = pd.read_parquet(out)
     expected = [(m, c) for c, ms in [("none", ["abl_zero", "wo_fro", "random"]), ("mean", ["abl_zero", "wo_fro"])]
@@ -272,7 +274,8 @@ def test_curve_points_equal_hf_pruned_models(tiny_dir, hf, token_ids, scores_fil
     for row in curves.itertuples():
         k = round(row.fraction * len(HEADS))
         if row.method == "random":
-            chosen = [select_heads(table, "random", fraction=row.fraction, selection=Selection(seed=s)) for s in range(3)]
+            chosen = [select_heads(table, "random", fraction=row.fraction, selection=Selection(seed=s))
+                      for s in range(3)]
             assert all(len(c) == k for c in chosen)
             per_seed = np.array([pruned_nll(c) for c in chosen])
             want_nll, want_ppl = per_seed.mean(), np.exp(per_seed).mean()
@@ -367,7 +370,8 @@ def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf,
         err = (pruned(tokens) - want).abs().max().item()
         one_shot = hf_overwritten(joint_constants(model, score_ids, order, w, show_progress=False))(tokens).logits
         stale = hf_overwritten({**first, **joint_constants(model, score_ids, order[2:], w, show_progress=False)})
-        wrong = {"one-shot": (one_shot - want).abs().max().item(), "stale": (stale(tokens).logits - want).abs().max().item()}
+        wrong = {"one-shot": (one_shot - want).abs().max().item(),
+                 "stale": (stale(tokens).logits - want).abs().max().item()}
     print(f"\niterative optimal: max |logit error| {err:.2e}; the wrong variants differ by {wrong}")
     assert err <= 1e-4
     assert min(wrong.values()) > 100 * 1e-4, wrong

@@ -150,7 +150,8 @@ def test_a_resumed_training_is_bit_identical(tiny, batches, tmp_path):
     assert resumed.log_alpha == whole.log_alpha and resumed.lambdas == whole.lambdas
     assert resumed.history == whole.history
     pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
-    assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()  # the same checkpoints, byte for byte
+    # the same checkpoints, byte for byte
+    assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
     other_seed = learn_gates(tiny, batches, 25, sparsity=0.5, seed=3, show_progress=False)
     assert other_seed.log_alpha != whole.log_alpha  # the seed matters: the comparison above can fail
 
@@ -173,9 +174,9 @@ def test_gate_is_a_learned_method_that_score_never_computes():
 
 
 def _learn(tiny_dir, corpus, out, *extra):
-    return main(["learn-gates", "--model", str(tiny_dir), "--data", str(corpus), "--sparsity", "0.5", "--gate-steps", "6",
-                 "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2", "--device", "cpu", "--quiet",
-                 "--out", str(out), *extra])
+    return main(["learn-gates", "--model", str(tiny_dir), "--data", str(corpus), "--sparsity", "0.5",
+                 "--gate-steps", "6", "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2",
+                 "--device", "cpu", "--quiet", "--out", str(out), *extra])
 
 
 def test_learn_gates_writes_a_scores_table_that_prune_uses(tiny_dir, corpus, tmp_path, capsys):
@@ -250,8 +251,8 @@ def test_a_killed_learn_gates_resumes_to_identical_gates(tiny_dir, corpus, tmp_p
 
     def cmd(out):
         return [sys.executable, "-m", "headprune", "learn-gates", "--model", str(tiny_dir), "--data", str(corpus),
-                "--sparsity", "0.5", "--gate-steps", "30", "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2",
-                "--device", "cpu", "--quiet", "--out", str(out)]
+                "--sparsity", "0.5", "--gate-steps", "30", "--max-tokens", "300", "--seq-len", "32",
+                "--batch-size", "2", "--device", "cpu", "--quiet", "--out", str(out)]
 
     subprocess.run(cmd(tmp_path / "whole.csv"), env=env, check=True, capture_output=True, timeout=300)
     out = tmp_path / "killed.csv"

@@ -178,7 +178,8 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
     w = Windowing(SEQ, STRIDE, BATCH)
     settings = {"test": "optimal"}
     steps = 3
-    first = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, optimal_steps=steps)
+    first = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False,
+                        optimal_steps=steps)
     units = [json.loads(line)["unit"] for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:]]
     assert [u for u in units if u.startswith("opt/")] == [f"opt/s{steps}/L{l}" for l in range(L)]
 
@@ -186,7 +187,8 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
         raise AssertionError("refit although the unit is recorded")
 
     monkeypatch.setattr("headprune.scoring.optimal.fit_layer", refuse)
-    again = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False, optimal_steps=steps)
+    again = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False,
+                        optimal_steps=steps)
     assert again.table.abl_opt.tolist() == first.table.abl_opt.tolist()
     assert all(torch.equal(again.optimal[h], first.optimal[h]) for h in first.optimal)
 

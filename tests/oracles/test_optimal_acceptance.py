@@ -1,8 +1,9 @@
 """abl_opt's acceptance rule on its own: a fit whose steps overshoot never leaves a head above its starting loss.
 Two constructions: the first step made 100 times longer with no trust region (on this random-init model the
 loss mostly keeps falling far along the gradient, yet some heads overshoot), and the same length uphill
-(negative first-step scale: every trial point is above the start, so every head must stay at z̄). The loss at z̄ and at each fitted constant is measured
-independently in Hugging Face's GPT2LMHeadModel (a c_proj pre-hook overwrites the head's slice of z)."""
+(negative first-step scale: every trial point is above the start, so every head must stay at z̄). The loss at z̄
+and at each fitted constant is measured independently in Hugging Face's GPT2LMHeadModel (a c_proj pre-hook
+overwrites the head's slice of z)."""
 
 import pytest
 import torch

@@ -45,7 +45,8 @@ def pairs():
     rows = lambda p, t: [r[: int(n)].tolist() for r, n in zip(t, p.lengths)]
     return PromptPairs.from_lists(rows(long, long.clean) + rows(short, short.clean),
                                   rows(long, long.corrupt) + rows(short, short.corrupt),
-                                  long.answer.tolist() + short.answer.tolist(), long.wrong.tolist() + short.wrong.tolist())
+                                  long.answer.tolist() + short.answer.tolist(),
+                                  long.wrong.tolist() + short.wrong.tolist())
 
 
 def hf_z(hf, ids):
@@ -236,7 +237,8 @@ def test_text_pairs_need_one_token_answers(tmp_path):
         read_pairs(path, tok, 8192)
     path.write_text(json.dumps(row) + "\n")
     pairs = read_pairs(path, tok, 8192)
-    assert pairs.clean[0].tolist() == tok(row["clean"])["input_ids"] and pairs.answer.tolist() == [tok(")")["input_ids"][0]]
+    assert (pairs.clean[0].tolist() == tok(row["clean"])["input_ids"]
+            and pairs.answer.tolist() == [tok(")")["input_ids"][0]])
 
 
 def hf_graddrop(hf, pairs):
@@ -252,7 +254,8 @@ def hf_graddrop(hf, pairs):
         z_source = hf_z(hf, clean)
         for drop in range(cfg.n_layer):
             found = {}
-            handles = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l, found=found: found.__setitem__(l, a[0]))
+            handles = [blk.attn.c_proj.register_forward_pre_hook(
+                           lambda m, a, l=l, found=found: found.__setitem__(l, a[0]))
                        for l, blk in enumerate(hf.transformer.h)]
             handles.append(hf.transformer.h[drop].register_forward_hook(
                 lambda m, args, output: args[0] + (output - args[0]).detach()))
@@ -347,7 +350,8 @@ def test_abl_resample_equals_slow_reference(model, hf):
             got = table.loc[table.head_id == f"L{l}H{head}", "abl_resample"].item()
             assert got == pytest.approx(expected, abs=1e-5), (l, head)
     assert table.abl_resample.abs().max() > 0.01  # heads matter on this model
-    assert (table.abl_resample_ci_lo <= table.abl_resample).all() and (table.abl_resample <= table.abl_resample_ci_hi).all()
+    assert ((table.abl_resample_ci_lo <= table.abl_resample).all()
+            and (table.abl_resample <= table.abl_resample_ci_hi).all())
     assert all(v != w for draw in sources for w, v in enumerate(draw)) and len(windows[-1][0]) == 5
 
 

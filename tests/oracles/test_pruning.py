@@ -258,9 +258,11 @@ def test_hf_export_zeroes_removed_heads_whatever_the_record_says(tiny, tiny_dir,
         for head in range(H):
             cols = torch.cat([torch.arange(part * D + head * DK, part * D + (head + 1) * DK) for part in range(3)])
             rows = torch.arange(head * DK, (head + 1) * DK)
-            pieces = {"c_attn.weight": got[pre + "c_attn.weight"][:, cols], "c_attn.bias": got[pre + "c_attn.bias"][cols],
+            pieces = {"c_attn.weight": got[pre + "c_attn.weight"][:, cols],
+                      "c_attn.bias": got[pre + "c_attn.bias"][cols],
                       "c_proj.weight": got[pre + "c_proj.weight"][rows]}
-            originals = {"c_attn.weight": ref[pre + "c_attn.weight"][:, cols], "c_attn.bias": ref[pre + "c_attn.bias"][cols],
+            originals = {"c_attn.weight": ref[pre + "c_attn.weight"][:, cols],
+                         "c_attn.bias": ref[pre + "c_attn.bias"][cols],
                          "c_proj.weight": ref[pre + "c_proj.weight"][rows]}
             for name, piece in pieces.items():
                 if (layer, head) in HEADS:

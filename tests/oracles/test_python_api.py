@@ -93,7 +93,8 @@ def test_import_headprune_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", headprune.__version__]
     code = "from headprune import HeadpruneError; import sys; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
 
 
 def test_every_public_name_is_its_module_object():

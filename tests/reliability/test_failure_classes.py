@@ -241,7 +241,8 @@ def test_a_full_or_closed_stdout_is_one_line_and_exit_2(tiny_dir, tmp_path, redi
     if "full" in redirect and not (os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)):
         pytest.skip("this machine has no /dev/full device (a redirect would create a plain file there)")
     err = tmp_path / "err"
-    cmd = f"{sys.executable} -m headprune info --model {tiny_dir} --seq-len 64 2>{err} {redirect}; echo $? >{tmp_path / 'rc'}"
+    cmd = (f"{sys.executable} -m headprune info --model {tiny_dir} --seq-len 64 2>{err} {redirect}; "
+           f"echo $? >{tmp_path / 'rc'}")
     subprocess.run(["bash", "-c", cmd], timeout=120, check=False)
     text, rc = err.read_text(), int((tmp_path / "rc").read_text())
     assert rc == 2 and text.startswith("headprune: error:") and text.count("\n") == 1, text
@@ -347,7 +348,8 @@ def test_a_huge_text_file_is_streamed_in_bounded_memory(tiny_dir, tmp_path, monk
     tok = load_tokenizer(tiny_dir)
     decoded: list[int] = []
     real_chunks = sources.TextFile.chunks
-    monkeypatch.setattr(sources.TextFile, "chunks", lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
+    monkeypatch.setattr(sources.TextFile, "chunks",
+                        lambda self: (decoded.append(len(c)) or c for c in real_chunks(self)))
     small = tmp_path / "small.txt"
     small.write_text(_long_line(100_000))
 

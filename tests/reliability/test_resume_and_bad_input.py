@@ -93,8 +93,8 @@ def test_sigkill_after_fixed_units_then_resume_gives_identical_scores(tiny_dir, 
 def test_sigkill_curve_after_fixed_units_then_resume_gives_identical_curves(tiny_dir, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("HEADPRUNE_CACHE", str(tmp_path / "cache"))
     scores = tmp_path / "scores.csv"
-    assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), "--methods", "wo_fro,abl_zero", "--max-tokens",
-                 "200", "--out", str(scores), "--device", "cpu", "--quiet"]) == 0
+    assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), "--methods", "wo_fro,abl_zero",
+                 "--max-tokens", "200", "--out", str(scores), "--device", "cpu", "--quiet"]) == 0
     whole, out = tmp_path / "whole.csv", tmp_path / "killed.csv"
     subprocess.run(_curve_cmd(tiny_dir, corpus, whole, scores), env=_env(tmp_path), check=True, capture_output=True,
                    timeout=300)
@@ -133,14 +133,15 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_scores(tiny_dir, 
     rng = random.Random(7)
     for _ in range(3):
         seen = _lines(progress)
-        proc = subprocess.run(_score_cmd(tiny_dir, corpus, out, 400), env={
-            **env, "HEADPRUNE_TEST_KILL_AFTER_UNITS": str(rng.randint(1, 6))}, check=False, capture_output=True, timeout=300)
+        proc = subprocess.run(_score_cmd(tiny_dir, corpus, out, 400),
+                              env={**env, "HEADPRUNE_TEST_KILL_AFTER_UNITS": str(rng.randint(1, 6))},
+                              check=False, capture_output=True, timeout=300)
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
         assert _lines(progress) > seen
         with progress.open("a") as f:
             f.write('{"unit": "act/torn", "val')  # torn in mid-write: that unit is redone
-    finished = subprocess.run(_score_cmd(tiny_dir, corpus, out, 400), check=False, env=env, capture_output=True, text=True,
-                              timeout=300)
+    finished = subprocess.run(_score_cmd(tiny_dir, corpus, out, 400), check=False, env=env, capture_output=True,
+                              text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
     assert not progress.exists()
@@ -267,7 +268,8 @@ def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
         "entropy is no importance": ([*prune, "--scores", str(scores), "--method", "entropy", "--fraction", "0.5"],
                                      "entropy"),
         "empty corpus": (["score", *model, "--data", str(tmp / "empty.txt"), "--out", str(tmp / "s.csv")], "empty"),
-        "seq-len > n_positions": (["score", *model, *data, "--seq-len", "65", "--out", str(tmp / "s.csv")], "n_positions"),
+        "seq-len > n_positions": (["score", *model, *data, "--seq-len", "65", "--out", str(tmp / "s.csv")],
+                                  "n_positions"),
         "stride <= 0": (["curve", *model, "--scores", str(scores), *data, "--stride", "0", "--out", str(tmp / "c.csv")],
                         "--stride 0"),
         "unwritable output folder": (["score", *model, *data, "--out", str(tmp / "afile" / "s.csv")], "is a file"),
@@ -318,12 +320,15 @@ def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
         "device meta": (["info", *model, "--device", "meta"], "not supported"),
         "device mps": (["eval", *model, *data, "--device", "mps"], "not supported"),
         "device xpu": (["info", *model, "--device", "xpu"], "not supported"),
-        "info --batch-size 100000000": (["info", *model, "--batch-size", "100000000"], "--batch-size 100000000 is too large"),
+        "info --batch-size 100000000": (["info", *model, "--batch-size", "100000000"],
+                                        "--batch-size 100000000 is too large"),
         "score --batch-size 10**9": (["score", *model, *data, "--batch-size", "1000000000", "--out",
                                       str(tmp / "s.csv")], "--batch-size 1000000000 is too large"),
         # 12: progress files of the wrong shape, or not a file
-        "progress header 42": (["score", *model, *data, "--out", str(tmp / "p42.csv")], "not a headprune progress header"),
-        "progress header []": (["score", *model, *data, "--out", str(tmp / "plist.csv")], "not a headprune progress header"),
+        "progress header 42": (["score", *model, *data, "--out", str(tmp / "p42.csv")],
+                               "not a headprune progress header"),
+        "progress header []": (["score", *model, *data, "--out", str(tmp / "plist.csv")],
+                               "not a headprune progress header"),
         "progress path a folder": (["score", *model, *data, "--out", str(tmp / "pdir.csv")], "not a regular file"),
         # 13: over-long names
         "score --out name too long": (["score", *model, *data, "--out", str(tmp / ("x" * 300 + ".csv"))],

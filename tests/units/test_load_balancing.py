@@ -131,8 +131,8 @@ def test_loading_holds_no_second_copy(tmp_path_factory, tiny_dir, dtype, fold, b
                                            "n_positions": 256}, shard_bytes=60 * 10**6)
     fp32 = sum(4 * t.numel() for t in load_model(folder).state_dict().values())
     assert len(list(folder.glob("*.safetensors"))) == 2 and fp32 > 90e6, fp32
-    proc = subprocess.run([sys.executable, "-c", _PEAK, str(folder), dtype, fold, str(tiny_dir)], capture_output=True, text=True,
-                          check=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(folder), dtype, fold, str(tiny_dir)],
+                          capture_output=True, text=True, check=True, timeout=300)
     result = json.loads(proc.stdout)
     assert result["held"] == fp32 // (2 if dtype == "bf16" else 1)
     assert 0.9 * result["held"] <= result["grown"] <= bound * fp32, result

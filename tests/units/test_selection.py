@@ -31,7 +31,8 @@ def test_global_and_per_layer_selection():
     assert rank_heads(s, "imp")[:4] == [(1, 0), (0, 1), (1, 3), (0, 3)]
     assert select_heads(s, "imp", count=3) == [(1, 0), (0, 1), (1, 3)]
     assert select_heads(s, "imp", fraction=0.25) == [(1, 0), (0, 1), (1, 3)]  # round(0.25 * 12) = 3
-    assert select_heads(s, "imp", fraction=0.5, selection=Selection(per_layer=True)) == [(1, 0), (0, 1), (1, 3), (0, 3), (2, 0), (2, 1)]
+    assert (select_heads(s, "imp", fraction=0.5, selection=Selection(per_layer=True))
+            == [(1, 0), (0, 1), (1, 3), (0, 3), (2, 0), (2, 1)])
     assert sorted(select_heads(s, "imp", count=1, selection=Selection(per_layer=True))) == [(0, 1), (1, 0), (2, 0)]
     assert select_heads(s, "imp", fraction=0.0) == [] and len(select_heads(s, "imp", fraction=1.0)) == 12
 
@@ -62,17 +63,20 @@ def test_standardize_per_layer_z_scores():
 
 def test_random_is_reproducible_and_needs_no_column():
     s = _scores([[1] * 12] * 12).drop(columns="imp")
-    a, b = select_heads(s, "random", count=20, selection=Selection(seed=1)), select_heads(s, "random", count=20, selection=Selection(seed=1))
+    a, b = (select_heads(s, "random", count=20, selection=Selection(seed=1)),
+            select_heads(s, "random", count=20, selection=Selection(seed=1)))
     assert a == b and len(set(a)) == 20
     assert select_heads(s, "random", count=20, selection=Selection(seed=2)) != a
-    assert select_heads(s.sample(frac=1, random_state=0), "random", count=20, selection=Selection(seed=1)) == a  # row order irrelevant
+    # row order irrelevant
+    assert select_heads(s.sample(frac=1, random_state=0), "random", count=20, selection=Selection(seed=1)) == a
 
 
 def test_ties_are_broken_by_layer_then_head():
     s = _scores([[1, 1, 1], [1, 1, 1]])
     shuffled = s.iloc[[4, 0, 5, 2, 1, 3]]
     assert rank_heads(shuffled, "imp") == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert select_heads(shuffled, "imp", fraction=0.5, selection=Selection(per_layer=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (select_heads(shuffled, "imp", fraction=0.5, selection=Selection(per_layer=True))
+            == [(0, 0), (0, 1), (1, 0), (1, 1)])
 
 
 @pytest.mark.parametrize(

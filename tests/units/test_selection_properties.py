@@ -35,7 +35,8 @@ def test_global_selection_takes_the_lowest(table, fraction):
 @given(tables(), st.floats(0, 1), st.sampled_from([(None, False), ("layer", False), (None, True)]))
 def test_per_layer_selection_counts_and_order(table, fraction, rescale):
     normalize, standardize = rescale
-    chosen = select_heads(table, "score", fraction=fraction, selection=Selection(per_layer=True, normalize=normalize, standardize=standardize))
+    chosen = select_heads(table, "score", fraction=fraction,
+                          selection=Selection(per_layer=True, normalize=normalize, standardize=standardize))
     for layer, group in table.groupby("layer"):
         mine = [h for l, h in chosen if l == layer]
         assert len(mine) == round(fraction * len(group))
@@ -47,5 +48,6 @@ def test_per_layer_selection_counts_and_order(table, fraction, rescale):
 @settings(max_examples=60, deadline=None)
 @given(tables(), st.integers(0, 2**31 - 1))
 def test_random_is_a_seeded_permutation(table, seed):
-    a, b = rank_heads(table, "random", selection=Selection(seed=seed)), rank_heads(table, "random", selection=Selection(seed=seed))
+    a, b = (rank_heads(table, "random", selection=Selection(seed=seed)),
+            rank_heads(table, "random", selection=Selection(seed=seed)))
     assert a == b and sorted(a) == sorted(zip(table.layer, table["head"]))
