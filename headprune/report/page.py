@@ -15,7 +15,7 @@ import pandas as pd
 
 from headprune.report.numbers import format_table
 from headprune.report.plots import Picture
-from headprune.report.render import Answers, Block, Facts, Findings, Note, Paragraph, Section, Table
+from headprune.report.render import Answers, Block, Commands, Facts, Findings, Note, Paragraph, Section, Table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222;
 line-height:1.45}
@@ -31,6 +31,7 @@ th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}th{background:#f3
 table.sortable th{cursor:pointer}table.sortable th:hover{background:#e4e4e4}
 td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%;height:auto}
 figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
+pre{overflow-x:auto;background:#f6f6f6;padding:.6em;font-size:.85em}
 .findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
 .findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
 details summary{cursor:pointer}details summary h2{display:inline}
@@ -80,6 +81,8 @@ def _html_block(block: Block) -> str:
         return _html_table(block.df, block.phone)
     if isinstance(block, Paragraph):
         return f"<p>{e(block.text)}</p>"
+    if isinstance(block, Commands):
+        return "<pre><code>" + "\n".join(e(line) for line in block.lines) + "</code></pre>"
     assert isinstance(block, Picture)
     if block.svg is not None:  # inline markup (hover values) instead of the PNG
         return (f'<figure><div class="maps">{block.svg}</div><figcaption>{e(block.name)}: {e(block.caption)}'

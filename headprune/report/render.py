@@ -96,12 +96,17 @@ class Paragraph:
 
 
 @dataclass
+class Commands:
+    lines: list[str]  # shell command lines, shown as a code block
+
+
+@dataclass
 class Table:
     df: pd.DataFrame
     phone: bool = False  # a compact copy shown only on narrow screens (not in markdown)
 
 
-Block = Answers | Findings | Facts | Note | Paragraph | Table | Picture
+Block = Answers | Findings | Facts | Note | Paragraph | Commands | Table | Picture
 
 
 @dataclass
@@ -237,6 +242,20 @@ def score_tables(scores: pd.DataFrame) -> list[Block]:
             Table(spans)]
 
 
+def reproduce_blocks(c: Content) -> list[Block]:
+    """The commands that reproduce one point of the curves (written by `run` into its settings), with its
+    perplexity, so a reader can check the table with the single commands."""
+    commands = c.settings.get("commands")
+    if not commands:
+        return []
+    ranking, fraction = commands["ranking"], float(commands["fraction"])
+    row = c.curves[(c.curves["method"] == ranking) & (c.curves["compensation"] == "none")
+                   & ((c.curves["fraction"] - fraction).abs() <= FRACTION_TOL)]
+    ppl = f" (perplexity {number(float(row['ppl'].iloc[0]))})" if len(row) else ""
+    return [Paragraph(f"The {ranking} point at {fraction:.0%}{ppl}, reproduced with single commands (each reads "
+                      "the same default token budget, windows and splits as run):"), Commands(commands["lines"])]
+
+
 def phone_summary(summary: pd.DataFrame) -> pd.DataFrame:
     """The perplexity at 30% and 50% only, compensation folded into the ranking's name: narrow enough for a phone."""
     wanted = [c for c in ("ppl@30%", "ppl@50%") if c in summary.columns]
@@ -257,6 +276,7 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     curves += [curves_pic] if curves_pic else []
     curves += [Table(phone_summary(c.summary), phone=True), Table(c.summary)]
     curves += [Paragraph(c.fraction_note)] if c.fraction_note else []
+    curves += reproduce_blocks(c)
     curves += [Paragraph("Rankings named <method>@layer divide each layer's scores by their layer's norm "
                          "first (Michel et al. 2019): does a score fail within layers, or only across them?"),
                normalized_pic] if normalized_pic else []
@@ -313,6 +333,8 @@ def _markdown_block(block: Block) -> list[str]:
         return ["", markdown_table(block.df)]
     if isinstance(block, Paragraph):
         return ["", block.text]
+    if isinstance(block, Commands):
+        return ["", "```bash", *block.lines, "```"]
     raise TypeError(f"markdown cannot show {type(block).__name__}")
 
 

@@ -28,6 +28,9 @@ def test_the_reports_commands_reproduce_its_30_percent_grad_point(tiny_dir, tmp_
     want = curves.query("method == 'grad' and fraction == 0.3 and compensation == 'none'")["ppl"]
     commands = json.loads((tmp_path / "report" / "settings.json").read_text())["commands"]
     assert (commands["ranking"], commands["fraction"], len(want)) == ("grad", 0.3, 1)
+    summary = (tmp_path / "report" / "summary.md").read_text()  # the report shows them, below the curves table
+    assert "\n".join(["```bash", *commands["lines"], "```"]) in summary
+    assert f"The grad point at 30% (perplexity {float(want.iloc[0]):.4g})" in summary
     capsys.readouterr()
 
     score, prune, evaluate = (shlex.split(line) for line in commands["lines"])
