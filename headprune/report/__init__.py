@@ -20,7 +20,8 @@
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
-  perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: the layer that matters most, the scores that beat
+  perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \
+the layer that matters most, the scores that beat
   the random band at 30% and 50%, the scores that rank heads inversely, what mean and optimal compensation buy), the
   perplexity (and bits per byte where the baseline has ``bytes``) at 10/30/50% pruned, top-10 heads by
   ``abl_zero``, heads removed per layer, predictiveness, then settings and timings;

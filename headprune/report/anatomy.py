@@ -143,9 +143,11 @@ def anatomy_findings(j: pd.DataFrame, info: dict) -> list[str]:
     if ideal:
         share = best["induction"] / ideal
         verdict = ("has induction heads" if share >= 0.3 else "has no induction head (no head reaches 30% of it)")
-        out.append(f"On repeated random tokens the strongest induction score is {best['induction']:.3f} ({best['head_id']}, "
+        out.append(f"On repeated random tokens the strongest induction score is {best['induction']:.3f} "
+                   f"({best['head_id']}, "
                    f"{share:.0%} of the {ideal:.3f} an ideal induction head scores; uniform attention scores "
-                   f"{uniform:.3f}): the model {verdict}. {best['head_id']} ranks #{rank} of {len(j)} heads by {TRUTH}.")
+                   f"{uniform:.3f}): the model {verdict}. {best['head_id']} ranks #{rank} of {len(j)} heads "
+                   f"by {TRUTH}.")
     for role in ("previous_token_corpus", "duplicate_token_corpus"):
         if role in j.columns:
             at = strongest(j, role)
@@ -234,15 +236,17 @@ def anatomy_parts(a: AnatomyReport, scores: pd.DataFrame) -> tuple[Section, list
         pics.append(Picture("anatomy_attention.png", "Attention patterns (rows: queries, columns: keys) of the "
                             "strongest head of each role and of the top heads by importance. probe: "
                             f"{info.get('probe_text', 'random tokens repeated twice')}; corpus: "
-                            f"{info.get('corpus_text', 'the start of the scoring data')}.", plot_thumbnails(a.thumbnails)))
+                            f"{info.get('corpus_text', 'the start of the scoring data')}.",
+                            plot_thumbnails(a.thumbnails)))
     blocks: list[Block] = [Findings(anatomy_findings(j, info))] if "induction" in j.columns else []
     blocks += [Paragraph(f"Top {TOP_ANATOMY} heads by {TRUTH} with their anatomy (descriptions of heads, never used "
                          "to prune):"), Table(top_table(j)),
                Paragraph(f"Spearman rho of each anatomy measure with {TRUTH} over {len(j)} heads, 95% percentile "
                          f"bootstrap interval ({BOOTSTRAP} resamples of heads):"), Table(corr), *pics]
     blocks.append(Note(
-        "previous_token, duplicate_token, induction: TransformerLens detect_head scores (mul: share of attention on the "
-        f"pattern) on {info.get('probe', 'the induction probe')}; *_corpus: the same on {info.get('corpus', 'the scoring data')}; "
+        "previous_token, duplicate_token, induction: TransformerLens detect_head scores (mul: share of attention on "
+        f"the pattern) on {info.get('probe', 'the induction probe')}; *_corpus: the same on "
+        f"{info.get('corpus', 'the scoring data')}; "
         "dla: mean direct logit attribution to the correct next token (final LayerNorm scale frozen); copying: "
         "Σλ/Σ|λ| of the full OV circuit W_E W_V W_O W_U; wo_eff_rank: Roy-Vetterli effective rank of W_O^(i); "
         "wo_overlap_rest: mean cos² of the principal angles between the head's W_O row space and the span of the "

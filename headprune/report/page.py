@@ -74,7 +74,8 @@ def _html_block(block: Block) -> str:
         items = "\n".join(f"<li>{e(s)}</li>" for s in block.sentences)
         return f'<div class="findings"><ul>\n{items}\n</ul></div>'
     if isinstance(block, Facts):
-        return "<ul>\n" + "\n".join(f"<li><b>{e(label)}</b>: {e(value)}</li>" for label, value in block.items) + "\n</ul>"
+        return ("<ul>\n" + "\n".join(f"<li><b>{e(label)}</b>: {e(value)}</li>" for label, value in block.items)
+                + "\n</ul>")
     if isinstance(block, Note):
         return f'<p class="note">Note: {e(block.text)}</p>'
     if isinstance(block, Table):

@@ -237,7 +237,8 @@ def score_tables(scores: pd.DataFrame) -> list[Block]:
     for lo in (c for c in ci if c.endswith("_ci_lo") and c[:-3] + "_hi" in df.columns):
         hi, method = lo[:-3] + "_hi", lo[: -len("_ci_lo")]
         d = column_decimals(np.concatenate([df[lo].to_numpy(float), df[hi].to_numpy(float)]))
-        spans[method] = [f"{fixed(a, d)} to {fixed(b, d)}" for a, b in zip(df[lo].to_numpy(float), df[hi].to_numpy(float))]
+        spans[method] = [f"{fixed(a, d)} to {fixed(b, d)}"
+                         for a, b in zip(df[lo].to_numpy(float), df[hi].to_numpy(float))]
     return [Table(df.drop(columns=ci)), Paragraph("95% bootstrap intervals of the scores over the scoring windows:"),
             Table(spans)]
 

@@ -82,7 +82,8 @@ def check_together(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict) -
                              "fraction 1): head rows are missing or added; use the tables of one run")
     zero = curves[(curves["fraction"] == 0) & (curves["compensation"] == "none")]
     if len(zero) and (gap := float((zero["nll"] - baseline["nll"]).abs().max())) > BASELINE_TOL:
-        raise HeadpruneError(f"the curves' unpruned NLL differs from the baseline's {baseline['nll']:.4f} by {gap:.4f}: "
+        raise HeadpruneError(f"the curves' unpruned NLL differs from the baseline's {baseline['nll']:.4f} "
+                             f"by {gap:.4f}: "
                              "they were measured on another model, corpus or setting; use the tables of one run")
 
 

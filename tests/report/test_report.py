@@ -110,7 +110,8 @@ def test_html_is_self_contained_and_well_formed(report):
     assert page.tags.count("script") == 1 and "<script>" in text and "src=" not in text.split("<script>")[1]
     assert "link" not in page.tags and "http" not in text
     prefix = "data:image/png;base64,"
-    assert {img["alt"] for img in page.images} == pictures_for(METHODS) - {"heatmaps.png", "curves_phone.png"}  # inline SVG; <source>
+    # inline SVG; <source>
+    assert {img["alt"] for img in page.images} == pictures_for(METHODS) - {"heatmaps.png", "curves_phone.png"}
     for img in page.images:
         assert img["src"].startswith(prefix)
         data = base64.b64decode(img["src"][len(prefix):], validate=True)

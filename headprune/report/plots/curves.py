@@ -37,7 +37,8 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
             ax_ppl.plot(x, ppl, label=f"random, mean of {seeds} seeds{suffix}", **kw)
             ax_nll.plot(x, dnll, **kw)
             band = {"color": "grey", "alpha": 0.25, "lw": 0}
-            ax_ppl.fill_between(x, np.maximum(ppl - std_ppl, 1.0), ppl + std_ppl, label=f"random ± 1 std{suffix}", **band)
+            ax_ppl.fill_between(x, np.maximum(ppl - std_ppl, 1.0), ppl + std_ppl, label=f"random ± 1 std{suffix}",
+                                **band)
             ax_nll.fill_between(x, lo, hi, **band)
             seen.extend(ppl + std_ppl)
         else:
@@ -141,7 +142,8 @@ def plot_layer_normalized(curves: pd.DataFrame) -> bytes | None:
             lo, hi = _delta_interval(rand)
             ax.fill_between(100 * rand["fraction"], lo, hi, color="grey", alpha=0.25, lw=0)
             ax.plot(100 * rand["fraction"], rand["delta_nll"], color=FAMILY_COLORS[RANDOM], lw=1.2, label="random")
-        for name, ls, label in ((method, "-", "global ranking"), (method + LAYER_NORMALIZED, "--", "normalized per layer")):
+        for name, ls, label in ((method, "-", "global ranking"),
+                                (method + LAYER_NORMALIZED, "--", "normalized per layer")):
             g = plain[plain["method"] == name].sort_values("fraction")
             lo, hi = _delta_interval(g)
             ax.plot(100 * g["fraction"], g["delta_nll"], color=color, ls=ls, lw=1.5, marker="o", ms=3, label=label)

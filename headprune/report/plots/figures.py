@@ -39,8 +39,8 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     order = plot_pruning_order(scores)
     if order is not None:
         pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
-                            "curves prune: global ranking, lowest score first; dark: removed first, bright: removed last, the "
-                            "important heads, as in the heatmaps.", order))
+                            "curves prune: global ranking, lowest score first; dark: removed first, bright: removed "
+                            "last, the important heads, as in the heatmaps.", order))
     methods = method_columns(scores)
     maps = "".join(f"<figure><figcaption>{html.escape(map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
                    "</figure>" for m in methods)
@@ -49,7 +49,8 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
                         "missing). On the page: hover a cell for its value and rank; heatmaps.png has the numbers in "
                         "the cells.", plot_heatmaps(scores, methods, scale), svg=maps))
     rho = dict(zip(pred["method"], pred["spearman_rho"].astype(float)))
-    rho_ci = ({m: (float(lo), float(hi)) for m, lo, hi in zip(pred["method"], pred["spearman_ci_lo"], pred["spearman_ci_hi"])}
+    rho_ci = ({m: (float(lo), float(hi))
+               for m, lo, hi in zip(pred["method"], pred["spearman_ci_lo"], pred["spearman_ci_hi"])}
               if "spearman_ci_lo" in pred else None)
     if rho:
         bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""

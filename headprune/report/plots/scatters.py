@@ -115,7 +115,8 @@ def plot_scatters(scores: pd.DataFrame, rho: dict[str, float], scale: str = "val
             ax.set_xlim(0, len(scores) + 1)
             ax.set_ylim(0, len(scores) + 1)
     layer_legend(fig, n_layers)
-    fig.suptitle(f"Each score against {TRUTH}, one point per head (Spearman \u03c1 [95% CI] in the titles)", fontsize=10)
+    fig.suptitle(f"Each score against {TRUTH}, one point per head (Spearman \u03c1 [95% CI] in the titles)",
+                 fontsize=10)
     return render_png(fig)
 
 
