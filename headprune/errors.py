@@ -23,8 +23,10 @@ class HeadpruneError(Exception):
 
 def config_error(where: str, model_type: str, err: Exception) -> HeadpruneError:
     """The error for a config that cannot build a model: a missing field is named as such."""
-    what = f"has no {err.args[0]!r} field" if isinstance(err, KeyError) else f"is not usable ({err})"
-    return HeadpruneError(f"{where} {what}, which a {model_type} config needs; the checkpoint is incomplete")
+    if isinstance(err, KeyError):
+        return HeadpruneError(f"{where} has no {err.args[0]!r} field, which a {model_type} config needs; the "
+                              "checkpoint is incomplete")
+    return HeadpruneError(f"{where} is not a usable {model_type} config ({err})")
 
 
 def os_error_line(err: OSError) -> str | None:

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> None:
     header = {"model": args.model, "data": args.data, "split": args.split if args.data == "default" else None,
               "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
     if not args.json:
-        print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids, w)}")
+        print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids)}\n"
+              f"windows: seq_len {w.seq_len}, stride {w.stride}")
     result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not (args.json or args.quiet))
     n_bytes = scored_bytes(model_tokenizer(model), ids, w)
     bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan

@@ -107,7 +107,7 @@ def add_data_args(p: argparse.ArgumentParser, split: str = "test", data_help: st
     if windows:
         add_window_args(p)
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"use only the first K tokens of each corpus (default: {DEFAULT_MAX_TOKENS}, as in `run`; "
+                   help=f"use only the first K tokens of each corpus (default: {DEFAULT_MAX_TOKENS}, as in run; "
                         "0: all)")
     p.set_defaults(split=split)
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from headprune.cli.main import main
+from headprune.report.render import number
 
 
 @pytest.mark.slow
@@ -30,7 +31,7 @@ def test_the_reports_commands_reproduce_its_30_percent_grad_point(tiny_dir, tmp_
     assert (commands["ranking"], commands["fraction"], len(want)) == ("grad", 0.3, 1)
     summary = (tmp_path / "report" / "summary.md").read_text()  # the report shows them, below the curves table
     assert "\n".join(["```bash", *commands["lines"], "```"]) in summary
-    assert f"The grad point at 30% (perplexity {float(want.iloc[0]):.4g})" in summary
+    assert f"The grad point at 30% (perplexity {number(float(want.iloc[0]))})" in summary
     capsys.readouterr()
 
     score, prune, evaluate = (shlex.split(line) for line in commands["lines"])

@@ -290,9 +290,11 @@ def _bad_cases(tiny, small_vocab, corpus, tmp, variants=None):
                                           str(tmp / "curves_other_data.csv"), "--out", str(tmp / "rep")],
                                          "differs from the baseline"),
         # 3: cached ids are checked (checksum: see test_reliability_classes) and validated against the vocabulary
-        "token cache: id beyond the vocabulary": (["eval", *model, "--data", str(tmp / "forged_big.txt")],
+        "token cache: id beyond the vocabulary": (["eval", *model, "--data", str(tmp / "forged_big.txt"),
+                                                   "--max-tokens", "0"],
                                                   "outside the model's vocabulary"),
-        "token cache: negative id": (["eval", *model, "--data", str(tmp / "forged_negative.txt")],
+        "token cache: negative id": (["eval", *model, "--data", str(tmp / "forged_negative.txt"),
+                                                   "--max-tokens", "0"],
                                      "outside the model's vocabulary"),
         # 4: every numeric option, every command
         "run --max-tokens -5": (["run", *model, "--max-tokens", "-5", "--out", str(tmp / "r")], "--max-tokens -5"),
