@@ -11,7 +11,7 @@ from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_fla
 from headprune.errors import HeadpruneError
 
 HELP = "which heads carry a behaviour: activation patching and AtP*"
-APPROXIMATIONS = ("atp", "atp_star")
+APPROXIMATIONS = ("atp", "atp_star", "atp_qkfix")  # atp_qkfix: q and k only
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", default="z", help="comma-separated activations to patch exactly: z, q, k, v, "
                                                       "pattern")
     p.add_argument("--approximations", default="atp,atp_star",
-                   help="attribution patching of z to compare with exact z patching: atp, atp_star, or none")
+                   help="attribution patching to compare with exact patching: atp, atp_star (GradDrop; with the "
+                        "QK-fix for q and k), atp_qkfix (the QK-fix alone: q and k only), or none; z always, q and k "
+                        "when in --activations")
     p.add_argument("--by-position", action="store_true", help="patch z at each position alone: a [head x position] "
                                                               "table (pairs of one length)")
     p.add_argument("--ablation-rows", type=int, default=None,
@@ -48,6 +50,8 @@ def _list(spec: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> None:
+    import pandas as pd
+
     from headprune.cli.sweeps import finish_sweep, sweep_progress, table_output
     from headprune.io.files import write_table
     from headprune.io.fingerprint import model_fingerprint
@@ -57,6 +61,9 @@ def run(args: argparse.Namespace) -> None:
         DIRECTIONS,
         METRICS,
         agreement,
+        atp_qk,
+        atp_qkfix,
+        atp_star_qk,
         atp_star_z,
         atp_z,
         patch,
@@ -76,6 +83,8 @@ def run(args: argparse.Namespace) -> None:
         raise HeadpruneError(f"--direction {args.direction!r} is not one of {', '.join(DIRECTIONS)}")
     if args.n_pairs < 2:
         raise HeadpruneError(f"--n-pairs {args.n_pairs} must be at least 2")
+    if "atp_qkfix" in approximations and not {"q", "k"} & set(activations):
+        raise HeadpruneError("--approximations atp_qkfix needs q or k in --activations")
     if not activations and not approximations:
         raise HeadpruneError("nothing to compute: give --activations or --approximations")
     model = load_from_args(args)
@@ -92,24 +101,30 @@ def run(args: argparse.Namespace) -> None:
     runs = run_pairs(model, pairs, args.metric, args.direction)
     exact = {a: patch(model, pairs, a, args.metric, args.direction, args.by_position and a == "z",
                       args.ablation_rows, progress=progress, runs=runs) for a in activations}
-    approx = []
+    approx: dict[str, list] = {"z": []}  # by the activation each approximates
     if "atp" in approximations:
-        approx.append(atp_z(model, pairs, args.metric, args.direction, runs=runs))
+        approx["z"].append(atp_z(model, pairs, args.metric, args.direction, runs=runs))
     if "atp_star" in approximations:
-        approx.append(atp_star_z(model, pairs, args.metric, args.direction, runs=runs))
+        approx["z"].append(atp_star_z(model, pairs, args.metric, args.direction, runs=runs))
+    qk_methods = {"atp": atp_qk, "atp_star": atp_star_qk, "atp_qkfix": atp_qkfix}
+    for a in (a for a in ("q", "k") if a in exact):
+        approx[a] = [qk_methods[name](model, pairs, a, args.metric, args.direction, runs=runs)
+                     for name in approximations]
     if args.by_position and "z" in exact:
         table = position_table(model, exact["z"])
     else:
-        table = patch_table(model, [*exact.values(), *approx], args.bootstrap, args.seed)
-    agree = agreement(exact["z"], approx, bootstrap=args.bootstrap, seed=args.seed) if "z" in exact and approx \
-        and not args.by_position else None
+        table = patch_table(model, [*exact.values(), *(r for rs in approx.values() for r in rs)], args.bootstrap,
+                            args.seed)
+    agree_parts = [agreement(exact[a], rs, bootstrap=args.bootstrap, seed=args.seed) for a, rs in approx.items()
+                   if a in exact and rs and not args.by_position]
+    agree = pd.concat(agree_parts, ignore_index=True) if agree_parts else None
     gap = float((runs.m_clean - runs.m_corrupt).mean())
     if not finish_sweep(progress, table, out):
         return
     agreement_out = out.with_name(out.stem + ".agreement" + out.suffix)
     if agree is not None:
         write_table(agree, agreement_out)
-    main = next(iter(exact.values()), None) or approx[0]
+    main = next(iter(exact.values()), None) or approx["z"][0]
     if args.by_position:
         top_heads: list[str] = []
     else:

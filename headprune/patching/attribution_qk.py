@@ -1,0 +1,157 @@
+"""Attribution patching of every head's queries or keys (all positions at once), plain and with AtP*'s QK-fix.
+
+For head i of layer l and pair p, base = corrupt and source = clean (denoising; swapped with ``direction="noise"``),
+x ∈ {q, k} (each (T, d_k)) and A_i the head's attention probabilities (T, T), rows the query positions:
+
+    atp_x(i; p)       = Σ_{t,c} (x_i(source) − x_i(base))[t,c] · ∂m/∂x_i[t,c] |_base        (one forward + one backward)
+
+AtP linearises m at the softmax's input, so a saturated head (a row of A_i near one-hot) reads as unimportant
+however far the patch moves its scores. The QK-fix (Kramár et al. 2024, §3.1.1) computes the patched attention
+probabilities exactly and linearises only from the softmax's output on:
+
+    A_i'              = softmax(q_i' k_i'ᵀ · scale + causal mask)    (x = q: q' = q_i(source), k' = k_i(base); k: swap)
+    atp_qkfix_x(i; p) = Σ_{t,s} (A_i' − A_i)[t,s] · ∂m/∂A_i[t,s] |_base                  (one forward + one backward)
+
+with the model's own scale and mask (:func:`.exact.pattern`); heads do not mix in the softmax, so A' for every
+head of a layer is one call. For a key patched at one position s the paper sums this over the queries that see s;
+patching all positions of the head at once, the sum over every (t, s) is the same formula.
+
+AtP* is the QK-fix and GradDrop together (the paper's AtP* applies both changes): ∂⁽ℓ⁾ is the gradient with the
+backward pass through layer ℓ's residual contribution zeroed (:class:`.attribution._DropBranch`; the ℓ = l term is
+0, every path from A_i leaves through its own layer), and
+
+    atp_star_x(i; p)  = 1/(L−1) Σ_ℓ |Σ_{t,s} (A_i' − A_i)[t,s] · ∂⁽ℓ⁾m/∂A_i[t,s]|         (one forward + L backwards)
+
+a magnitude, signed like :func:`.attribution.atp_star_z` (+ denoising, − noising). Each estimate is added to the
+base run's m, so it normalises as exact patching (:func:`.exact.patch` with q or k) does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from headprune.errors import HeadpruneError
+from headprune.models.base import Capture
+from headprune.models.gpt2 import GPT2
+from headprune.patching.attribution import _DropBranch, _result
+from headprune.patching.exact import Patching, Runs, pattern, qkv, run_pairs
+from headprune.patching.metrics import DEFAULT_METRIC, last_logits, metric_values
+from headprune.patching.pairs import PromptPairs
+
+QK = ("q", "k")
+
+
+def _forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[Tensor, dict[int, Tensor], Capture]:
+    """The base run with autograd and explicit attention probabilities: its metric (P,), every active layer's
+    c_attn output [q|k|v] (P,T,3·h·d_k) and a Capture whose attn[l] (P,h,T,T) is the pattern z is computed from.
+    ``holder``: route each block through :class:`_DropBranch` (GradDrop)."""
+    pairs = runs.pairs
+    base = pairs.corrupt if runs.direction == "denoise" else pairs.clean
+    resid = model.embed(base).detach().requires_grad_(True)  # the weights need no grad
+    capture, qkv_out = Capture(), dict[int, Tensor]()
+    hooks = [model.h[l].attn.c_attn.register_forward_hook(lambda m, a, out, l=l: qkv_out.__setitem__(l, out))
+             for l in model.active_layers]
+    try:
+        for layer, block in enumerate(model.h):
+            out = block(resid, capture=capture, need_weights=True)
+            resid = out if holder is None else _DropBranch.apply(resid, out, layer, holder)
+    finally:
+        for h in hooks:
+            h.remove()
+    logits = last_logits(model, resid, pairs.last)
+    return metric_values(runs.metric, logits, pairs.answer, pairs.wrong, runs.clean_logprobs), qkv_out, capture
+
+
+def _split(model: GPT2, layer: int, t: Tensor) -> tuple[Tensor, Tensor]:
+    """q and k (each (P,h,T,d_k)) of a c_attn output (or its gradient) (P,T,3·h·d_k)."""
+    attn = model.h[layer].attn
+    P, T, _ = t.shape
+    q, k, _ = t.view(P, T, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)
+    return q, k
+
+
+def _check(model: GPT2, activation: str, method: str) -> None:
+    if activation not in QK:
+        raise HeadpruneError(f"{method} patches q or k, not {activation!r}")
+    model.require_heads(method)
+
+
+def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+           direction: str = "denoise", runs: Runs | None = None) -> Patching:
+    """Plain AtP of every head's q or k (``activation``; the module docstring's atp_x)."""
+    _check(model, activation, f"atp_{activation}")
+    runs = runs or run_pairs(model, pairs, metric, direction)
+    which = QK.index(activation)
+    with torch.enable_grad():
+        m, out, _ = _forward(model, runs)
+        grads = torch.autograd.grad(m.sum(), [out[l] for l in model.active_layers])  # row p: ∂m_p/∂out
+    parts = []
+    for l, g in zip(model.active_layers, grads):
+        base = _split(model, l, out[l].detach())[which]
+        with torch.no_grad():
+            source = qkv(model.h[l], runs.source_resid[l])[which]
+        parts.append(torch.einsum("phtc,phtc->ph", (source - base).double(), _split(model, l, g)[which].double()))
+    return _result(f"atp_{activation}", runs, torch.cat(parts, dim=1).cpu())
+
+
+def _pattern_change(model: GPT2, runs: Runs, out: dict[int, Tensor], activation: str) -> dict[int, Tensor]:
+    """A' − A (P,h,T,T) per active layer: the base run's pattern against the one with every head's q (or k)
+    from the source run, both from :func:`.exact.pattern` (heads are independent in the softmax)."""
+    change = {}
+    with torch.no_grad():
+        for l in model.active_layers:
+            block = model.h[l]
+            q, k = _split(model, l, out[l].detach())
+            q_s, k_s, _ = qkv(block, runs.source_resid[l])
+            patched = pattern(block, q_s, k) if activation == "q" else pattern(block, q, k_s)
+            change[l] = (patched.double() - pattern(block, q, k).double())
+    return change
+
+
+def _dot(model: GPT2, change: dict[int, Tensor], grads: tuple[Tensor | None, ...]) -> Tensor:
+    """Σ_{t,s} (A' − A) · grad per pair and head: [P, H] float64, layer-major (a missing grad is 0)."""
+    return torch.cat([torch.zeros(change[l].shape[:2], dtype=torch.float64, device=change[l].device) if g is None
+                      else torch.einsum("phts,phts->ph", change[l], g.double())
+                      for l, g in zip(model.active_layers, grads)], dim=1).cpu()
+
+
+def atp_qkfix(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+              direction: str = "denoise", runs: Runs | None = None) -> Patching:
+    """AtP with the QK-fix of every head's q or k (the module docstring's atp_qkfix_x): one forward, one backward."""
+    _check(model, activation, f"atp_qkfix_{activation}")
+    runs = runs or run_pairs(model, pairs, metric, direction)
+    with torch.enable_grad():
+        m, out, cap = _forward(model, runs)
+        grads = torch.autograd.grad(m.sum(), [cap.attn[l] for l in model.active_layers])
+    return _result(f"atp_qkfix_{activation}", runs, _dot(model, _pattern_change(model, runs, out, activation), grads))
+
+
+def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+                direction: str = "denoise", runs: Runs | None = None) -> Patching:
+    """AtP* of every head's q or k: the QK-fix with GradDrop (the module docstring's atp_star_x)."""
+    _check(model, activation, f"atp_star_{activation}")
+    runs = runs or run_pairs(model, pairs, metric, direction)
+    L = model.cfg.n_layers
+    holder: list = [None]
+    total = torch.zeros(len(runs.pairs), len(model.head_ids), dtype=torch.float64)
+    with torch.enable_grad():
+        m, out, cap = _forward(model, runs, holder)
+        change = _pattern_change(model, runs, out, activation)
+        for layer in range(L):
+            holder[0] = layer
+            grads = torch.autograd.grad(m.sum(), [cap.attn[l] for l in model.active_layers],
+                                        retain_graph=layer < L - 1, allow_unused=True)
+            total += _dot(model, change, grads).abs()
+    sign = 1.0 if runs.direction == "denoise" else -1.0  # noising moves m away from the clean run
+    return _result(f"atp_star_{activation}", runs, sign * total / max(L - 1, 1))
+
+
+def atp_q(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+          runs: Runs | None = None) -> Patching:
+    return atp_qk(model, pairs, "q", metric, direction, runs)
+
+
+def atp_k(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+          runs: Runs | None = None) -> Patching:
+    return atp_qk(model, pairs, "k", metric, direction, runs)
