@@ -13,7 +13,7 @@ from headprune.scoring import score_heads
 
 from helpers import TINY
 
-SEQ, WINDOWS, REPLICATES = 16, 5, 6
+SEQ, WINDOWS, REPLICATES = 16, 5, 4
 
 
 def test_window_counts_are_seeded_multinomial_draws():

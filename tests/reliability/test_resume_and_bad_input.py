@@ -80,9 +80,9 @@ def test_sigkill_after_fixed_units_then_resume_gives_identical_scores(tiny_dir, 
     subprocess.run(_score_cmd(tiny_dir, corpus, whole, 400), env=_env(tmp_path), check=True, capture_output=True,
                    timeout=300)
     progress = tmp_path / "killed.csv.progress.jsonl"
-    done = _kill_and_resume(_score_cmd(tiny_dir, corpus, out, 400), progress, [1, 3, 7, 10], tmp_path)
-    # 8 windows, 4 batches: the weights unit, 4 activation and 4 gradient units come first, so the last two kills
-    # hit ablation
+    done = _kill_and_resume(_score_cmd(tiny_dir, corpus, out, 400), progress, [3, 18], tmp_path)
+    # 8 windows, 4 batches: the weights unit, 4 activation and 4 gradient units come first, so the first kill hits
+    # the activations and the second the ablation
     assert [u.split("/")[0] for u in done[:9]] == ["weights"] + ["act"] * 4 + ["grad"] * 4
     assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_zero_folded", "abl_mean"}
     assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
@@ -99,7 +99,7 @@ def test_sigkill_curve_after_fixed_units_then_resume_gives_identical_curves(tiny
     subprocess.run(_curve_cmd(tiny_dir, corpus, whole, scores), env=_env(tmp_path), check=True, capture_output=True,
                    timeout=300)
     progress = tmp_path / "killed.csv.progress.jsonl"
-    done = _kill_and_resume(_curve_cmd(tiny_dir, corpus, out, scores), progress, [1, 3, 7], tmp_path)
+    done = _kill_and_resume(_curve_cmd(tiny_dir, corpus, out, scores), progress, [1, 7], tmp_path)
     assert done[0] == "curve/w/baseline"  # 1 baseline + 2 methods x 3 fractions + 3 fractions x 2 seeds = 13 units
     assert out.read_bytes() == whole.read_bytes()
     assert not progress.exists()
@@ -111,8 +111,8 @@ def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_d
     whole, out = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(_run_cmd(tiny_dir, corpus, whole), env=_env(tmp_path), check=True, capture_output=True, timeout=300)
     progress = out / ".progress.jsonl"
-    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 7, 30], tmp_path)
-    # the kills land in the activations, the ablation and the curves
+    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 37], tmp_path)
+    # the first kill lands in the activations, the second (after the ablation) in the curves
     assert [u.split("/")[0][:3] for u in (done[1], done[8], done[38])] == ["act", "abl", "cur"]
     for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv"]:
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
