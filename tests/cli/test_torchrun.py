@@ -68,7 +68,8 @@ def test_torchrun_curve_equals_one_process(scores, tiny_dir, corpus, tmp_path):
 def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("HEADPRUNE_TEST_KEEP_PROGRESS", "1")  # a finished run removes them: kept to see the shares
     args = ["run", "--model", str(tiny_dir), "--data", str(corpus), "--score-data", str(corpus), "--max-tokens", "300",
-            "--batch-size", "2", "--fractions", "0,0.5", "--seeds", "2"]
+            "--batch-size", "2", "--fractions", "0,0.5", "--seeds", "2",
+            "--methods", "wo_fro,fluct,grad,abl_zero"]  # units of every kind: weights, activations, gradients, ablation
     one, two = tmp_path / "one", tmp_path / "two"
     _headprune(tmp_path, args + ["--out", str(one)])
     _headprune(tmp_path, args + ["--out", str(two)], nproc=2)
