@@ -38,8 +38,10 @@ from headprune.pruning.prune import removed_heads
 EXPORT_MARKER = "headprune_export.json"
 
 
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "generation_config.json")
+#: The files of the source folder an export copies when present: the tokenizer (GPT-2's BPE files, tokenizer.json or
+#: SentencePiece's model) and the generation and chat settings.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
 def check_export_target(folder: Path, overwrite: bool) -> None:
@@ -106,21 +108,27 @@ def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], over
 
 def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dict,
             dtype: torch.dtype) -> Callable[[Path], None]:
-    from safetensors.torch import save_file
 
     config = cfg.to_hf() | source_token_ids(model) | {"dtype": dtype_name(dtype)}
     marker = marker | {"dtype": dtype_name(dtype)}
 
     def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(hf_tensors(cast_floats(state, dtype)), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        src = model.origin.folder
-        for name in TOKENIZER_FILES:
-            if src is not None and (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+        write_checkpoint(tmp, config, hf_tensors(cast_floats(state, dtype)), model.origin.folder, marker)
 
     return write
+
+
+def write_checkpoint(tmp: Path, config: dict, tensors: dict[str, Tensor], source: Path | None, marker: dict) -> None:
+    """An export's files into ``tmp``: config.json, model.safetensors, the source folder's :data:`TOKENIZER_FILES`
+    (those it has) and the :data:`EXPORT_MARKER` record."""
+    from safetensors.torch import save_file
+
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        if source is not None and (source / name).is_file():
+            shutil.copyfile(source / name, tmp / name)
+    (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
 
 def export_native(model: GPT2, folder: str | os.PathLike, overwrite: bool = False,

@@ -24,9 +24,7 @@ no o_proj bias at all in transformers: such an export is refused (use ``native``
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,8 +37,6 @@ from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, Family, model_type
 from headprune.models.heads import head_id
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gpt_neox": "attention_bias"}
 
 
@@ -149,19 +145,11 @@ def _native_o_bias(hf: dict, kind: str) -> bool:
 
 def _writer(model: HeadModel, family: Family, hf: dict, state: dict[str, Tensor],
             marker: dict, dtype: torch.dtype) -> Callable[[Path], None]:
-    from safetensors.torch import save_file
-
-    from headprune.io.export import EXPORT_MARKER
+    from headprune.io.export import write_checkpoint
 
     def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         tensors = {family.hf_key(k): v for k, v in cast_floats(state, dtype).items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        src = model.origin.folder
-        for name in TOKENIZER_FILES:
-            if src is not None and (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+        write_checkpoint(tmp, hf, tensors, model.origin.folder, marker)
 
     return write
 
