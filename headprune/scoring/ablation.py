@@ -43,10 +43,12 @@ def ablate_layer(
     batch: Batch,
     resid_pre: Tensor,  # (b, T, d) entering `layer`
     layer: int,
-    fill: Tensor | None = None,  # [n_heads_l, d_head] for mean ablation, None for zero
+    fill: Tensor | None = None,  # [n_heads_l, d_head] for mean ablation, (b, h, T, d_head) per window, None for zero
     rows: int = 8,
 ) -> list[list[float]]:
-    """Ablated NLL sum of each window of the batch, for each head of ``layer`` (one head at a time): [h][b]."""
+    """Ablated NLL sum of each window of the batch, for each head of ``layer`` (one head at a time): [h][b].
+
+    The ablated head's z is ``fill`` (a constant per head, or per window and position: resample ablation)."""
     batch = batch.to(model.device)
     tokens, mask = batch.tokens, batch.mask
     b = tokens.shape[0]
@@ -54,6 +56,7 @@ def ablate_layer(
     copies = max(1, min(n_heads, rows // b))
     gates: list[Tensor | None] = [None] * model.cfg.n_layers
     fills: list[Tensor | None] = [None] * model.cfg.n_layers
+    per_window = fill is not None and fill.dim() == 4
     fills[layer] = fill
     sums: list[list[float]] = []
     for first in range(0, n_heads, copies):
@@ -62,6 +65,8 @@ def ablate_layer(
         gate = torch.ones(c, n_heads, device=model.device)
         gate[torch.arange(c), heads] = 0
         gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j ablates head first+j
+        if per_window and fill is not None:
+            fills[layer] = fill.repeat(c, 1, 1, 1)  # (c·b, h, T, d_head)
         resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)  # (c·b, T, d)
         for copy in resid.split(b):  # the LM head one copy at a time: logits stay (b, T, vocab)
             sums.append(window_sums(token_nll(model.unembed(copy), tokens), mask))

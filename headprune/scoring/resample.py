@@ -24,10 +24,10 @@ from torch import Tensor
 from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
 from headprune.models.base import Capture
-from headprune.models.gpt2 import GPT2, token_nll
-from headprune.perplexity import Batch, window_sums
+from headprune.models.gpt2 import GPT2
+from headprune.perplexity import Batch
 from headprune.schema import RESAMPLE_METHODS
-from headprune.scoring.ablation import AblationScores, cache_batch
+from headprune.scoring.ablation import AblationScores, ablate_layer, cache_batch
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 RESAMPLE_DRAWS = 4  # K: source windows drawn per window
@@ -58,29 +58,11 @@ def source_z(model: GPT2, tokens: Tensor) -> dict[int, Tensor]:
     return capture.z
 
 
-@torch.no_grad()
 def resample_layer(model: GPT2, batch: Batch, resid_pre: Tensor, layer: int, z_source: Tensor,
                    rows: int = 8) -> list[list[float]]:
     """Ablated NLL sum of each window of the batch with each head of ``layer`` resampled from z_source
-    (b,h,T,d_k), one head at a time: [h][b]."""
-    batch = batch.to(model.device)
-    b = batch.tokens.shape[0]
-    n_heads = model.h[layer].attn.n_heads
-    copies = max(1, min(n_heads, rows // b))
-    gates: list[Tensor | None] = [None] * model.cfg.n_layers
-    fills: list[Tensor | None] = [None] * model.cfg.n_layers
-    sums: list[list[float]] = []
-    for first in range(0, n_heads, copies):
-        heads = torch.arange(first, min(first + copies, n_heads), device=model.device)
-        c = len(heads)
-        gate = torch.ones(c, n_heads, device=model.device)
-        gate[torch.arange(c), heads] = 0
-        gates[layer] = gate.repeat_interleave(b, dim=0)  # (c·b, h): copy j resamples head first+j
-        fills[layer] = z_source.repeat(c, 1, 1, 1)  # (c·b, h, T, d_k)
-        resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)
-        for copy in resid.split(b):
-            sums.append(window_sums(token_nll(model.unembed(copy), batch.tokens), batch.mask))
-    return sums
+    (b,h,T,d_k), one head at a time: [h][b] (:func:`~.ablation.ablate_layer` with a per-window fill)."""
+    return ablate_layer(model, batch, resid_pre, layer, z_source, rows)
 
 
 class ResampleScores(Family):
