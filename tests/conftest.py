@@ -3,11 +3,19 @@ offline HF cache. Helper functions live in helpers.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+import torch
 
 from helpers import TINY, save_hf_gpt2, write_corpus
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n 2: one core per test worker, for its own torch and for the processes its tests start
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -13,9 +13,9 @@ import pandas as pd
 from scipy import stats
 from sklearn.linear_model import LinearRegression
 
-from headprune.bootstrap import interval
 from headprune.errors import HeadpruneError
 from headprune.pruning.selection import rank_heads, select_heads
+from headprune.report.head_bootstrap import head_bootstrap
 from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
@@ -23,7 +23,6 @@ PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman
                           "roc_auc_ci_hi", "inverse")
 INTERVAL_COLUMNS = ("spearman_ci_lo", "spearman_ci_hi", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_ci_lo",
                     "roc_auc_ci_hi")
-HEAD_REPLICATES, HEAD_SEED = 200, 0  # the predictiveness intervals: bootstrap over heads
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
 BEST_MAX_FRACTION = 0.5
 TOP_PERCENT = 10  # the ROC-AUC positives: the ceil(10%) heads with the largest abl_zero
@@ -189,21 +188,6 @@ def roc_auc(x: np.ndarray, positive: np.ndarray) -> float:
     if not n_pos or not n_neg:
         return math.nan
     return float((stats.rankdata(x)[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def head_bootstrap(x: np.ndarray, y: np.ndarray, positive: np.ndarray, replicates: int = HEAD_REPLICATES,
-                   seed: int = HEAD_SEED) -> dict[str, float]:
-    """95% percentile intervals of Spearman ρ, Kendall τ-b and ROC-AUC over ``replicates`` resamplings of the
-    heads with replacement (a replicate where a statistic is undefined is left out)."""
-    rng = np.random.default_rng(seed)
-    draws = np.full((replicates, 3), np.nan)
-    for b in range(replicates):
-        i = rng.integers(len(x), size=len(x))
-        rho, tau = rank_stats(x[i], y[i])
-        draws[b] = rho, tau, roc_auc(x[i], positive[i])
-    lo, hi = interval(draws)
-    return {"spearman_ci_lo": lo[0], "spearman_ci_hi": hi[0], "kendall_ci_lo": lo[1], "kendall_ci_hi": hi[1],
-            "roc_auc_ci_lo": lo[2], "roc_auc_ci_hi": hi[2]}
 
 
 def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray) -> dict:

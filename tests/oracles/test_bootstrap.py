@@ -90,7 +90,7 @@ def test_head_bootstrap_matches_scipy_percentile_bootstrap():
     error with many replicates; perfect and reversed rankings give degenerate intervals and the inverse flag."""
     from scipy import stats
 
-    from headprune.report.tables import head_bootstrap
+    from headprune.report.head_bootstrap import head_bootstrap
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=60)
@@ -122,3 +122,25 @@ def test_predictiveness_flags_an_inverse_ranking():
     pred = predictiveness(scores).set_index("method")
     assert bool(pred.loc["wo_fro", "inverse"]) and not bool(pred.loc["grad", "inverse"])
     assert pred.loc["grad", "spearman_ci_lo"] < pred.loc["grad", "spearman_rho"] < pred.loc["grad", "spearman_ci_hi"]
+
+
+@pytest.mark.parametrize("n", [5, 48, 260])  # 260 heads: beyond MAX_PAIRS, τ-b row by row
+def test_rank_replicates_equal_scipy_row_by_row_with_ties(n):
+    """Every replicate's ρ, τ-b and ROC-AUC equal scipy's spearmanr, kendalltau and the rank-sum AUC of that row,
+    ties (rounded scores, resampled duplicates) and degenerate rows (one value: NaN) included."""
+    from scipy import stats
+
+    from headprune.report.head_bootstrap import rank_replicates
+    from headprune.report.tables import rank_stats, roc_auc
+
+    rng = np.random.default_rng(n)
+    x, y = np.round(rng.normal(size=n), 1), rng.normal(size=n)
+    draws = rng.integers(n, size=(6, n))
+    X, Y, positive = x[draws], y[draws], (y >= np.quantile(y, 0.9))[draws]
+    X[0] = 1.0  # one value: ρ and τ undefined
+    got = rank_replicates(X, Y, positive)
+    for b in range(len(X)):
+        want = [*rank_stats(X[b], Y[b]), roc_auc(X[b], positive[b])]
+        np.testing.assert_allclose(got[b], want, rtol=0, atol=1e-12, equal_nan=True)
+    assert np.isnan(got[0, :2]).all()
+    assert got[1, 1] == pytest.approx(stats.kendalltau(X[1], Y[1]).statistic, abs=1e-12)
