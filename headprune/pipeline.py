@@ -69,17 +69,41 @@ class RunSettings:
     optimal: bool = False
     learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
     gate_steps: int = 200  # training steps per fraction
+    patch_task: str = "brackets"  # the built-in task of the patching section ("none": no patching)
+    patch_pairs: int = 32
     methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt; abl_opt with
     #                                      `optimal`); those that rank heads also get curves. Parsed once, here:
     #                                      afterwards the method names in canonical order
 
     def __post_init__(self) -> None:
+        from headprune.patching.tasks import TASKS
+
         self.methods = tuple(parse_methods([*self.methods, *(["abl_opt"] if self.optimal else [])]))
+        if self.patch_task not in (*TASKS, "none"):
+            raise HeadpruneError(f"patch task {self.patch_task!r} is not one of {', '.join(TASKS)} or none",
+                                 "patch-task")
+        if self.patch_pairs < 2:
+            raise HeadpruneError(f"patch pairs {self.patch_pairs} must be at least 2", "patch-pairs")
 
 
 def _fields(s: RunSettings) -> dict:
     """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged)."""
     return {k: v for k, v in asdict(s).items() if s.learn_gates or k not in ("learn_gates", "gate_steps")}
+
+
+def _patching(model, s: RunSettings, progress: Progress):
+    """The patching study of the built-in task ``s.patch_task`` (None for "none"), as the report shows it."""
+    if s.patch_task == "none":
+        return None
+    from headprune.patching.study import StudyOptions, patch_study
+    from headprune.patching.tasks import TASK_TEXT, task_pairs
+    from headprune.report.patching_section import PatchingReport
+
+    pairs = task_pairs(s.patch_task, model, n_pairs=s.patch_pairs, seed=s.seed)
+    study = patch_study(model, pairs, StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows),
+                        progress)
+    return PatchingReport(study.table, study.agreement, study.missed,
+                          study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -159,6 +183,10 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     curves = pd.concat([curves, compensated], ignore_index=True)
     t_curves = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
+    patching = _patching(model, s, progress)  # every process: its exact sweeps are units like the scores'
+    t_patch = time.perf_counter() - t0
+
     point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
     settings = {**_fields(s), "methods": methods,
                 "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
@@ -169,6 +197,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                 "seconds_load": round(t_load, 1), "seconds_tokenize": round(t_tokens, 1),
                 "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
                 "seconds_compensated_curves": round(t_opt, 1),
+                **({"seconds_patching": round(t_patch, 1)} if patching is not None else {}),
                 **({"seconds_gates": round(t_gates, 1)} if s.learn_gates else {}),
                 "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
     if not is_main():
@@ -187,7 +216,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     t0 = time.perf_counter()
-    report = build_report(scores, curves, out, settings, baseline, anatomy)
+    report = build_report(scores, curves, out, settings, baseline, anatomy, patching=patching)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
     log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())

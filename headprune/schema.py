@@ -22,6 +22,8 @@ DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 #: The token budget of ``headprune run`` and of every analysis in analyses/ (per corpus split), so all committed
 #: reports measure the same baseline.
 DEFAULT_MAX_TOKENS = 8192
+#: Random subsets of the heads an approximation leaves unverified, patched together to bound what they hide.
+DEFAULT_BOUND_SUBSETS = 64
 
 # ---------------------------------------------------------------- methods
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from headprune.cli.common import load_from_args
 from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_flags, add_seed_arg
 from headprune.errors import HeadpruneError
+from headprune.schema import DEFAULT_BOUND_SUBSETS
 
 HELP = "which heads carry a behaviour: activation patching and AtP*"
-APPROXIMATIONS = ("atp", "atp_star", "atp_qkfix")  # atp_qkfix: q and k only
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -33,8 +33,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="attribution patching to compare with exact patching: atp, atp_star (GradDrop; with the "
                         "QK-fix for q and k), atp_qkfix (the QK-fix alone: q and k only), or none; z always, q and k "
                         "when in --activations")
-    p.add_argument("--by-position", action="store_true", help="patch z at each position alone: a [head x position] "
-                                                              "table (pairs of one length)")
+    p.add_argument("--by-position", action="store_true",
+                   help="patch each activation at each position alone: a [head x position] table (pairs of one "
+                        "length; exact patching only)")
+    p.add_argument("--verify", type=int, default=None,
+                   help="heads each approximation of z verifies (its best) before bounding what the rest can hide "
+                        "(default 10%% of the heads)")
+    p.add_argument("--bound-subsets", type=int, default=DEFAULT_BOUND_SUBSETS,
+                   help="random subsets of the unverified heads patched together for that bound (AtP*'s "
+                        "subsampling diagnostic; 0: no bound)")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="patched copies x pairs per forward (default 16 on the CPU, 64 on a GPU)")
     add_bootstrap_arg(p)
@@ -42,51 +49,42 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary (metric gap, top heads, agreement)")
 
 
-def _list(spec: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    items = [s.strip() for s in spec.split(",") if s.strip() and s.strip() != "none"]
-    if bad := [s for s in items if s not in allowed]:
-        raise HeadpruneError(f"{flag} {bad[0]!r} is not one of {', '.join(allowed)}")
-    return items
+def _list(spec: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in spec.split(",") if s.strip() and s.strip() != "none")
+
+
+def _print(study, out: Path, written: dict[str, Path]) -> None:
+    summary = study.summary
+    print(f"{summary['pairs']} pairs, {summary['metric']}: clean {summary['metric_clean']:.3f}, corrupt "
+          f"{summary['metric_corrupt']:.3f} (gap {summary['gap']:.3f})")
+    if summary["top_heads"]:
+        print(f"top heads by {summary['ranked_by']} (normalised effect): {', '.join(summary['top_heads'])}")
+    if study.agreement is not None:
+        print(study.agreement.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for b in summary["bounds"]:
+        check = (f"; exact patching's largest among them: {b['largest_exact_unverified']:.3f}"
+                 if b["largest_exact_unverified"] is not None else "")
+        print(f"{b['method']}: after its top {len(b['verified'])} heads, no other head moves the metric by more than "
+              f"{b['bound']:.3f} (normalised, {b['level']:.0%}, {b['subsets']} subsets; largest: {b['worst']}){check}")
+    for what, path in written.items():
+        print(f"{what} -> {path}")
+    print(f"-> {out}")
 
 
 def run(args: argparse.Namespace) -> None:
-    import pandas as pd
-
     from headprune.cli.sweeps import finish_sweep, sweep_progress, table_output
     from headprune.io.files import write_table
     from headprune.io.fingerprint import model_fingerprint
     from headprune.io.tokenizer import model_tokenizer
-    from headprune.patching import (
-        ACTIVATIONS,
-        DIRECTIONS,
-        METRICS,
-        agreement,
-        atp_qk,
-        atp_qkfix,
-        atp_star_qk,
-        atp_star_z,
-        atp_z,
-        patch,
-        patch_table,
-        position_table,
-        read_pairs,
-        run_pairs,
-        task_pairs,
-    )
+    from headprune.patching import read_pairs, task_pairs
+    from headprune.patching.study import StudyOptions, patch_study
 
     out = table_output(args)
-    activations = _list(args.activations, ACTIVATIONS, "--activations")
-    approximations = _list(args.approximations, APPROXIMATIONS, "--approximations")
-    if args.metric not in METRICS:
-        raise HeadpruneError(f"--metric {args.metric!r} is not one of {', '.join(METRICS)}")
-    if args.direction not in DIRECTIONS:
-        raise HeadpruneError(f"--direction {args.direction!r} is not one of {', '.join(DIRECTIONS)}")
+    options = StudyOptions(args.metric, args.direction, _list(args.activations), _list(args.approximations),
+                           args.by_position, args.bootstrap, args.seed, args.bound_subsets, args.verify,
+                           args.ablation_rows).check()
     if args.n_pairs < 2:
         raise HeadpruneError(f"--n-pairs {args.n_pairs} must be at least 2")
-    if "atp_qkfix" in approximations and not {"q", "k"} & set(activations):
-        raise HeadpruneError("--approximations atp_qkfix needs q or k in --activations")
-    if not activations and not approximations:
-        raise HeadpruneError("nothing to compute: give --activations or --approximations")
     model = load_from_args(args)
     if args.pairs is not None:
         pairs = read_pairs(args.pairs, model_tokenizer(model), model.cfg.vocab_size)
@@ -95,52 +93,19 @@ def run(args: argparse.Namespace) -> None:
     settings = {"command": "patch", "model": model_fingerprint(model), "dtype": str(model.dtype),
                 "pairs": args.pairs and str(Path(args.pairs).resolve()), "task": args.task, "n_pairs": len(pairs),
                 "pair_tokens": [pairs.clean.tolist(), pairs.corrupt.tolist()], "seed": args.seed,
-                "metric": args.metric, "direction": args.direction, "activations": activations,
+                "metric": args.metric, "direction": args.direction, "activations": list(options.activations),
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
     progress = sweep_progress(args, out, settings)
-    runs = run_pairs(model, pairs, args.metric, args.direction)
-    exact = {a: patch(model, pairs, a, args.metric, args.direction, args.by_position and a == "z",
-                      args.ablation_rows, progress=progress, runs=runs) for a in activations}
-    approx: dict[str, list] = {"z": []}  # by the activation each approximates
-    if "atp" in approximations:
-        approx["z"].append(atp_z(model, pairs, args.metric, args.direction, runs=runs))
-    if "atp_star" in approximations:
-        approx["z"].append(atp_star_z(model, pairs, args.metric, args.direction, runs=runs))
-    qk_methods = {"atp": atp_qk, "atp_star": atp_star_qk, "atp_qkfix": atp_qkfix}
-    for a in (a for a in ("q", "k") if a in exact):
-        approx[a] = [qk_methods[name](model, pairs, a, args.metric, args.direction, runs=runs)
-                     for name in approximations]
-    if args.by_position and "z" in exact:
-        table = position_table(model, exact["z"])
-    else:
-        table = patch_table(model, [*exact.values(), *(r for rs in approx.values() for r in rs)], args.bootstrap,
-                            args.seed)
-    agree_parts = [agreement(exact[a], rs, bootstrap=args.bootstrap, seed=args.seed) for a, rs in approx.items()
-                   if a in exact and rs and not args.by_position]
-    agree = pd.concat(agree_parts, ignore_index=True) if agree_parts else None
-    gap = float((runs.m_clean - runs.m_corrupt).mean())
-    if not finish_sweep(progress, table, out):
+    study = patch_study(model, pairs, options, progress)
+    if not finish_sweep(progress, study.table, out):
         return
-    agreement_out = out.with_name(out.stem + ".agreement" + out.suffix)
-    if agree is not None:
-        write_table(agree, agreement_out)
-    main = next(iter(exact.values()), None) or approx["z"][0]
-    if args.by_position:
-        top_heads: list[str] = []
-    else:
-        top_heads = table.sort_values(main.method, ascending=False, key=abs)["head_id"].head(5).tolist()
-    summary = {"out": str(out), "pairs": len(pairs), "metric": args.metric, "direction": args.direction,
-               "metric_clean": float(runs.m_clean.mean()), "metric_corrupt": float(runs.m_corrupt.mean()),
-               "gap": gap, "top_heads": top_heads,
-               "agreement": agree.to_dict("records") if agree is not None else None}
+    written = {}
+    for what, table in (("agreement", study.agreement), ("missed", study.missed)):
+        if table is not None:
+            written[what] = out.with_name(f"{out.stem}.{what}{out.suffix}")
+            write_table(table, written[what])
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps({"out": str(out), **study.summary,
+                          "agreement": study.agreement.to_dict("records") if study.agreement is not None else None}))
         return
-    print(f"{len(pairs)} pairs, {args.metric}: clean {summary['metric_clean']:.3f}, corrupt "
-          f"{summary['metric_corrupt']:.3f} (gap {gap:.3f})")
-    if top_heads:
-        print(f"top heads by {main.method} (normalised effect): {', '.join(top_heads)}")
-    if agree is not None:
-        print(agree.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print(f"agreement -> {agreement_out}")
-    print(f"-> {out}")
+    _print(study, out, written)

@@ -37,6 +37,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="all",
                    help="all, or a comma-separated list of the methods to score (those that "
                         f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
+    p.add_argument("--patch-task", default="brackets",
+                   help="built-in task of the report's patching section: brackets (closing a call's bracket, which "
+                        "the shipped model does), induction, ioi (GPT-2's tokenizer), or none")
+    p.add_argument("--patch-pairs", type=int, default=32, help="prompt pairs of that task")
     add_run_flags(p, "report directory", "headprune-report")
 
 
@@ -54,7 +58,8 @@ def run(args: argparse.Namespace) -> None:
                            stride=args.stride, max_tokens=args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
                            bootstrap=args.bootstrap, optimal=args.optimal, learn_gates=args.learn_gates,
-                           gate_steps=args.gate_steps, methods=(args.methods,))
+                           gate_steps=args.gate_steps, methods=(args.methods,), patch_task=args.patch_task,
+                           patch_pairs=args.patch_pairs)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     result = run_analysis(settings, overwrite=args.overwrite, quiet=args.quiet, log=log)
     if result is None:  # a torchrun worker other than rank 0

@@ -112,6 +112,17 @@ class HeadConfig:
         return asdict(self)
 
 
+def gated(z: Tensor, gate: Tensor | None, fill: Tensor | None) -> Tensor:
+    """z (B,h,T,d_k) with z_i ← g_i z_i + (1 − g_i) f_i: gate [h], [B,h] or per position [B,h,T]; fill [h,d_k] or
+    per example and position [B,h,T,d_k] (None: 0)."""
+    if gate is None:
+        return z
+    h, dk = z.shape[1], z.shape[3]
+    g = (gate.unsqueeze(-1) if gate.dim() == 3 else gate.view(-1, h, 1, 1)).to(z.dtype)
+    f = None if fill is None else (fill if fill.dim() == 4 else fill.view(1, h, 1, dk)).to(z.dtype)
+    return g * z if f is None else g * z + (1 - g) * f
+
+
 def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Tensor:
     """(T,T) bool, True where position t may attend to s: s ≤ t, and t − s < window when a window is set."""
     t = torch.arange(T, device=device)
@@ -212,12 +223,12 @@ class HeadAttention(nn.Module):
         v: Tensor,  # (B,h_kv,T,d_k)
         scale: float,
         window: int | None = None,  # sliding window (Mistral): t attends to s with t − s < window
-        gate: Tensor | None = None,  # [h] or [B, h]
-        fill: Tensor | None = None,  # [h, d_k]
+        gate: Tensor | None = None,  # [h], [B, h] or [B, h, T]
+        fill: Tensor | None = None,  # [h, d_k] or [B, h, T, d_k]
         capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:
-        """concat_i z_i (B,T,h·d_k) after gates and fills: the input of o_proj."""
+        """concat_i z_i (B,T,h·d_k) after gates and fills (:func:`gated`): the input of o_proj."""
         B, h, T, dk = q.shape
         mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
         if need_weights or not (self.one_to_one or self.repeats):  # give each query head its own K/V rows
@@ -235,10 +246,7 @@ class HeadAttention(nn.Module):
                                                enable_gqa=gqa)
         if capture is not None:
             capture.z[self.layer] = z
-        if gate is not None:
-            g = gate.view(-1, h, 1, 1).to(z.dtype)
-            z = g * z if fill is None else g * z + (1 - g) * fill.view(1, h, 1, dk).to(z.dtype)
-        return z.transpose(1, 2).reshape(B, T, h * dk)
+        return gated(z, gate, fill).transpose(1, 2).reshape(B, T, h * dk)
 
 
 class HeadBlock(nn.Module):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture, Origin
+from headprune.models.base import Capture, Origin, gated
 from headprune.models.gpt2_config import ModelConfig
 
 
@@ -148,11 +148,7 @@ class Attention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
         if capture is not None:
             capture.z[self.layer] = z
-        if gate is not None:
-            g = (gate.unsqueeze(-1) if gate.dim() == 3 else gate.view(-1, h, 1, 1)).to(z.dtype)
-            f = None if fill is None else (fill if fill.dim() == 4 else fill.view(1, h, 1, dk)).to(z.dtype)
-            z = g * z if f is None else g * z + (1 - g) * f
-        z = z.transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
+        z = gated(z, gate, fill).transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
         return self.c_proj(z)  # (B,T,d)
 
 

@@ -52,8 +52,8 @@ def _base_forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[
     base = pairs.corrupt if runs.direction == "denoise" else pairs.clean
     resid = model.embed(base).detach().requires_grad_(True)  # the weights need no grad: z depends on this
     capture = Capture()
-    for layer, block in enumerate(model.h):
-        out = block(resid, capture=capture)
+    for layer in range(model.cfg.n_layers):
+        out = model.run_blocks(resid, start=layer, stop=layer + 1, capture=capture)  # one block, any family
         resid = out if holder is None else _DropBranch.apply(resid, out, layer, holder)
     logits = last_logits(model, resid, pairs.last)
     m = metric_values(runs.metric, logits, pairs.answer, pairs.wrong, runs.clean_logprobs)

@@ -35,7 +35,7 @@ from headprune.errors import HeadpruneError
 from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.patching.attribution import _DropBranch, _result
-from headprune.patching.exact import Patching, Runs, pattern, qkv, run_pairs
+from headprune.patching.exact import Patching, Runs, pattern, qkv, require_fused_qkv, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, last_logits, metric_values
 from headprune.patching.pairs import PromptPairs
 
@@ -75,6 +75,7 @@ def _check(model: GPT2, activation: str, method: str) -> None:
     if activation not in QK:
         raise HeadpruneError(f"{method} patches q or k, not {activation!r}")
     model.require_heads(method)
+    require_fused_qkv(model, method, activation)
 
 
 def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,

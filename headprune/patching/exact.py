@@ -60,6 +60,15 @@ class Runs:
         return metric_values(self.metric, logits, pairs.answer[rows], pairs.wrong[rows], self.clean_logprobs[rows])
 
 
+def require_fused_qkv(model, method: str, activation: str) -> None:
+    """q, k, v and pattern patching read GPT-2's fused c_attn; other families patch z only."""
+    if activation != "z" and not isinstance(model, GPT2):
+        from headprune.models.families import model_type
+
+        raise HeadpruneError(f"{method} is implemented for GPT-2 only; on a {model_type(model)} model patch z "
+                             "(--activations z)")
+
+
 def check_direction(direction: str) -> str:
     if direction not in DIRECTIONS:
         raise HeadpruneError(f"unknown direction {direction!r}; choose denoise or noise", "direction")
@@ -207,6 +216,7 @@ def patch(
     if activation not in ACTIVATIONS:
         raise HeadpruneError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
     model.require_heads(f"patch_{activation}")
+    require_fused_qkv(model, f"patch_{activation}", activation)
     if by_position and not pairs.same_length:
         raise HeadpruneError("by_position needs pairs of one length (positions must mean the same in every pair)")
     runs = runs or run_pairs(model, pairs, metric, direction)

@@ -45,16 +45,18 @@ def patch_table(model: GPT2, results: list[Patching], bootstrap: int = DEFAULT_R
     return table
 
 
-def position_table(model: GPT2, result: Patching) -> pd.DataFrame:
-    """A by-position result as a long table: layer, head, head_id, position, <method> (normalised effect)."""
-    effect = result.effect  # [H, T]
+def position_table(model: GPT2, results: list[Patching]) -> pd.DataFrame:
+    """By-position results as a long table: layer, head, head_id, position, then per result its method's
+    normalised effect (each result [H, T] on the same pairs)."""
     heads = model.head_ids
-    H, T = effect.shape
-    return pd.DataFrame({"layer": [heads[i][0] for i in range(H) for _ in range(T)],
-                         "head": [heads[i][1] for i in range(H) for _ in range(T)],
-                         "head_id": [head_id(*heads[i]) for i in range(H) for _ in range(T)],
-                         "position": [t for _ in range(H) for t in range(T)],
-                         result.method: effect.reshape(-1).tolist()})
+    H, T = results[0].values.shape[1:]
+    table = pd.DataFrame({"layer": [heads[i][0] for i in range(H) for _ in range(T)],
+                          "head": [heads[i][1] for i in range(H) for _ in range(T)],
+                          "head_id": [head_id(*heads[i]) for i in range(H) for _ in range(T)],
+                          "position": [t for _ in range(H) for t in range(T)]})
+    for r in results:
+        table[r.method] = r.effect.reshape(-1).tolist()
+    return table
 
 
 def _moves(r: Patching, replicate: torch.Tensor) -> np.ndarray:

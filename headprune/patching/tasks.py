@@ -19,6 +19,14 @@ from headprune.errors import HeadpruneError
 from headprune.patching.pairs import PromptPairs
 
 TASKS = ("induction", "ioi", "brackets")
+#: What each task's pairs are, for the report.
+TASK_TEXT = {
+    "induction": "Induction: random tokens repeated once, the answer the repeat's next token; corrupt: the second "
+                 "half replaced by other random tokens",
+    "ioi": "Indirect object identification (Wang et al. 2022): the answer the indirect object, wrong the subject; "
+           "corrupt: three other names",
+    "brackets": "Closing a call's bracket: the answer \")\" after \"f(x\", wrong \"]\"; corrupt: \"f[x\"",
+}
 
 # Names that are one GPT-2 token with their leading space (checked against the tokenizer when used).
 NAMES = ("Mary", "John", "Tom", "James", "Dan", "Sarah", "Paul", "Anna", "Mark", "Lisa", "David", "Kate", "Mike",

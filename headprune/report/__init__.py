@@ -18,6 +18,7 @@
   Spearman rho with its 95% interval in the titles; values with each score's 95% bootstrap interval as grey bars
   or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
+- with a patching study: ``patching.png`` and its tables (:mod:`.patching_section`);
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
   perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \
@@ -44,8 +45,20 @@ import pandas as pd
 
 from headprune.errors import HeadpruneError
 from headprune.io.files import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
-from headprune.report.anatomy import AnatomyReport, anatomy_parts, read_anatomy_files, with_anatomy, write_anatomy_files
+from headprune.report.anatomy import (
+    AnatomyReport,
+    anatomy_parts,
+    before_pictures,
+    read_anatomy_files,
+    write_anatomy_files,
+)
 from headprune.report.page import render_html
+from headprune.report.patching_section import (
+    PatchingReport,
+    patching_parts,
+    read_patching_files,
+    write_patching_files,
+)
 from headprune.report.plots import SCALES, make_pictures
 from headprune.report.recovery_section import recovery_parts, split_recovered
 from headprune.report.render import make_content, markdown_table, render_markdown, sections
@@ -65,9 +78,11 @@ __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_tabl
 
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
-                 baseline: dict, anatomy: AnatomyReport | None = None, scale: str = "value") -> Path:
+                 baseline: dict, anatomy: AnatomyReport | None = None, scale: str = "value",
+                 patching: PatchingReport | None = None) -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
-    With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`).
+    With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`); with ``patching``, the
+    patching section and its files (:mod:`.patching_section`).
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
@@ -81,12 +96,12 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
     recovery = recovery_parts(curves, recovered, baseline) if recovered is not None else None
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
-        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery)
+        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery, patching)
     return Path(out_dir).absolute() / "report.html"
 
 
-def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None, recovery=None
-                  ) -> None:
+def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None, recovery=None,
+                  patching=None) -> None:
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -103,7 +118,13 @@ def _write_report(out: Path, scores, curves, content, settings, baseline, pictur
         section, anatomy_pictures = anatomy_parts(anatomy, scores)
         for pic in anatomy_pictures:
             write_bytes(out / pic.name, pic.png)
-        secs = with_anatomy(secs, section)
+        secs = before_pictures(secs, section)
+    if patching is not None:  # after the anatomy, before the picture gallery
+        write_patching_files(out, patching)
+        section, patching_pictures = patching_parts(patching, scores, anatomy)
+        for pic in patching_pictures:
+            write_bytes(out / pic.name, pic.png)
+        secs = before_pictures(secs, section)
     if recovery is not None:  # after "Perplexity after pruning"
         section, pic, table = recovery
         write_bytes(out / pic.name, pic.png)
@@ -139,4 +160,5 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
         raise HeadpruneError(f"{scores_path} and {curves_path} come from runs with different settings (their "
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
-    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder), scale)
+    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder), scale,
+                        read_patching_files(folder))

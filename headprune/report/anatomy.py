@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy import stats
 
 from headprune.errors import HeadpruneError
 from headprune.io.files import read_table, write_table, write_text
+from headprune.report.head_bootstrap import spearman_rows
 from headprune.report.plots.common import Picture, render_png
 from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
@@ -102,10 +102,7 @@ def bootstrap_spearman(x: np.ndarray, y: np.ndarray, n: int = BOOTSTRAP, seed: i
         return rho, math.nan, math.nan
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(x), size=(n, len(x)))  # one resample of the pairs per row
-    rx, ry = stats.rankdata(x[idx], axis=1), stats.rankdata(y[idx], axis=1)  # average ranks, as spearmanr
-    rx, ry = rx - rx.mean(1, keepdims=True), ry - ry.mean(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))  # Pearson of the ranks, per resample
+    r = spearman_rows(x[idx], y[idx])
     r = r[np.isfinite(r)]
     return rho, float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
@@ -254,7 +251,7 @@ def anatomy_parts(a: AnatomyReport, scores: pd.DataFrame) -> tuple[Section, list
     return Section(SECTION_TITLE, blocks), pics
 
 
-def with_anatomy(secs: list[Section], section: Section) -> list[Section]:
-    """``secs`` with the anatomy section placed before the picture gallery (at the end if there is none)."""
+def before_pictures(secs: list[Section], section: Section) -> list[Section]:
+    """``secs`` with ``section`` placed before the picture gallery (at the end if there is none)."""
     at = next((i for i, s in enumerate(secs) if s.title == "Pictures"), len(secs))
     return [*secs[:at], section, *secs[at:]]

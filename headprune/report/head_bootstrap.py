@@ -22,11 +22,13 @@ PAIR_CHUNK = 1 << 23  # replicate x pair elements per step of the τ-b sums (64 
 MAX_PAIRS = 20_000  # above n(n−1)/2 = this (n ≈ 200 heads), scipy's O(n log n) τ-b per replicate is faster
 
 
-def _pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise Pearson correlation of a, b [B, n]."""
-    a = a - a.mean(1, keepdims=True)
-    b = b - b.mean(1, keepdims=True)
-    return (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+def spearman_rows(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Row-wise Spearman ρ of X, Y [B, n]: the Pearson correlation of the rows' average ranks (NaN where a row
+    takes one value)."""
+    a, b = stats.rankdata(X, axis=1), stats.rankdata(Y, axis=1)
+    a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
 
 
 def _tau_b(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -51,7 +53,7 @@ def rank_replicates(X: np.ndarray, Y: np.ndarray, positive: np.ndarray) -> np.nd
     varies = (np.ptp(X, axis=1) > 0) & (np.ptp(Y, axis=1) > 0) & (X.shape[1] >= 3)
     with np.errstate(invalid="ignore", divide="ignore"):
         rank_x = stats.rankdata(X, axis=1)
-        rho = np.where(varies, _pearson(rank_x, stats.rankdata(Y, axis=1)), np.nan)
+        rho = np.where(varies, spearman_rows(X, Y), np.nan)
         tau = np.where(varies, _tau_b(X, Y), np.nan)
         n_pos = positive.sum(1)
         n_neg = positive.shape[1] - n_pos

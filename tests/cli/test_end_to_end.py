@@ -6,6 +6,7 @@ import shutil
 from collections import Counter
 from html.parser import HTMLParser
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -185,7 +186,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     tables = {name: (out / name).read_bytes() for name in ["scores.csv", "curves.csv", "baseline.json"]}
     units = _unit_keys(progress)
     assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_zero_folded",
-                                                "abl_mean", "curve"}
+                                                "abl_mean", "curve", "patch_z"}
     args = _run_args(tiny_dir, corpus, out)
 
     calls, computed = _count_work(monkeypatch)
@@ -197,7 +198,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     # one unit of every family forgotten: exactly those are recomputed, each by its own work function
     forget = ["weights", "act/w/True/b1", "grad/b0", "base/w/b1", "abl_zero/w/b1/L0", "abl_zero_folded/w/b0/L1",
               "abl_mean/w/b0/L2", "curve/w/baseline",
-              "curve/w/random/none/0.5/s1"]
+              "curve/w/random/none/0.5/s1", "patch_z/logit_diff/denoise/all/L1"]
     assert set(forget) <= set(units)
     progress.write_text("".join(line for line in recorded.decode().splitlines(keepends=True)
                                 if not any(f'"unit": "{u}"' in line for u in forget)))
@@ -272,10 +273,17 @@ def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir,
     assert not progress.exists()
 
 
-def test_report_rebuilds_from_tables(run_dir, tmp_path):
+@pytest.fixture(scope="module")
+def rebuilt(run_dir, tmp_path_factory):
+    """``headprune report`` on the run's saved tables (its anatomy and patching files beside them)."""
+    again = tmp_path_factory.mktemp("rebuilt") / "again"
     assert main(["report", "--scores", str(run_dir / "scores.parquet"), "--curves", str(run_dir / "curves.parquet"),
-                 "--out", str(tmp_path / "again")]) == 0
-    assert (tmp_path / "again" / "report.html").is_file()
+                 "--out", str(again)]) == 0
+    return again
+
+
+def test_report_rebuilds_from_tables(rebuilt):
+    assert (rebuilt / "report.html").is_file()
 
 
 def test_prune_native_and_hf_exports(run_dir, tiny_dir, corpus, tmp_path, capsys):
@@ -315,7 +323,7 @@ def test_curve_command(run_dir, tiny_dir, corpus, tmp_path):
     pd.testing.assert_frame_equal(curves, pd.read_csv(out), check_exact=True)
 
 
-def test_run_reports_head_anatomy(run_dir, tiny_dir, tmp_path):
+def test_run_reports_head_anatomy(run_dir, rebuilt, tiny_dir):
     """run adds the head-anatomy section: its tables equal the anatomy API on the same probe and windows, its
     pictures are on the page, and ``headprune report`` rebuilds it from the saved files."""
     from headprune.anatomy import copying_scores, detect_heads, repeated_random_tokens
@@ -333,11 +341,8 @@ def test_run_reports_head_anatomy(run_dir, tiny_dir, tmp_path):
     for name in ("anatomy_roles.png", "anatomy_composition.png", "anatomy_attention.png"):
         assert (run_dir / name).is_file() and name in html
     assert "seconds_anatomy" in json.loads((run_dir / "settings.json").read_text())
-    again = tmp_path / "again"
-    assert main(["report", "--scores", str(run_dir / "scores.csv"), "--curves", str(run_dir / "curves.csv"),
-                 "--out", str(again)]) == 0
-    assert (again / "anatomy.csv").read_bytes() == (run_dir / "anatomy.csv").read_bytes()
-    assert "Head anatomy" in (again / "summary.md").read_text()
+    assert (rebuilt / "anatomy.csv").read_bytes() == (run_dir / "anatomy.csv").read_bytes()
+    assert "Head anatomy" in (rebuilt / "summary.md").read_text()
 
 
 def test_run_methods_restricts_scores_and_curves(run_dir, tiny_dir, corpus, tmp_path, capsys):
@@ -358,3 +363,34 @@ def test_run_methods_restricts_scores_and_curves(run_dir, tiny_dir, corpus, tmp_
     assert "--methods entropy rank no heads" in capsys.readouterr().err and not (tmp_path / "e").exists()
     assert main(["run", "--model", str(tiny_dir), "--out", str(tmp_path / "e"), "--methods", "bogus"]) == 2
     assert "unknown scoring method(s) bogus" in capsys.readouterr().err and not (tmp_path / "e").exists()
+
+
+def test_run_reports_patching_of_the_brackets_task(run_dir, rebuilt, tiny_dir):
+    """The run's patching section: its table is the library's patching of the same built-in pairs, its sentences
+    are recomputed here from that table, and ``headprune report`` rebuilds the same section from the files."""
+    from headprune.patching import atp_star_z, patch_z, task_pairs
+    from headprune.report.patching_section import SECTION_TITLE, patching_findings, read_patching_files, top_patched
+
+    model = load_model(tiny_dir)
+    pairs = task_pairs("brackets", model, n_pairs=32, seed=0)
+    table = pd.read_csv(run_dir / "patch.csv")
+    exact, star = patch_z(model, pairs), atp_star_z(model, pairs)
+    np.testing.assert_allclose(table["patch_z"], exact.effect.numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(table["atp_star_z"], star.effect.numpy(), rtol=0, atol=1e-9)
+    saved = read_patching_files(run_dir)
+    scores = read_scores(run_dir / "scores.parquet")
+    sentences = patching_findings(saved, top_patched(saved, scores, None))
+    lead = table.assign(size=table["patch_z"].abs()).sort_values(["size", "layer", "head"],
+                                                                 ascending=[False, True, True]).head(3)
+    assert ", ".join(f"{h} ({v:+.2f})" for h, v in zip(lead["head_id"], lead["patch_z"])) in sentences[1]
+    gap = float((exact.m_clean - exact.m_corrupt).mean())
+    assert f"(gap {gap:.2f})" in sentences[0]
+    missed = pd.read_csv(run_dir / "patch_missed.csv")
+    bound = missed[missed.method == "atp_star_z"]["upper"].max()
+    assert f"more than {bound:.3f}" in sentences[-1]
+    html = (run_dir / "report.html").read_text()
+    assert SECTION_TITLE in html and "patching.png" in {p.name for p in run_dir.iterdir()}
+    again = (rebuilt / "summary.md").read_text()
+    original = (run_dir / "summary.md").read_text()
+    section = lambda text: text[text.index(SECTION_TITLE):].split("\n## ")[0]
+    assert section(original) == section(again) and len(section(again)) > 500

@@ -9,7 +9,7 @@ import pytest
 from headprune.cli.main import main
 from headprune.io.files import read_table
 from headprune.io.loading import load_model
-from headprune.patching import atp_z, patch_z, task_pairs
+from headprune.patching import atp_star_z, atp_z, missed_bound, patch, patch_z, run_pairs, task_pairs
 
 
 def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, capsys):
@@ -29,6 +29,16 @@ def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, ca
     assert summary["top_heads"] == top
     agreement = read_table(tmp_path / "patch.agreement.csv")
     assert list(agreement["method"]) == ["atp_z", "atp_star_z"]
+    # the bound on what each approximation leaves unverified: the library's, with the same seed
+    missed = read_table(tmp_path / "patch.missed.csv")
+    runs = run_pairs(model, pairs)
+    for approx, bound in zip([atp, atp_star_z(model, pairs)], summary["bounds"], strict=True):
+        want = missed_bound(model, runs, approx, seed=3)
+        got = missed[missed["method"] == approx.method]
+        np.testing.assert_allclose(got["upper"], want.table["upper"], rtol=0, atol=1e-9)
+        assert bound["bound"] == pytest.approx(want.bound, abs=1e-9) and bound["verified"] == want.verified
+        exact_change = dict(zip(table["head_id"], exact.change.abs().tolist()))
+        np.testing.assert_allclose(got["exact"], [exact_change[h] for h in got["head_id"]], rtol=0, atol=1e-12)
     assert main(argv) == 0 and read_table(out).equals(table)  # the finished table is rewritten identically
 
 
@@ -45,3 +55,17 @@ def test_a_bad_pair_file_is_one_line_naming_the_line(tiny_dir, tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("headprune: error:") and words in err[0]
     assert not out.exists() and not list(tmp_path.glob("patch.csv*"))
+
+
+def test_by_position_table_holds_every_activation(tiny_dir, tmp_path):
+    out = tmp_path / "pos.csv"
+    assert main(["patch", "--model", str(tiny_dir), "--task", "induction", "--n-pairs", "3", "--activations", "z,q",
+                 "--by-position", "--out", str(out), "--quiet"]) == 0
+    table = read_table(out)
+    model = load_model(tiny_dir)
+    pairs = task_pairs("induction", model, n_pairs=3, seed=0)
+    T = pairs.clean.shape[1]
+    assert len(table) == 12 * T and list(table["position"][:T]) == list(range(T))
+    for activation in ["z", "q"]:
+        want = patch(model, pairs, activation, by_position=True).effect.reshape(-1).numpy()
+        np.testing.assert_allclose(table[f"patch_{activation}"], want, rtol=0, atol=1e-12)

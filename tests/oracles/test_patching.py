@@ -152,6 +152,34 @@ def test_by_position_sums_to_the_single_position_runs(model, hf):
             assert ours.values[p, layer * 4 + head, t].item() == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.parametrize("activation", ["q", "k", "v"])
+def test_by_position_qkv_equals_hf_with_one_positions_slice_overwritten(model, hf, activation):
+    """by_position for q, k and v: position t of head i's slice of the c_attn output from the clean run."""
+    pairs = induction(CFG["vocab_size"], 2, 4, seed=6)
+    ours = patch(model, pairs, activation, by_position=True, rows=16)
+    assert ours.values.shape == (2, 12, 7)
+    d, dk = CFG["n_embd"], CFG["n_embd"] // CFG["n_head"]
+    offset = {"q": 0, "k": d, "v": 2 * d}[activation]
+    moved = 0.0
+    for layer, head, t in [(0, 2, 1), (1, 0, 4), (2, 3, 6), (0, 1, 5)]:
+        cols = slice(offset + head * dk, offset + (head + 1) * dk)
+        for p in range(2):
+            found = hf_qkv(hf, pairs.clean[p].tolist())[layer]
+
+            def hook(m, a, out, t=t, cols=cols, found=found):
+                out = out.clone()
+                out[0, t, cols] = found[t, cols]
+                return out
+            handle = hf.transformer.h[layer].attn.c_attn.register_forward_hook(hook)
+            with torch.no_grad():
+                logits = hf(pairs.corrupt[p : p + 1]).logits[0, -1]
+            handle.remove()
+            expected = (logits[pairs.answer[p]] - logits[pairs.wrong[p]]).item()
+            assert ours.values[p, layer * 4 + head, t].item() == pytest.approx(expected, abs=1e-5)
+            moved = max(moved, abs(expected - ours.m_corrupt[p].item()))
+    assert moved > 1e-3  # the patched positions change the metric: the comparison can fail
+
+
 def test_padding_equals_each_pair_alone(model, pairs):
     """Right-padded batches of unequal lengths give each pair exactly what it gives alone."""
     together = patch_z(model, pairs, rows=64)

@@ -133,17 +133,27 @@ def test_layer_counts_count_the_lowest_heads_per_layer():
             assert table.loc[method, f"layer {layer}"] == " / ".join(map(str, counts))
 
 
-def test_bits_per_byte_from_baseline_bytes(tmp_path):
+BYTES = 4100
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    """One report of the module's tables, its baseline with bytes and its settings nested."""
+    out = tmp_path_factory.mktemp("findings-report")
+    build_report(make_scores(), make_curves(), out, SETTINGS | {"nested": {"k": 1}}, BASELINE | {"bytes": BYTES})
+    return out
+
+
+def test_bits_per_byte_from_baseline_bytes(report_dir):
     curves = check_curves(make_curves())
-    tokens, n_bytes = 1000, 4100
+    tokens, n_bytes = 1000, BYTES
     table = summary_table(curves, tokens / (math.log(2) * n_bytes)).set_index(["method", "compensation"])
     for label, target in (("bpb@10%", 0.1), ("bpb@50%", 0.5)):
         f = nearest(FRACTIONS, target)
         nll = 3.0 + 1.0 * f  # taylor's slope in test_report
         assert table.loc[("taylor", "none"), label] == pytest.approx(nll * tokens / (math.log(2) * n_bytes))
     assert "bpb@30%" not in summary_table(curves).columns
-    build_report(make_scores(), make_curves(), tmp_path, SETTINGS, BASELINE | {"bytes": n_bytes})
-    text = (tmp_path / "summary.md").read_text()
+    text = (report_dir / "summary.md").read_text()  # the report of the baseline with bytes: BYTES
     assert f"{3.0 * tokens / (math.log(2) * n_bytes):.4g} bits/byte" in text and "| bpb@30% |" in text
 
 
@@ -176,9 +186,8 @@ class Tree(HTMLParser):
         self.stack.pop()
 
 
-def test_page_has_viewport_toc_scrolling_tables_and_headline_first(tmp_path):
-    path = build_report(make_scores(), make_curves(), tmp_path, SETTINGS | {"nested": {"k": 1}}, BASELINE)
-    text = path.read_text()
+def test_page_has_viewport_toc_scrolling_tables_and_headline_first(report_dir):
+    text = (report_dir / "report.html").read_text()
     tree = Tree()
     tree.feed(text)
     assert {"name": "viewport", "content": "width=device-width, initial-scale=1"} in tree.meta
@@ -189,7 +198,7 @@ def test_page_has_viewport_toc_scrolling_tables_and_headline_first(tmp_path):
     details = text[text.index("<details"):]
     assert "nested.k" in details and '{"k"' not in details and "timings.score_s" in details
     assert text.index("<h2>Top 10 heads") < text.index('alt="pruning_order.png"') < text.index("<h2>How well each")
-    md = (tmp_path / "summary.md").read_text()
+    md = (report_dir / "summary.md").read_text()
     heads = re.findall(r"^## (.+)$", md, re.MULTILINE)
     assert heads[:2] == ["In short", "Findings"] and heads[-1] == "Settings and timings"
     for sentence in findings(check_scores(make_scores()), check_curves(make_curves()),

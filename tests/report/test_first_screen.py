@@ -130,28 +130,34 @@ def test_perplexity_cost_at_30_and_50_percent_next_to_random():
     assert best_layer_ranking(curves) == "wo_fro@layer"
 
 
-def test_first_screen_comes_before_any_list_and_in_summary_md(tmp_path):
-    page = build_report(scores_frame(), curves_frame(), tmp_path / "r", SETTINGS, BASELINE)
-    html = page.read_text()
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    """One report of the module's tables (its tests read different parts of it)."""
+    out = tmp_path_factory.mktemp("first-screen") / "r"
+    build_report(scores_frame(), curves_frame(), out, SETTINGS, BASELINE)
+    return out
+
+
+def test_first_screen_comes_before_any_list_and_in_summary_md(report_dir):
+    html = (report_dir / "report.html").read_text()
     first = html.index("Which heads matter?")
     assert first < html.index("<nav") and first < html.index("<ul") and first < html.index("<ol")
     assert html.index("What does pruning cost?") < html.index("<nav")
-    md = (tmp_path / "r" / "summary.md").read_text()
+    md = (report_dir / "summary.md").read_text()
     assert md.index("**Which cheap score to trust?**") < md.index("## Findings")
 
 
-def test_curves_figure_draws_the_best_layer_ranking_and_a_phone_version(tmp_path):
+def test_curves_figure_draws_the_best_layer_ranking_and_a_phone_version(report_dir):
     curves = curves_frame()
     with_layer = plot_curves(curves, BASELINE, N, keep=("wo_fro@layer",))
     without = pixels(plot_curves(curves, BASELINE, N))
     assert without.shape != pixels(with_layer).shape or np.abs(without - pixels(with_layer)).mean() > 1  # a line more
-    page = build_report(scores_frame(), curves, tmp_path / "r", SETTINGS, BASELINE)
-    html = page.read_text()
+    html = (report_dir / "report.html").read_text()
     assert '<picture><source media="(max-width: 600px)" srcset="data:image/png;base64,' in html
     assert "the best (wo_fro@layer) is drawn too" in html
-    drawn = pixels((tmp_path / "r" / "curves.png").read_bytes())  # the report's figure is the one with it
+    drawn = pixels((report_dir / "curves.png").read_bytes())  # the report's figure is the one with it
     assert drawn.shape == pixels(with_layer).shape and np.abs(drawn - pixels(with_layer)).mean() < 1
-    phone = (tmp_path / "r" / "curves_phone.png").read_bytes()
+    phone = (report_dir / "curves_phone.png").read_bytes()
     with Image.open(io.BytesIO(phone)) as im:
         width = im.width
     # shown 368 CSS px wide on a 400 px phone (page padding 2 x 16 px): its smallest text in CSS px
@@ -159,9 +165,8 @@ def test_curves_figure_draws_the_best_layer_ranking_and_a_phone_version(tmp_path
     assert smallest >= 10, f"phone figure text {smallest:.1f} px tall"
 
 
-def test_phone_curve_table_has_the_30_and_50_percent_columns_only(tmp_path):
-    page = build_report(scores_frame(), curves_frame(), tmp_path / "r", SETTINGS, BASELINE)
-    html = page.read_text()
+def test_phone_curve_table_has_the_30_and_50_percent_columns_only(report_dir):
+    html = (report_dir / "report.html").read_text()
     start = html.index('<div class="scroll phone">')
     table = html[start:html.index("</table>", start)]
     heads = [h for h in ("ranking", "ppl@30%", "ppl@50%", "ppl@10%", "compensation") if f">{h}<" in table]

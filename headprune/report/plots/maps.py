@@ -44,10 +44,11 @@ def _head_ticks(ax, n_layers: int, n_heads: int, fontsize: float = 7) -> None:
     ax.set_yticks(range(0, n_layers, ls), [f"L{layer}" for layer in range(0, n_layers, ls)], fontsize=fontsize)
 
 
-def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value") -> bytes:
+def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value", unit: str | None = None) -> bytes:
     """Small multiples: one layer x head map per method. ``value``: each map on its own colour scale with a
-    colorbar in the method's unit, every cell number in one format (2 decimals; the power of ten in the colorbar
-    label); ``rank``: every map on one shared scale of importance ranks (1 = highest score), one colorbar."""
+    colorbar in the method's unit (``unit``: one for all), every cell number in one format (2 decimals; the power
+    of ten in the colorbar label); ``rank``: every map on one shared scale of importance ranks (1 = highest
+    score), one colorbar."""
     n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
     cols = min(3, len(methods))
     rows = -(-len(methods) // cols)
@@ -72,7 +73,7 @@ def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value"
         _head_ticks(ax, n_layers, n_heads)
         if scale == "value":
             bar = fig.colorbar(image, ax=ax, shrink=0.9)
-            bar.set_label(scaled_label(METHOD_UNITS.get(method, "score"), k), fontsize=7)
+            bar.set_label(scaled_label(unit or METHOD_UNITS.get(method, "score"), k), fontsize=7)
             bar.ax.tick_params(labelsize=7)
         if annotate:
             annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
@@ -82,7 +83,7 @@ def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value"
     if scale == "rank" and image is not None:
         fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6,
                      label="importance rank within the method (1 = highest score)")
-    what = "importance ranks, one shared scale" if scale == "rank" else "scores"
+    what = "importance ranks, one shared scale" if scale == "rank" else unit or "scores"
     fig.suptitle(f"Per-head {what} (rows: layers, columns: heads; grey: missing)", fontsize=10)
     return render_png(fig)
 

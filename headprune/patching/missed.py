@@ -1,0 +1,132 @@
+"""What an approximation may have missed: a bound on the heads left unverified, by subsampling (AtP*, §4).
+
+Kramár et al. (2024) verify the heads an estimate ranks first by exact patching and bound what the rest can
+still hide by patching random subsets of them together. Here: the K heads with the largest estimate are the
+verified ones; the other heads U are patched together (z from the source run, all positions) in R random
+subsets S_r, each head in with probability p (seeded), one batched forward per subset. With c_r the
+normalised change of the mean metric with all of S_r patched, and effects that add up (c_r = Σ_{n∈S_r} c(n)):
+
+    ĉ(n)  = mean_{r: n∈S_r} c_r − mean_{r: n∉S_r} c_r                  an unbiased estimate of c(n)
+    se(n) = sqrt(var_{r: n∈S_r} c_r / R_in(n) + var_{r: n∉S_r} c_r / R_out(n))
+    u(n)  = |ĉ(n)| + z_{1−δ/(2|U|)} · se(n)                            two-sided, Bonferroni over U
+    bound = max_{n∈U} u(n)
+
+so that, at confidence 1 − δ (normal approximation), no unverified head moves the metric by more than
+``bound`` in normalised units: the size of a false negative the ranking can still contain. The cost is R
+forwards whatever the number of heads (exact patching of every head costs one per head). Interactions
+(effects that do not add up) widen the spread of the c_r, so se and the bound, and can bias ĉ(n): the
+bound holds under the additive model, as in the paper's diagnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import norm
+from torch import Tensor
+
+from headprune.errors import HeadpruneError
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
+from headprune.patching.exact import Patching, Runs
+from headprune.schema import DEFAULT_BOUND_SUBSETS
+
+DEFAULT_INCLUSION, DEFAULT_LEVEL = 0.5, 0.95
+
+
+@dataclass
+class MissedBound:
+    """The bound on the unverified heads' effects, and each one's subsampling estimate."""
+
+    method: str  # the approximation whose ranking chose the verified heads
+    verified: list[str]  # head ids, best first
+    table: pd.DataFrame  # head_id, estimate, se, upper: one row per unverified head
+    bound: float  # max upper
+    subsets: int
+    inclusion: float
+    level: float
+
+    @property
+    def worst(self) -> str:
+        """The unverified head with the largest upper bound."""
+        return str(self.table["head_id"].iloc[int(self.table["upper"].to_numpy().argmax())])
+
+
+@torch.no_grad()
+def subset_changes(model: GPT2, runs: Runs, masks: Tensor, rows: int = 16) -> Tensor:
+    """[R] normalised change of the mean metric with the heads of each subset patched together (z from the
+    source run, all positions): masks [R, H] (1: patched), heads in ``model.head_ids`` order."""
+    P = len(runs.pairs.clean)
+    sizes = [model.h[l].attn.n_heads for l in range(model.cfg.n_layers)]
+    offsets = np.cumsum([0, *sizes])
+    values = torch.empty(P, len(masks), dtype=torch.float64)
+    copies = max(1, rows // P)
+    pair_rows = torch.arange(P, device=model.device)
+    for first in range(0, len(masks), copies):
+        chunk = masks[first : first + copies].to(model.device)
+        c = len(chunk)
+        patched = [l for l in range(model.cfg.n_layers) if sizes[l] and chunk[:, offsets[l] : offsets[l + 1]].any()]
+        if not patched:
+            values[:, first : first + c] = runs.m_corrupt.double().cpu().view(-1, 1) if runs.direction == "denoise" \
+                else runs.m_clean.double().cpu().view(-1, 1)
+            continue
+        gates: list[Tensor | None] = [None] * model.cfg.n_layers
+        fills: list[Tensor | None] = [None] * model.cfg.n_layers
+        for l in patched:
+            keep = 1 - chunk[:, offsets[l] : offsets[l + 1]].float()  # [c, h_l]
+            gates[l] = keep.repeat_interleave(P, dim=0)  # [c·P, h_l]: copy j patches subset first+j
+            fills[l] = runs.source_z[l].repeat(c, 1, 1, 1)
+        start = patched[0]
+        resid = model.run_blocks(runs.base_resid[start].repeat(c, 1, 1), start=start, gates=gates, fills=fills)
+        values[:, first : first + c] = runs.evaluate(model, resid, pair_rows.repeat(c)).view(c, P).T.double().cpu()
+    return Patching("subsets", values, runs.m_clean.double().cpu(), runs.m_corrupt.double().cpu(),
+                    runs.direction).change
+
+
+def subsample_estimates(masks: np.ndarray, changes: np.ndarray, level: float = DEFAULT_LEVEL
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] (bool) from the subsets' changes [R]."""
+    R, N = masks.shape
+    inside, outside = masks.sum(0), R - masks.sum(0)
+    if (inside < 2).any() or (outside < 2).any():
+        raise HeadpruneError(f"{R} subsets leave a head in fewer than 2 or out of fewer than 2 of them: use more "
+                             "subsets or an inclusion probability nearer 0.5")
+    c = changes[:, None]
+    mean_in = (masks * c).sum(0) / inside
+    mean_out = (~masks * c).sum(0) / outside
+    var_in = (masks * (c - mean_in) ** 2).sum(0) / (inside - 1)
+    var_out = (~masks * (c - mean_out) ** 2).sum(0) / (outside - 1)
+    estimate = mean_in - mean_out
+    se = np.sqrt(var_in / inside + var_out / outside)
+    z = norm.ppf(1 - (1 - level) / (2 * N))
+    return estimate, se, np.abs(estimate) + z * se
+
+
+def missed_bound(model: GPT2, runs: Runs, estimate: Patching, verified: int | None = None,
+                 subsets: int = DEFAULT_BOUND_SUBSETS, inclusion: float = DEFAULT_INCLUSION,
+                 level: float = DEFAULT_LEVEL, seed: int = 0, rows: int | None = None) -> MissedBound:
+    """The bound above for the heads ``estimate`` (an approximation of z patching on ``runs``' pairs) leaves
+    unverified after its ``verified`` best (default 10% of the heads, at least 1)."""
+    heads = model.head_ids
+    H = len(heads)
+    verified = max(1, round(0.1 * H)) if verified is None else verified
+    if not 0 < verified < H - 1:
+        raise HeadpruneError(f"verifying {verified} of {H} heads leaves too few to bound (need 1 to {H - 2})")
+    if not 0 < inclusion < 1:
+        raise HeadpruneError(f"inclusion probability {inclusion} must lie strictly between 0 and 1")
+    magnitude = estimate.change.abs().numpy()
+    order = np.argsort(-magnitude, kind="stable")
+    top, rest = order[:verified], np.sort(order[verified:])
+    rng = np.random.default_rng(seed)
+    picks = rng.random((subsets, len(rest))) < inclusion  # [R, |U|]
+    masks = torch.zeros(subsets, H)
+    masks[:, rest] = torch.from_numpy(picks).float()
+    changes = subset_changes(model, runs, masks, rows or (64 if model.device.type == "cuda" else 16)).numpy()
+    est, se, upper = subsample_estimates(picks, changes, level)
+    table = pd.DataFrame({"head_id": [head_id(*heads[i]) for i in rest], "estimate": est, "se": se,
+                          "upper": upper})
+    return MissedBound(estimate.method, [head_id(*heads[i]) for i in top], table, float(upper.max()), subsets,
+                       inclusion, level)

@@ -1,0 +1,133 @@
+"""One patching study of a set of prompt pairs: exact patching, its approximations, how well they agree, and
+what the approximations of z may still have missed. ``headprune patch`` and ``headprune run`` both run it.
+
+    table      one row per head: each method's normalised effect [and interval]; or, by position, one row
+               per head and position with each exact activation's effect (the approximations are per head)
+    agreement  each approximation against the exact patching of the same activation (:func:`.table.agreement`)
+    missed     per approximation of z: its subsampling bound over the heads it leaves unverified
+               (:mod:`.missed`), with each unverified head's exact |change| where z was patched exactly
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from headprune.bootstrap import DEFAULT_REPLICATES
+from headprune.errors import HeadpruneError
+from headprune.io.progress import NoProgress, Progress
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import head_id
+from headprune.patching.attribution import atp_star_z, atp_z
+from headprune.patching.attribution_qk import atp_qk, atp_qkfix, atp_star_qk
+from headprune.patching.exact import ACTIVATIONS, Patching, check_direction, patch, run_pairs
+from headprune.patching.metrics import DEFAULT_METRIC, check_metric
+from headprune.patching.missed import missed_bound
+from headprune.patching.pairs import PromptPairs
+from headprune.patching.table import agreement, patch_table, position_table
+from headprune.schema import DEFAULT_BOUND_SUBSETS
+
+APPROXIMATIONS = ("atp", "atp_star", "atp_qkfix")  # atp_qkfix: q and k only
+MISSED_COLUMNS = ("method", "head_id", "estimate", "se", "upper", "exact")
+_Z_METHODS: dict[str, Callable[..., Patching]] = {"atp": atp_z, "atp_star": atp_star_z}
+_QK_METHODS: dict[str, Callable[..., Patching]] = {"atp": atp_qk, "atp_star": atp_star_qk, "atp_qkfix": atp_qkfix}
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """What a study computes. ``verify``: heads each approximation's ranking verifies before the bound
+    (default 10%); ``bound_subsets`` 0 skips the bound; ``rows``: patched copies × pairs per forward."""
+
+    metric: str = DEFAULT_METRIC
+    direction: str = "denoise"
+    activations: tuple[str, ...] = ("z",)
+    approximations: tuple[str, ...] = ("atp", "atp_star")
+    by_position: bool = False
+    bootstrap: int = DEFAULT_REPLICATES
+    seed: int = 0
+    bound_subsets: int = DEFAULT_BOUND_SUBSETS
+    verify: int | None = None
+    rows: int | None = None
+
+    def check(self) -> StudyOptions:
+        check_metric(self.metric), check_direction(self.direction)
+        if bad := [a for a in self.activations if a not in ACTIVATIONS]:
+            raise HeadpruneError(f"activation {bad[0]!r} is not one of {', '.join(ACTIVATIONS)}")
+        if bad := [a for a in self.approximations if a not in APPROXIMATIONS]:
+            raise HeadpruneError(f"approximation {bad[0]!r} is not one of {', '.join(APPROXIMATIONS)}")
+        if "atp_qkfix" in self.approximations and not {"q", "k"} & set(self.activations):
+            raise HeadpruneError("the atp_qkfix approximation needs q or k among the patched activations")
+        if not self.activations and not self.approximations:
+            raise HeadpruneError("nothing to compute: give activations to patch or approximations")
+        if self.bound_subsets < 0:
+            raise HeadpruneError(f"bound subsets {self.bound_subsets} must be 0 (no bound) or more")
+        return self
+
+
+@dataclass
+class Study:
+    table: pd.DataFrame
+    agreement: pd.DataFrame | None
+    missed: pd.DataFrame | None  # MISSED_COLUMNS, one row per (approximation, unverified head)
+    summary: dict = field(default_factory=dict)
+
+
+def _approximations(model: GPT2, pairs: PromptPairs, options: StudyOptions, runs, exact: dict) -> dict[str, list]:
+    """{activation: [Patching]}: z's approximations always, q's and k's where q or k is patched exactly."""
+    args = (options.metric, options.direction)
+    approx: dict[str, list[Patching]] = {"z": [_Z_METHODS[n](model, pairs, *args, runs=runs)
+                                               for n in options.approximations if n in _Z_METHODS]}
+    for a in (a for a in ("q", "k") if a in exact):
+        approx[a] = [_QK_METHODS[n](model, pairs, a, *args, runs=runs) for n in options.approximations]
+    return approx
+
+
+def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching], exact: Patching | None
+            ) -> tuple[pd.DataFrame, list[dict]]:
+    parts, bounds = [], []
+    for est in estimates:
+        result = missed_bound(model, runs, est, options.verify, options.bound_subsets, seed=options.seed,
+                              rows=options.rows)
+        part = result.table.assign(method=est.method, exact=np.nan)
+        worst_exact = None
+        if exact is not None:
+            change = dict(zip([head_id(*h) for h in model.head_ids], exact.change.abs().tolist(), strict=True))
+            part["exact"] = part["head_id"].map(change)
+            worst_exact = float(part["exact"].max())
+        parts.append(part)
+        bounds.append({"method": est.method, "verified": result.verified, "bound": result.bound,
+                       "worst": result.worst, "subsets": result.subsets, "level": result.level,
+                       "largest_exact_unverified": worst_exact})
+    return pd.DataFrame(pd.concat(parts, ignore_index=True), columns=list(MISSED_COLUMNS)), bounds
+
+
+def patch_study(model: GPT2, pairs: PromptPairs, options: StudyOptions,
+                progress: Progress | NoProgress | None = None) -> Study:
+    """The study of ``pairs`` (see the module docstring); ``progress`` records the exact sweeps per layer."""
+    options = options.check()
+    if options.by_position and not pairs.same_length:
+        raise HeadpruneError("patching by position needs pairs of one length (positions must mean the same in "
+                             "every pair)")
+    runs = run_pairs(model, pairs, options.metric, options.direction)
+    exact = {a: patch(model, pairs, a, options.metric, options.direction, options.by_position, options.rows,
+                      progress=progress, runs=runs) for a in options.activations}
+    summary: dict = {"pairs": len(pairs), "metric": options.metric, "direction": options.direction,
+                     "metric_clean": float(runs.m_clean.mean()), "metric_corrupt": float(runs.m_corrupt.mean()),
+                     "gap": float((runs.m_clean - runs.m_corrupt).mean())}
+    if options.by_position:
+        table = position_table(model, list(exact.values()))
+        return Study(table, None, None, summary | {"top_heads": [], "bounds": []})
+    approx = _approximations(model, pairs, options, runs, exact)
+    results = [*exact.values(), *(r for rs in approx.values() for r in rs)]
+    table = patch_table(model, results, options.bootstrap, options.seed)
+    parts = [agreement(exact[a], rs, bootstrap=options.bootstrap, seed=options.seed) for a, rs in approx.items()
+             if a in exact and rs]
+    agree = pd.concat(parts, ignore_index=True) if parts else None
+    missed, bounds = (_missed(model, runs, options, approx["z"], exact.get("z")) if options.bound_subsets
+                      and approx["z"] else (None, []))
+    main = results[0].method
+    top = table.sort_values(main, ascending=False, key=abs)["head_id"].head(5).tolist()
+    return Study(table, agree, missed, summary | {"ranked_by": main, "top_heads": top, "bounds": bounds})

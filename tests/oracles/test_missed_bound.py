@@ -1,0 +1,120 @@
+"""AtP*'s subsampling bound on what the unverified heads can hide (headprune.patching.missed): the joint patch
+of a subset against Hugging Face's model with several c_proj slices overwritten, the estimates against a
+per-head loop, and the bound against exact patching of every head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+from transformers import GPT2LMHeadModel
+
+from headprune.errors import HeadpruneError
+from headprune.io.loading import load_model
+from headprune.patching.attribution import atp_star_z
+from headprune.patching.exact import patch_z, run_pairs
+from headprune.patching.missed import missed_bound, subsample_estimates, subset_changes
+from headprune.patching.tasks import induction
+
+from helpers import TINY, save_hf_gpt2
+
+CFG = {**TINY, "vocab_size": 96, "n_positions": 32, "bos_token_id": 0, "eos_token_id": 0}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("missed-gpt2")
+    save_hf_gpt2(path, seed=1, **CFG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return load_model(folder)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return induction(CFG["vocab_size"], 8, 5, seed=2)
+
+
+def _hf_metric(hf, base, source, heads, answer, wrong):
+    """Logit difference of ``base`` with the c_proj input slices of ``heads`` [(layer, head)] from ``source``."""
+    dk = CFG["n_embd"] // CFG["n_head"]
+    found = {}
+    grab = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l: found.__setitem__(l, a[0][0].clone()))
+            for l, blk in enumerate(hf.transformer.h)]
+    with torch.no_grad():
+        hf(torch.tensor([source]))
+    for h in grab:
+        h.remove()
+
+    def overwrite(m, a, layer):
+        x = a[0].clone()
+        for l, i in heads:
+            if l == layer:
+                x[0, :, i * dk : (i + 1) * dk] = found[layer][:, i * dk : (i + 1) * dk]
+        return (x,)
+    hooks = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l: overwrite(m, a, l))
+             for l, blk in enumerate(hf.transformer.h)]
+    with torch.no_grad():
+        logits = hf(torch.tensor([base])).logits[0, -1]
+    for h in hooks:
+        h.remove()
+    return (logits[answer] - logits[wrong]).item()
+
+
+def test_joint_patch_of_a_subset_equals_hf_with_those_slices_overwritten(model, folder, pairs):
+    hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    runs = run_pairs(model, pairs)
+    subsets = [[(0, 1), (1, 3), (2, 0)], [(1, 0), (1, 2)], [], [(2, 1), (2, 2), (0, 0), (0, 3)]]
+    masks = torch.zeros(len(subsets), 12)
+    for r, heads in enumerate(subsets):
+        for l, i in heads:
+            masks[r, l * 4 + i] = 1
+    ours = subset_changes(model, runs, masks, rows=10)  # 10 rows < 4 subsets x 8 pairs: chunks of one subset
+    gap = float((runs.m_clean - runs.m_corrupt).mean())
+    for r, heads in enumerate(subsets):
+        m = [_hf_metric(hf, pairs.corrupt[p].tolist(), pairs.clean[p].tolist(), heads, int(pairs.answer[p]),
+                        int(pairs.wrong[p])) for p in range(len(pairs))]
+        want = (np.mean(m) - float(runs.m_corrupt.mean())) / gap
+        assert ours[r].item() == pytest.approx(want, abs=1e-5)
+    assert ours[2].item() == 0.0 and abs(ours[0].item()) > 0.01
+
+
+def test_estimates_equal_a_per_head_loop_and_the_bound_covers_additive_effects():
+    rng = np.random.default_rng(0)
+    effects = rng.normal(0, 0.01, size=30)
+    effects[17] = 0.3  # one head the ranking missed
+    masks = rng.random((200, 30)) < 0.5
+    changes = masks.astype(float) @ effects + rng.normal(0, 0.002, size=200)
+    est, se, upper = subsample_estimates(masks, changes, level=0.95)
+    zb = norm.ppf(1 - 0.05 / (2 * 30))  # Bonferroni over the 30 heads
+    for n in range(30):
+        inside, outside = changes[masks[:, n]], changes[~masks[:, n]]
+        assert est[n] == pytest.approx(inside.mean() - outside.mean(), abs=1e-12)
+        s = np.sqrt(inside.var(ddof=1) / len(inside) + outside.var(ddof=1) / len(outside))
+        assert se[n] == pytest.approx(s, abs=1e-12)
+        assert upper[n] == pytest.approx(abs(est[n]) + zb * s, abs=1e-12)
+    assert int(np.argmax(upper)) == 17 and upper.max() >= 0.3 and abs(est[17] - 0.3) < 0.05
+    with pytest.raises(HeadpruneError, match="fewer than 2"):
+        subsample_estimates(masks[:3], changes[:3])
+
+
+def test_bound_covers_every_unverified_heads_exact_effect(model, pairs):
+    runs = run_pairs(model, pairs)
+    exact = patch_z(model, pairs, runs=runs)
+    star = atp_star_z(model, pairs, runs=runs)
+    result = missed_bound(model, runs, star, verified=2, subsets=96, seed=0)
+    order = torch.argsort(-star.change.abs(), stable=True)
+    ids = [f"L{l}H{h}" for l, h in model.head_ids]
+    assert result.verified == [ids[i] for i in order[:2].tolist()]
+    unverified = [i for i in range(12) if ids[i] not in result.verified]
+    assert result.table["head_id"].tolist() == [ids[i] for i in unverified]
+    worst_exact = exact.change.abs()[unverified].max().item()
+    print(f"\nbound {result.bound:.3f} (worst {result.worst}), largest exact |change| unverified {worst_exact:.3f}")
+    assert result.bound >= worst_exact > 0.01
+    assert missed_bound(model, runs, star, verified=2, subsets=96, seed=0).bound == result.bound  # seeded
+    with pytest.raises(HeadpruneError, match="too few"):
+        missed_bound(model, runs, star, verified=11)
