@@ -100,8 +100,8 @@ def _patching(model, s: RunSettings, progress: Progress):
     from headprune.report.patching_section import PatchingReport
 
     pairs = task_pairs(s.patch_task, model, n_pairs=s.patch_pairs, seed=s.seed)
-    study = patch_study(model, pairs, StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows),
-                        progress)
+    options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
+    study = patch_study(model, pairs, options, progress=progress)
     return PatchingReport(study.table, study.agreement, study.missed,
                           study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
 

@@ -67,3 +67,19 @@ def hf_cache(tmp_path_factory, tiny_dir):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     return home
+
+
+# Test files by measured duration, heaviest first: with `-n 2 --dist loadfile` each file runs on one worker (its
+# module fixtures built once), and starting the long ones first lets both workers finish together.
+HEAVIEST_FIRST = ("reliability/test_resume_and_bad_input.py", "cli/test_torchrun.py", "cli/test_end_to_end.py",
+                  "reliability/test_machine_failures.py", "oracles/test_finetune.py", "cli/test_families_cli.py",
+                  "oracles/test_learned_gates.py", "oracles/test_bf16_vs_fp32.py", "oracles/test_anatomy.py",
+                  "oracles/test_iterative_and_curves.py", "reliability/test_failure_classes.py",
+                  "reliability/test_mixed_inputs.py", "cli/test_reproduce_report.py",
+                  "cli/test_run_progress_cleanup.py", "report/test_first_screen.py", "report/test_findings.py",
+                  "oracles/test_bootstrap.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))

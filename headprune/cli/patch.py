@@ -80,9 +80,10 @@ def run(args: argparse.Namespace) -> None:
     from headprune.patching.study import StudyOptions, patch_study
 
     out = table_output(args)
-    options = StudyOptions(args.metric, args.direction, _list(args.activations), _list(args.approximations),
-                           args.by_position, args.bootstrap, args.seed, args.bound_subsets, args.verify,
-                           args.ablation_rows).check()
+    options = StudyOptions(metric=args.metric, direction=args.direction, activations=_list(args.activations),
+                           approximations=_list(args.approximations), by_position=args.by_position,
+                           bootstrap=args.bootstrap, seed=args.seed, bound_subsets=args.bound_subsets,
+                           verify=args.verify, rows=args.ablation_rows).check()
     if args.n_pairs < 2:
         raise HeadpruneError(f"--n-pairs {args.n_pairs} must be at least 2")
     model = load_from_args(args)
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
                 "metric": args.metric, "direction": args.direction, "activations": list(options.activations),
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
     progress = sweep_progress(args, out, settings)
-    study = patch_study(model, pairs, options, progress)
+    study = patch_study(model, pairs, options, progress=progress)
     if not finish_sweep(progress, study.table, out):
         return
     written = {}

@@ -39,7 +39,8 @@ _QK_METHODS: dict[str, Callable[..., Patching]] = {"atp": atp_qk, "atp_star": at
 @dataclass(frozen=True)
 class StudyOptions:
     """What a study computes. ``verify``: heads each approximation's ranking verifies before the bound
-    (default 10%); ``bound_subsets`` 0 skips the bound; ``rows``: patched copies × pairs per forward."""
+    (default 10%); ``bound_subsets`` 0 skips the bound (as do fewer than 3 heads); ``rows``: patched copies ×
+    pairs per forward."""
 
     metric: str = DEFAULT_METRIC
     direction: str = "denoise"
@@ -89,8 +90,8 @@ def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching],
             ) -> tuple[pd.DataFrame, list[dict]]:
     parts, bounds = [], []
     for est in estimates:
-        result = missed_bound(model, runs, est, options.verify, options.bound_subsets, seed=options.seed,
-                              rows=options.rows)
+        result = missed_bound(model, runs, est, verified=options.verify, subsets=options.bound_subsets,
+                              seed=options.seed, rows=options.rows)
         part = result.table.assign(method=est.method, exact=np.nan)
         worst_exact = None
         if exact is not None:
@@ -126,8 +127,8 @@ def patch_study(model: GPT2, pairs: PromptPairs, options: StudyOptions,
     parts = [agreement(exact[a], rs, bootstrap=options.bootstrap, seed=options.seed) for a, rs in approx.items()
              if a in exact and rs]
     agree = pd.concat(parts, ignore_index=True) if parts else None
-    missed, bounds = (_missed(model, runs, options, approx["z"], exact.get("z")) if options.bound_subsets
-                      and approx["z"] else (None, []))
+    bounded = options.bound_subsets and approx["z"] and len(model.head_ids) >= 3  # 2 unverified at least
+    missed, bounds = _missed(model, runs, options, approx["z"], exact.get("z")) if bounded else (None, [])
     main = results[0].method
     top = table.sort_values(main, ascending=False, key=abs)["head_id"].head(5).tolist()
     return Study(table, agree, missed, summary | {"ranked_by": main, "top_heads": top, "bounds": bounds})
