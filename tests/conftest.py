@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import TINY, save_hf_gpt2, write_corpus
+from helpers import PATCH_CFG, PATCH_SEED, TINY, save_hf_gpt2, write_corpus
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n 2: one core per test worker, for its own torch and for the processes its tests start
@@ -40,6 +40,14 @@ def tiny_dir(tmp_path_factory):
     """3 layers x 4 heads x d_model 32, GPT-2 vocabulary, weights large enough that heads matter."""
     folder = tmp_path_factory.mktemp("tiny-gpt2")
     save_hf_gpt2(folder, **TINY)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def patch_dir(tmp_path_factory):
+    """The patching tests' GPT-2 (:data:`helpers.PATCH_CFG`): 3 layers x 4 heads, a 96-token vocabulary."""
+    folder = tmp_path_factory.mktemp("patch-gpt2")
+    save_hf_gpt2(folder, seed=PATCH_SEED, **PATCH_CFG)
     return folder
 
 

@@ -8,6 +8,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 TINY = {"vocab_size": 50257, "n_positions": 64, "n_embd": 32, "n_layer": 3, "n_head": 4, "initializer_range": 0.2}
+# the patching tests' model: TINY with a 96-token vocabulary (random-token tasks), 32 positions, seed 1
+PATCH_CFG = {**TINY, "vocab_size": 96, "n_positions": 32, "bos_token_id": 0, "eos_token_id": 0}
+PATCH_SEED = 1
 
 
 def save_hf_gpt2(folder, seed: int = 0, **config) -> GPT2LMHeadModel:
@@ -51,3 +54,43 @@ def write_corpus(path: Path, topics: int = 30, chars: int = 12000) -> Path:
 def random_tokens(vocab: int = 50257, B: int = 2, T: int = 24, seed: int = 0) -> torch.Tensor:
     """(B, T) token ids, seeded."""
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def module_inputs(modules, forward) -> dict[int, torch.Tensor]:
+    """The first positional input (its batch row 0) of each of ``modules`` during ``forward()``, by index:
+    e.g. every layer's concatenated head outputs z, the input of c_proj / o_proj."""
+    found: dict[int, torch.Tensor] = {}
+    handles = [m.register_forward_pre_hook(lambda _m, a, i=i: found.__setitem__(i, a[0][0].clone()))
+               for i, m in enumerate(modules)]
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+GQA_FAMILIES = ("llama", "qwen2")  # Llama: GQA 2 (6 query heads, 3 KV heads); Qwen2: GQA 3 with q/k/v biases
+
+
+def save_gqa_family(name: str, folder, vocab: int, seed: int):
+    """A seeded random transformers model of ``name`` (:data:`GQA_FAMILIES`), its biases and norm weights moved off
+    their init (so their handling is tested), saved into ``folder``; returns it."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = {"vocab_size": vocab, "num_hidden_layers": 2, "max_position_embeddings": 64, "initializer_range": 0.15}
+    model_cls, cfg = {
+        "llama": (LlamaForCausalLM, LlamaConfig(hidden_size=48, num_attention_heads=6, num_key_value_heads=3,
+                                                intermediate_size=64, **shape)),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(hidden_size=36, num_attention_heads=3, num_key_value_heads=1,
+                                                intermediate_size=40, **shape)),
+    }[name]
+    torch.manual_seed(seed)
+    hf = model_cls(cfg).eval()
+    with torch.no_grad():
+        for param_name, p in hf.named_parameters():
+            if param_name.endswith("bias") or "norm" in param_name:
+                p.add_(0.3 * torch.randn_like(p))
+    hf.save_pretrained(folder)
+    return hf

@@ -67,8 +67,7 @@ def _dot(model: GPT2, runs: Runs, z: dict[int, Tensor], grads: tuple[Tensor, ...
 
 
 def _result(method: str, runs: Runs, estimate: Tensor) -> Patching:
-    m_base = runs.m_corrupt if runs.direction == "denoise" else runs.m_clean
-    return Patching(method, m_base.double().cpu().view(-1, 1) + estimate, runs.m_clean.double().cpu(),
+    return Patching(method, runs.m_base.double().cpu().view(-1, 1) + estimate, runs.m_clean.double().cpu(),
                     runs.m_corrupt.double().cpu(), direction=runs.direction)
 
 

@@ -53,6 +53,11 @@ class Runs:
     source_resid: dict[int, Tensor] = field(default_factory=dict)  # resid_pre[l] of the source run
     source_z: dict[int, Tensor] = field(default_factory=dict)  # z[l] (P,h,T,d_k) of the source run
 
+    @property
+    def m_base(self) -> Tensor:
+        """(P,) the metric of the unpatched run that is patched (corrupt denoising, clean noising)."""
+        return self.m_corrupt if self.direction == "denoise" else self.m_clean
+
     def evaluate(self, model: GPT2, resid: Tensor, rows: Tensor) -> Tensor:
         """The metric (N,) of final residual streams resid (N,T,d) of the pairs ``rows`` (N,)."""
         pairs = self.pairs
@@ -67,6 +72,11 @@ def require_fused_qkv(model, method: str, activation: str) -> None:
 
         raise HeadpruneError(f"{method} is implemented for GPT-2 only; on a {model_type(model)} model patch z "
                              "(--activations z)")
+
+
+def patch_rows(model, rows: int | None = None) -> int:
+    """Patched copies × pairs per forward: ``rows``, or 64 on a GPU and 16 on the CPU."""
+    return rows or (64 if model.device.type == "cuda" else 16)
 
 
 def check_direction(direction: str) -> str:
@@ -220,7 +230,7 @@ def patch(
     if by_position and not pairs.same_length:
         raise HeadpruneError("by_position needs pairs of one length (positions must mean the same in every pair)")
     runs = runs or run_pairs(model, pairs, metric, direction)
-    rows = rows or (64 if model.device.type == "cuda" else 16)
+    rows = patch_rows(model, rows)
     tag = f"patch_{activation}/{metric}/{direction}/{'pos' if by_position else 'all'}"
     units: list[tuple[str, Callable[[], Any]]] = [
         (f"{tag}/L{l}", partial(patch_layer, model, runs, l, activation, by_position, rows))

@@ -31,7 +31,8 @@ from torch import Tensor
 from headprune.errors import HeadpruneError
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
-from headprune.patching.exact import Patching, Runs
+from headprune.models.interventions import Head, mask_gates
+from headprune.patching.exact import Patching, Runs, patch_rows
 from headprune.schema import DEFAULT_BOUND_SUBSETS
 
 DEFAULT_INCLUSION, DEFAULT_LEVEL = 0.5, 0.95
@@ -56,29 +57,23 @@ class MissedBound:
 
 
 @torch.no_grad()
-def subset_changes(model: GPT2, runs: Runs, masks: Tensor, rows: int = 16) -> Tensor:
+def subset_changes(model: GPT2, runs: Runs, subsets: list[list[Head]], rows: int = 16) -> Tensor:
     """[R] normalised change of the mean metric with the heads of each subset patched together (z from the
-    source run, all positions): masks [R, H] (1: patched), heads in ``model.head_ids`` order."""
+    source run, all positions): each subset a list of (layer, head)."""
     P = len(runs.pairs.clean)
-    sizes = [model.h[l].attn.n_heads for l in range(model.cfg.n_layers)]
-    offsets = np.cumsum([0, *sizes])
-    values = torch.empty(P, len(masks), dtype=torch.float64)
+    values = torch.empty(P, len(subsets), dtype=torch.float64)
     copies = max(1, rows // P)
     pair_rows = torch.arange(P, device=model.device)
-    for first in range(0, len(masks), copies):
-        chunk = masks[first : first + copies].to(model.device)
+    for first in range(0, len(subsets), copies):
+        chunk = subsets[first : first + copies]
         c = len(chunk)
-        patched = [l for l in range(model.cfg.n_layers) if sizes[l] and chunk[:, offsets[l] : offsets[l + 1]].any()]
+        keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, s) for s in chunk))]  # per layer [c, h_l]
+        patched = [l for l, k in enumerate(keep) if not bool(k.all())]
         if not patched:
-            values[:, first : first + c] = runs.m_corrupt.double().cpu().view(-1, 1) if runs.direction == "denoise" \
-                else runs.m_clean.double().cpu().view(-1, 1)
+            values[:, first : first + c] = runs.m_base.double().cpu().view(-1, 1)
             continue
-        gates: list[Tensor | None] = [None] * model.cfg.n_layers
-        fills: list[Tensor | None] = [None] * model.cfg.n_layers
-        for l in patched:
-            keep = 1 - chunk[:, offsets[l] : offsets[l + 1]].float()  # [c, h_l]
-            gates[l] = keep.repeat_interleave(P, dim=0)  # [c·P, h_l]: copy j patches subset first+j
-            fills[l] = runs.source_z[l].repeat(c, 1, 1, 1)
+        gates = [k.repeat_interleave(P, dim=0) if l in patched else None for l, k in enumerate(keep)]  # [c·P, h_l]
+        fills = [runs.source_z[l].repeat(c, 1, 1, 1) if l in patched else None for l in range(len(keep))]
         start = patched[0]
         resid = model.run_blocks(runs.base_resid[start].repeat(c, 1, 1), start=start, gates=gates, fills=fills)
         values[:, first : first + c] = runs.evaluate(model, resid, pair_rows.repeat(c)).view(c, P).T.double().cpu()
@@ -105,26 +100,29 @@ def subsample_estimates(masks: np.ndarray, changes: np.ndarray, level: float = D
     return estimate, se, np.abs(estimate) + z * se
 
 
+def split_verified(estimate: Patching, verified: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Head indices (``model.head_ids`` order) that ``estimate`` verifies, its ``verified`` largest |change|
+    best first (default 10% of the heads, at least 1), and the others, in head order."""
+    H = estimate.values.shape[1]
+    verified = max(1, round(0.1 * H)) if verified is None else verified
+    if not 0 < verified < H - 1:
+        raise HeadpruneError(f"verifying {verified} of {H} heads leaves too few to bound (need 1 to {H - 2})")
+    order = np.argsort(-estimate.change.abs().numpy(), kind="stable")
+    return order[:verified], np.sort(order[verified:])
+
+
 def missed_bound(model: GPT2, runs: Runs, estimate: Patching, verified: int | None = None,
                  subsets: int = DEFAULT_BOUND_SUBSETS, inclusion: float = DEFAULT_INCLUSION,
                  level: float = DEFAULT_LEVEL, seed: int = 0, rows: int | None = None) -> MissedBound:
     """The bound above for the heads ``estimate`` (an approximation of z patching on ``runs``' pairs) leaves
-    unverified after its ``verified`` best (default 10% of the heads, at least 1)."""
-    heads = model.head_ids
-    H = len(heads)
-    verified = max(1, round(0.1 * H)) if verified is None else verified
-    if not 0 < verified < H - 1:
-        raise HeadpruneError(f"verifying {verified} of {H} heads leaves too few to bound (need 1 to {H - 2})")
+    unverified after its ``verified`` best (:func:`split_verified`)."""
     if not 0 < inclusion < 1:
         raise HeadpruneError(f"inclusion probability {inclusion} must lie strictly between 0 and 1")
-    magnitude = estimate.change.abs().numpy()
-    order = np.argsort(-magnitude, kind="stable")
-    top, rest = order[:verified], np.sort(order[verified:])
-    rng = np.random.default_rng(seed)
-    picks = rng.random((subsets, len(rest))) < inclusion  # [R, |U|]
-    masks = torch.zeros(subsets, H)
-    masks[:, rest] = torch.from_numpy(picks).float()
-    changes = subset_changes(model, runs, masks, rows or (64 if model.device.type == "cuda" else 16)).numpy()
+    heads = model.head_ids
+    top, rest = split_verified(estimate, verified)
+    picks = np.random.default_rng(seed).random((subsets, len(rest))) < inclusion  # [R, |U|]
+    chosen = [[heads[i] for i in rest[row]] for row in picks]
+    changes = subset_changes(model, runs, chosen, patch_rows(model, rows)).numpy()
     est, se, upper = subsample_estimates(picks, changes, level)
     table = pd.DataFrame({"head_id": [head_id(*heads[i]) for i in rest], "estimate": est, "se": se,
                           "upper": upper})

@@ -11,7 +11,7 @@ what the approximations of z may still have missed. ``headprune patch`` and ``he
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from headprune.patching.attribution import atp_star_z, atp_z
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix, atp_star_qk
 from headprune.patching.exact import ACTIVATIONS, Patching, check_direction, patch, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, check_metric
-from headprune.patching.missed import missed_bound
+from headprune.patching.missed import MissedBound, missed_bound, split_verified
 from headprune.patching.pairs import PromptPairs
 from headprune.patching.table import agreement, patch_table, position_table
 from headprune.schema import DEFAULT_BOUND_SUBSETS
@@ -89,19 +89,24 @@ def _approximations(model: GPT2, pairs: PromptPairs, options: StudyOptions, runs
 def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching], exact: Patching | None
             ) -> tuple[pd.DataFrame, list[dict]]:
     parts, bounds = [], []
+    ids = [head_id(*h) for h in model.head_ids]
+    exact_change = dict(zip(ids, exact.change.abs().tolist(), strict=True)) if exact is not None else None
+    found: dict[tuple[int, ...], MissedBound] = {}  # by the unverified heads: their subsets give the same bound
     for est in estimates:
-        result = missed_bound(model, runs, est, verified=options.verify, subsets=options.bound_subsets,
-                              seed=options.seed, rows=options.rows)
+        top, rest = split_verified(est, options.verify)
+        key = tuple(rest.tolist())
+        if key in found:
+            result = replace(found[key], method=est.method, verified=[ids[i] for i in top])
+        else:
+            result = found[key] = missed_bound(model, runs, est, verified=options.verify,
+                                               subsets=options.bound_subsets, seed=options.seed, rows=options.rows)
         part = result.table.assign(method=est.method, exact=np.nan)
-        worst_exact = None
-        if exact is not None:
-            change = dict(zip([head_id(*h) for h in model.head_ids], exact.change.abs().tolist(), strict=True))
-            part["exact"] = part["head_id"].map(change)
-            worst_exact = float(part["exact"].max())
+        if exact_change is not None:
+            part["exact"] = part["head_id"].map(exact_change)
         parts.append(part)
         bounds.append({"method": est.method, "verified": result.verified, "bound": result.bound,
                        "worst": result.worst, "subsets": result.subsets, "level": result.level,
-                       "largest_exact_unverified": worst_exact})
+                       "largest_exact_unverified": float(part["exact"].max()) if exact_change is not None else None})
     return pd.DataFrame(pd.concat(parts, ignore_index=True), columns=list(MISSED_COLUMNS)), bounds
 
 

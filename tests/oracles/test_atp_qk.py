@@ -18,26 +18,18 @@ from headprune.models.base import Capture
 from headprune.patching import atp_qk, atp_qkfix, atp_star_qk, patch, run_pairs, task_pairs
 from headprune.patching.tasks import induction
 
-from helpers import TINY, save_hf_gpt2
-
-CFG = {**TINY, "vocab_size": 96, "n_positions": 32, "bos_token_id": 0, "eos_token_id": 0}
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("atp-qk-gpt2")
-    save_hf_gpt2(path, seed=1, **CFG)
-    return path
+from helpers import PATCH_CFG as CFG
+from helpers import save_hf_gpt2
 
 
 @pytest.fixture(scope="module")
-def model(folder):
-    return load_model(folder)
+def model(patch_dir):
+    return load_model(patch_dir)
 
 
 @pytest.fixture(scope="module")
-def hf(folder):
-    return GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+def hf(patch_dir):
+    return GPT2LMHeadModel.from_pretrained(patch_dir, attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="module")

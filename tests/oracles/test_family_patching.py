@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from headprune.errors import HeadpruneError
 from headprune.models.hf_families import load_family_model
@@ -14,40 +13,20 @@ from headprune.patching import atp_z, patch, patch_z, run_pairs
 from headprune.patching.missed import missed_bound, subset_changes
 from headprune.patching.tasks import induction
 
+from helpers import GQA_FAMILIES, module_inputs, save_gqa_family
+
 VOCAB = 97
-CONFIGS = {  # Llama: GQA 2 (6 query heads, 3 KV heads); Qwen2: GQA 3 with q/k/v biases
-    "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=VOCAB, hidden_size=48, num_attention_heads=6,
-                                            num_key_value_heads=3, intermediate_size=64, num_hidden_layers=2,
-                                            max_position_embeddings=64, initializer_range=0.15)),
-    "qwen2": (Qwen2ForCausalLM, Qwen2Config(vocab_size=VOCAB, hidden_size=36, num_attention_heads=3,
-                                            num_key_value_heads=1, intermediate_size=40, num_hidden_layers=2,
-                                            max_position_embeddings=64, initializer_range=0.15)),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=GQA_FAMILIES)
 def models(request, tmp_path_factory):
-    model_cls, cfg = CONFIGS[request.param]
-    torch.manual_seed(5)
-    hf = model_cls(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
     folder = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(folder)
+    hf = save_gqa_family(request.param, folder, VOCAB, seed=5)
     return hf, load_family_model(folder)
 
 
 def _o_proj_inputs(hf, ids):
-    found = {}
-    hooks = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, l=l: found.__setitem__(l, a[0][0].clone()))
-             for l, layer in enumerate(hf.model.layers)]
-    with torch.no_grad():
-        hf(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
-    return found
+    return module_inputs([layer.self_attn.o_proj for layer in hf.model.layers], lambda: hf(torch.tensor([ids])))
 
 
 def _logit_diff(hf, ids, answer, wrong, layer=None, cols=None, value=None):
@@ -113,13 +92,9 @@ def test_subsets_patched_together_equal_hf_with_those_o_proj_slices_overwritten(
     hf, model = models
     pairs = induction(VOCAB, 3, 5, seed=3)
     runs = run_pairs(model, pairs)
-    h, dk = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    dk = hf.config.hidden_size // hf.config.num_attention_heads
     subsets = [[(0, 0), (0, 1)], [(0, 2), (1, 0)], [(1, 1), (1, 2), (0, 0)]]
-    masks = torch.zeros(len(subsets), 2 * h)
-    for r, heads in enumerate(subsets):
-        for l, i in heads:
-            masks[r, l * h + i] = 1
-    ours = subset_changes(model, runs, masks, rows=4)
+    ours = subset_changes(model, runs, subsets, rows=4)
     gap = float((runs.m_clean - runs.m_corrupt).mean())
     for r, heads in enumerate(subsets):
         metrics = []

@@ -8,35 +8,21 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.models.hf_families import load_family_model
 from headprune.perplexity import Windowing
 from headprune.scoring import score_heads
 
+from helpers import GQA_FAMILIES, save_gqa_family
+
 VOCAB, SEQ, WINDOWS = 131, 16, 6
-CONFIGS = {  # Llama: GQA 2 with an odd KV-head count; Qwen2: GQA 3 with q/k/v biases (value biases to fold)
-    "llama": (LlamaForCausalLM, LlamaConfig(vocab_size=VOCAB, hidden_size=48, num_attention_heads=6,
-                                            num_key_value_heads=3, intermediate_size=64, num_hidden_layers=2,
-                                            max_position_embeddings=64, initializer_range=0.15)),
-    "qwen2": (Qwen2ForCausalLM, Qwen2Config(vocab_size=VOCAB, hidden_size=36, num_attention_heads=3,
-                                            num_key_value_heads=1, intermediate_size=40, num_hidden_layers=2,
-                                            max_position_embeddings=64, initializer_range=0.15)),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=GQA_FAMILIES)
 def models(request, tmp_path_factory):
-    model_cls, cfg = CONFIGS[request.param]
-    torch.manual_seed(3)
-    hf = model_cls(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
     folder = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(folder)
+    hf = save_gqa_family(request.param, folder, VOCAB, seed=3)
     return hf, load_family_model(folder)
 
 

@@ -17,21 +17,13 @@ from headprune.patching.exact import patch_z, run_pairs
 from headprune.patching.missed import missed_bound, subsample_estimates, subset_changes
 from headprune.patching.tasks import induction
 
-from helpers import TINY, save_hf_gpt2
-
-CFG = {**TINY, "vocab_size": 96, "n_positions": 32, "bos_token_id": 0, "eos_token_id": 0}
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("missed-gpt2")
-    save_hf_gpt2(path, seed=1, **CFG)
-    return path
+from helpers import PATCH_CFG as CFG
+from helpers import module_inputs
 
 
 @pytest.fixture(scope="module")
-def model(folder):
-    return load_model(folder)
+def model(patch_dir):
+    return load_model(patch_dir)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +34,7 @@ def pairs():
 def _hf_metric(hf, base, source, heads, answer, wrong):
     """Logit difference of ``base`` with the c_proj input slices of ``heads`` [(layer, head)] from ``source``."""
     dk = CFG["n_embd"] // CFG["n_head"]
-    found = {}
-    grab = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l: found.__setitem__(l, a[0][0].clone()))
-            for l, blk in enumerate(hf.transformer.h)]
-    with torch.no_grad():
-        hf(torch.tensor([source]))
-    for h in grab:
-        h.remove()
+    found = module_inputs([blk.attn.c_proj for blk in hf.transformer.h], lambda: hf(torch.tensor([source])))
 
     def overwrite(m, a, layer):
         x = a[0].clone()
@@ -65,15 +51,11 @@ def _hf_metric(hf, base, source, heads, answer, wrong):
     return (logits[answer] - logits[wrong]).item()
 
 
-def test_joint_patch_of_a_subset_equals_hf_with_those_slices_overwritten(model, folder, pairs):
-    hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+def test_joint_patch_of_a_subset_equals_hf_with_those_slices_overwritten(model, patch_dir, pairs):
+    hf = GPT2LMHeadModel.from_pretrained(patch_dir).eval()
     runs = run_pairs(model, pairs)
     subsets = [[(0, 1), (1, 3), (2, 0)], [(1, 0), (1, 2)], [], [(2, 1), (2, 2), (0, 0), (0, 3)]]
-    masks = torch.zeros(len(subsets), 12)
-    for r, heads in enumerate(subsets):
-        for l, i in heads:
-            masks[r, l * 4 + i] = 1
-    ours = subset_changes(model, runs, masks, rows=10)  # 10 rows < 4 subsets x 8 pairs: chunks of one subset
+    ours = subset_changes(model, runs, subsets, rows=10)  # 10 rows < 4 subsets x 8 pairs: chunks of one subset
     gap = float((runs.m_clean - runs.m_corrupt).mean())
     for r, heads in enumerate(subsets):
         m = [_hf_metric(hf, pairs.corrupt[p].tolist(), pairs.clean[p].tolist(), heads, int(pairs.answer[p]),

@@ -16,26 +16,18 @@ from headprune.patching.exact import patch, patch_z
 from headprune.patching.pairs import PromptPairs, read_pairs
 from headprune.patching.tasks import induction
 
-from helpers import TINY, save_hf_gpt2
-
-CFG = {**TINY, "vocab_size": 96, "n_positions": 32, "bos_token_id": 0, "eos_token_id": 0}
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("patch-gpt2")
-    save_hf_gpt2(path, seed=1, **CFG)
-    return path
+from helpers import PATCH_CFG as CFG
+from helpers import module_inputs, save_hf_gpt2
 
 
 @pytest.fixture(scope="module")
-def model(folder):
-    return load_model(folder)
+def model(patch_dir):
+    return load_model(patch_dir)
 
 
 @pytest.fixture(scope="module")
-def hf(folder):
-    return GPT2LMHeadModel.from_pretrained(folder).eval()
+def hf(patch_dir):
+    return GPT2LMHeadModel.from_pretrained(patch_dir).eval()
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +43,7 @@ def pairs():
 
 def hf_z(hf, ids):
     """Every layer's concatenated head outputs z (T, h·d_k) on one prompt (the c_proj input)."""
-    found = {}
-    handles = [blk.attn.c_proj.register_forward_pre_hook(lambda m, a, l=l: found.__setitem__(l, a[0][0].clone()))
-               for l, blk in enumerate(hf.transformer.h)]
-    with torch.no_grad():
-        hf(torch.tensor([ids]))
-    for h in handles:
-        h.remove()
-    return found
+    return module_inputs([blk.attn.c_proj for blk in hf.transformer.h], lambda: hf(torch.tensor([ids])))
 
 
 def hf_qkv(hf, ids):
