@@ -67,7 +67,7 @@ def _snapshot(repo_id: str) -> Path:
     except Exception as err:  # noqa: BLE001 - offline without cache, unknown repo, network failure, ...
         raise HeadpruneError(
             f"model {repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
-            f"or its cache ({type(err).__name__}); pass a local GPT-2 directory or pre-download it"
+            f"or its cache ({type(err).__name__}); pass a local model directory or pre-download it"
         ) from None
     return folder
 

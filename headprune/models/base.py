@@ -23,7 +23,8 @@ a bias to go into; ``cfg.o_bias`` says whether the checkpoint stores one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -123,6 +124,41 @@ def gated(z: Tensor, gate: Tensor | None, fill: Tensor | None) -> Tensor:
     return g * z if f is None else g * z + (1 - g) * f
 
 
+class AttentionHook:
+    """Sees, and may replace, one layer's attention activations during a forward (:func:`hooked`): q (B,h,T,d_k)
+    and k, v (B,h_kv,T,d_k) after rotary, and, where ``needs_pattern``, the probabilities (B,h,T,T). The base
+    class changes nothing; patching subclasses it (:mod:`headprune.patching.exact`)."""
+
+    needs_pattern = False
+
+    def qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return q, k, v
+
+    def pattern(self, probs: Tensor) -> Tensor:
+        return probs
+
+
+@contextmanager
+def hooked(model: nn.Module, hooks: Mapping[int, AttentionHook]) -> Iterator[None]:
+    """Layer l's attention runs with ``hooks[l]`` inside the block (any family, GPT-2 included)."""
+    attns = [cast(Any, model).h[layer].attn for layer in hooks]
+    try:
+        for attn, hook in zip(attns, hooks.values()):
+            attn.hook = hook
+        yield
+    finally:
+        for attn in attns:
+            attn.hook = None
+
+
+def causal_probs(q: Tensor, k: Tensor, scale: float, window: int | None = None) -> Tensor:
+    """softmax(q kᵀ · scale + mask) (B,h,T,T) of q, k (B,h,T,d_k), in float32 and cast back: the causal mask, and
+    t − s < window where a sliding window is set."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).float() * scale
+    return scores.masked_fill(~sliding_causal_mask(T, window, q.device), float("-inf")).softmax(-1).to(q.dtype)
+
+
 def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Tensor:
     """(T,T) bool, True where position t may attend to s: s ≤ t, and t − s < window when a window is set."""
     t = torch.arange(T, device=device)
@@ -142,6 +178,9 @@ class HeadAttention(nn.Module):
     n_kv_heads: int  # KV heads this layer keeps
     d_head: int
     kv_positions: list[int]  # [n_heads]: g(i) as a position among the kept KV heads
+    scale: float  # of q kᵀ
+    window: int | None = None  # sliding window of this layer (Mistral, Qwen2), None: causal only
+    hook: AttentionHook | None = None  # set by :func:`hooked`
 
     def set_groups(self, cfg: HeadConfig, layer: int) -> None:
         kept, kv = cfg.kept_heads[layer], cfg.kept_kv_heads(layer)
@@ -211,6 +250,15 @@ class HeadAttention(nn.Module):
     def b_V(self) -> Tensor:
         return self._per_query(self.b_V_kv)
 
+    def probs(self, q: Tensor, k: Tensor) -> Tensor:
+        """Attention probabilities (B,h,T,T) of q (B,h,T,d_k) and k (B,h_kv,T,d_k), as :meth:`attend` computes them."""
+        return causal_probs(q, k if self.one_to_one else k.index_select(1, self.kv_group), self.scale, self.window)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B,h,T,d_k), k and v (B,h_kv,T,d_k) of the normed input x (B,T,d), rotary applied (cos, sin: its
+        tables)."""
+        raise NotImplementedError
+
     def pruned_state(self, prefix: str, keep: list[int], b_O: Tensor) -> dict[str, Tensor]:
         """This layer's attention tensors (state-dict keys under ``prefix``) keeping the query heads at positions
         ``keep`` and the KV heads they read, with output bias ``b_O``."""
@@ -230,17 +278,21 @@ class HeadAttention(nn.Module):
     ) -> Tensor:
         """concat_i z_i (B,T,h·d_k) after gates and fills (:func:`gated`): the input of o_proj."""
         B, h, T, dk = q.shape
-        mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
-        if need_weights or not (self.one_to_one or self.repeats):  # give each query head its own K/V rows
+        hook = self.hook
+        if hook is not None:
+            q, k, v = hook.qkv(q, k, v)
+        explicit = need_weights or (hook is not None and hook.needs_pattern)
+        if explicit or not (self.one_to_one or self.repeats):  # give each query head its own K/V rows
             k, v = k.index_select(1, self.kv_group), v.index_select(1, self.kv_group)
-        if need_weights:
-            scores = (q @ k.transpose(-1, -2)).float() * scale  # (B,h,T,T)
-            allowed = sliding_causal_mask(T, window, q.device)
-            probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).to(v.dtype)
+        if explicit:
+            probs = causal_probs(q, k, scale, window)  # (B,h,T,T)
+            if hook is not None:
+                probs = hook.pattern(probs)
             z = probs @ v  # (B,h,T,d_k)
-            if capture is not None:
+            if capture is not None and need_weights:
                 capture.attn[self.layer] = probs
         else:
+            mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
             gqa = k.shape[1] != h  # repeat_kv layout: SDPA pairs query head i with KV head ⌊i / r⌋
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                                enable_gqa=gqa)
@@ -250,9 +302,14 @@ class HeadAttention(nn.Module):
 
 
 class HeadBlock(nn.Module):
-    """A transformer block whose attention is a :class:`HeadAttention`."""
+    """A transformer block whose attention is a :class:`HeadAttention`, read through ``input_layernorm``."""
 
     attn: HeadAttention
+    input_layernorm: nn.Module
+
+    def qkv(self, resid: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B,h,T,d_k), k and v (B,h_kv,T,d_k) of this block's attention on the residual resid (B,T,d)."""
+        return self.attn.qkv(self.input_layernorm(resid), cos, sin)
 
 
 class HeadBlocks(nn.ModuleList):
@@ -312,6 +369,11 @@ class HeadModel(nn.Module):
     def block_inputs(self, resid: Tensor) -> tuple[Any, ...]:
         """Extra positional inputs of every block for a residual (B,T,d), computed once per run_blocks."""
         return ()
+
+    def qkv(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B,h,T,d_k), k and v (B,h_kv,T,d_k), after rotary, of layer ``layer`` on the residual (B,T,d)
+        entering it."""
+        return self.h[layer].qkv(resid, *self.block_inputs(resid))
 
     def check_length(self, T: int) -> None:
         if T > self.cfg.n_positions:

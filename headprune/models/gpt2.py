@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture, Origin, gated
+from headprune.models.base import AttentionHook, Capture, Origin, causal_probs, gated
 from headprune.models.gpt2_config import ModelConfig
 
 
@@ -58,6 +58,8 @@ class Conv1D(nn.Module):
 
 class Attention(nn.Module):
     """Multi-head causal self-attention; every head in one batched call, gates and fills per head."""
+
+    hook: AttentionHook | None = None  # set by headprune.models.base.hooked
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -123,6 +125,16 @@ class Attention(nn.Module):
         """c_proj input rows (W_O row blocks) of the heads at ``positions``: p·d_k + k."""
         return (positions.view(-1, 1) * d_head + torch.arange(d_head, device=positions.device)).reshape(-1)
 
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (each (B,h,T,d_k)) of the normed input x (B,T,d)."""
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def probs(self, q: Tensor, k: Tensor) -> Tensor:
+        """Attention probabilities (B,h,T,T) of q and k (each (B,h,T,d_k)), as the forward computes them."""
+        return causal_probs(q, k, self.scale)
+
     def forward(
         self,
         x: Tensor,  # (B,T,d)
@@ -135,20 +147,22 @@ class Attention(nn.Module):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.c_proj.bias.expand(B, T, d)
-        h, dk = self.n_heads, self.d_head
-        q, k, v = self.c_attn(x).view(B, T, 3, h, dk).permute(2, 0, 3, 1, 4)  # each (B,h,T,d_k)
-        if need_weights:
-            scores = (q @ k.transpose(-1, -2)).float() * self.scale  # (B,h,T,T)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1).to(v.dtype)
+        q, k, v = self.qkv(x)
+        hook = self.hook
+        if hook is not None:
+            q, k, v = hook.qkv(q, k, v)
+        if need_weights or (hook is not None and hook.needs_pattern):
+            probs = self.probs(q, k)  # (B,h,T,T)
+            if hook is not None:
+                probs = hook.pattern(probs)
             z = probs @ v  # (B,h,T,d_k)
-            if capture is not None:
+            if capture is not None and need_weights:
                 capture.attn[self.layer] = probs
         else:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
         if capture is not None:
             capture.z[self.layer] = z
-        z = gated(z, gate, fill).transpose(1, 2).reshape(B, T, h * dk)  # (B,T,h·d_k) = concat_i z_i
+        z = gated(z, gate, fill).transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # concat_i z_i
         return self.c_proj(z)  # (B,T,d)
 
 
@@ -176,6 +190,10 @@ class Block(nn.Module):
                 capture: Capture | None = None, need_weights: bool = False) -> Tensor:
         x = x + self.attn(self.ln_1(x), gate, fill, capture, need_weights)
         return x + self.mlp(self.ln_2(x))
+
+    def qkv(self, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (each (B,h,T,d_k)) of this block's attention on the residual resid (B,T,d)."""
+        return self.attn.qkv(self.ln_1(resid))
 
 
 class Blocks(nn.ModuleList):
@@ -256,6 +274,10 @@ class GPT2(nn.Module):
             fill = fills[layer] if fills is not None else None
             resid = self.h[layer](resid, gate, fill, capture, need_weights)
         return resid
+
+    def qkv(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (each (B,h,T,d_k)) of layer ``layer`` on the residual (B,T,d) entering it."""
+        return self.h[layer].qkv(resid)
 
     def unembed(self, resid: Tensor) -> Tensor:
         """Final LayerNorm and LM head: (B,T,d) -> logits (B,T,vocab)."""

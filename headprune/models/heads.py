@@ -29,6 +29,11 @@ def head_id(layer: int, head: int) -> str:
     return f"L{int(layer)}H{int(head)}"
 
 
+def group_id(layer: int, kv_head: int) -> str:
+    """(layer, original KV head index) -> ``"L{layer}G{kv_head}"``: a KV group of a grouped-query model."""
+    return f"L{int(layer)}G{int(kv_head)}"
+
+
 def format_heads(heads: Iterable[tuple[int, int]]) -> str:
     """The head spec of ``heads``, e.g. ``"L0H1,L3H2"`` (inverse of :func:`parse_head_spec`)."""
     return ",".join(head_id(layer, head) for layer, head in heads)

@@ -144,6 +144,18 @@ class Attention(HeadAttention):
                 state[prefix + name + ".bias"] = bias.detach().index_select(0, sel)
         return state
 
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        dk = self.d_head
+        q = self.q_proj(x).view(B, T, self.n_heads, dk)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, dk)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, dk).transpose(1, 2)  # (B,h_kv,T,d_k)
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head RMSNorm before rotary
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(1, 2), cos, sin)  # (B,h,T,d_k)
+        k = apply_rotary(k.transpose(1, 2), cos, sin)  # (B,h_kv,T,d_k)
+        return q, k, v
+
     def forward(
         self,
         x: Tensor,  # (B,T,d)
@@ -157,15 +169,8 @@ class Attention(HeadAttention):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.o_proj.bias.expand(B, T, d)
-        dk = self.d_head
-        q = self.q_proj(x).view(B, T, self.n_heads, dk)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, dk)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, dk).transpose(1, 2)  # (B,h_kv,T,d_k)
-        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head RMSNorm before rotary
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q.transpose(1, 2), cos, sin)  # (B,h,T,d_k)
-        k = apply_rotary(k.transpose(1, 2), cos, sin)  # (B,h_kv,T,d_k)
-        z = self.attend(q, k, v, self.scale, self.window, gate, fill, capture, need_weights)  # (B,T,h·d_k)
+        z = self.attend(*self.qkv(x, cos, sin), self.scale, self.window, gate, fill, capture,
+                        need_weights)  # (B,T,h·d_k)
         return self.o_proj(z)
 
 

@@ -121,15 +121,18 @@ class Attention(HeadAttention):
             state[prefix + "query_key_value.bias"] = self.query_key_value.bias.detach().index_select(0, qkv_rows)
         return state
 
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        qkv = self.query_key_value(x).view(B, T, self.n_heads, 3 * self.d_head).transpose(1, 2)  # (B,h,T,3d_k)
+        q, k, v = qkv.chunk(3, dim=-1)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, gate: Tensor | None = None, fill: Tensor | None = None,
                 capture: Capture | None = None, need_weights: bool = False) -> Tensor:
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.dense.bias.expand(B, T, d)
-        qkv = self.query_key_value(x).view(B, T, self.n_heads, 3 * self.d_head).transpose(1, 2)  # (B,h,T,3d_k)
-        q, k, v = qkv.chunk(3, dim=-1)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        z = self.attend(q, k, v, self.scale, None, gate, fill, capture, need_weights)  # (B,T,h·d_k)
+        z = self.attend(*self.qkv(x, cos, sin), self.scale, None, gate, fill, capture, need_weights)  # (B,T,h·d_k)
         return self.dense(z)
 
 

@@ -4,15 +4,20 @@ Denoising (the default) runs the corrupt prompt with one head's activation taken
 (``direction="noise"``) runs the clean prompt with the corrupt activation. For head i of layer l and pair p:
 
     patch_z        z_i ← z_i(source), all positions (or one position: ``by_position``)       (B,h,T,d_k)
-    patch_q/k/v    q_i, k_i or v_i ← the source run's, then attention recomputed               (B,h,T,d_k)
+    patch_q/k/v    q_i, k_i or v_i ← the source run's (after rotary), then attention recomputed  (B,h,T,d_k)
     patch_pattern  A_i ← the source run's attention probabilities (rows: query positions)       (B,h,T,T)
+
+Under grouped-query attention the query heads G_g of KV group g share k_g and v_g, so k and v are patched per KV
+group: one row per group, named ``L{l}G{g}`` (patching k_g changes the keys of every head in G_g, as the model has
+no key of its own per query head). q, z and the pattern are per query head in every family.
 
 and m_p = the metric at pair p's last position (:mod:`.metrics`). This equals TransformerLens's
 ``get_act_patch_attn_head_{out,q,k,v,pattern}_all_pos`` (``by_position``: ``..._by_pos``), but instead of a
 full forward per head: the patched run's residual stream entering layer l is the unpatched one (cached once),
 so a head of layer l reruns only layers l..L−1, several patched copies (one per head, each with its own gate
 row) share one batched forward, and only the last positions are unembedded. A patched z is the model's own
-ablation with gate 0 and a per-position fill (the source z); q, k, v and the pattern recompute layer l here.
+ablation with gate 0 and a per-position fill (the source z); q, k, v and the pattern are replaced inside layer l's
+attention by an :class:`~headprune.models.base.AttentionHook`, in any family.
 """
 
 from __future__ import annotations
@@ -23,15 +28,15 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.base import Capture
-from headprune.models.gpt2 import GPT2, Block
+from headprune.models.base import AttentionHook, Capture, hooked
+from headprune.models.gpt2 import GPT2
+from headprune.models.heads import group_id, head_id
 from headprune.patching.metrics import DEFAULT_METRIC, check_metric, last_logits, metric_values
 from headprune.patching.pairs import PromptPairs
 
@@ -65,13 +70,26 @@ class Runs:
         return metric_values(self.metric, logits, pairs.answer[rows], pairs.wrong[rows], self.clean_logprobs[rows])
 
 
-def require_fused_qkv(model, method: str, activation: str) -> None:
-    """q, k, v and pattern patching read GPT-2's fused c_attn; other families patch z only."""
-    if activation != "z" and not isinstance(model, GPT2):
-        from headprune.models.families import model_type
+def per_kv_head(model, activation: str) -> bool:
+    """Whether ``activation`` is patched per KV group: k and v of a grouped-query model."""
+    return activation in ("k", "v") and getattr(model.cfg, "n_kv_heads", model.cfg.n_heads) < model.cfg.n_heads
 
-        raise HeadpruneError(f"{method} is implemented for GPT-2 only; on a {model_type(model)} model patch z "
-                             "(--activations z)")
+
+def layer_units(model, layer: int, activation: str) -> list[int]:
+    """Original indices of what patching ``activation`` replaces one at a time in ``layer``: its KV heads
+    (:func:`per_kv_head`) or its query heads."""
+    return model.cfg.kept_kv_heads(layer) if per_kv_head(model, activation) else model.cfg.kept_heads[layer]
+
+
+def patch_units(model, activation: str) -> list[tuple[int, int]]:
+    """(layer, original index) of every patched unit, layer-major: the columns of a :class:`Patching`."""
+    return [(layer, u) for layer in model.active_layers for u in layer_units(model, layer, activation)]
+
+
+def unit_ids(model, activation: str) -> list[str]:
+    """``L{l}H{i}`` per query head, or ``L{l}G{g}`` per KV group where k and v are shared (:func:`per_kv_head`)."""
+    name = group_id if per_kv_head(model, activation) else head_id
+    return [name(layer, u) for layer, u in patch_units(model, activation)]
 
 
 def patch_rows(model, rows: int | None = None) -> int:
@@ -101,52 +119,43 @@ def run_pairs(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, dir
                 caps[source].resid_pre, caps[source].z)
 
 
-def qkv(block: Block, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v (each (N,h,T,d_k)) of a block's attention on the residual stream resid (N,T,d) entering it."""
-    attn = block.attn
-    N, T, _ = resid.shape
-    q, k, v = attn.c_attn(block.ln_1(resid)).view(N, T, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)
-    return q, k, v
+class ActivationPatch(AttentionHook):
+    """q, k, v or the attention pattern replaced by ``source`` where ``keep`` is 0, in one layer's attention.
+
+    keep (N,U,T): 1 keeps, 0 takes the source, per unit (query head; KV head for k and v) and position (the query
+    position for the pattern); source: the activation's shape, (N,U,T,d_k) or (N,h,T,T). Exact: 1·t + 0·s = t."""
+
+    def __init__(self, activation: str, keep: Tensor, source: Tensor):
+        self.activation, self.keep, self.source = activation, keep, source
+        self.needs_pattern = activation == "pattern"
+
+    def _mix(self, t: Tensor) -> Tensor:
+        g = self.keep.unsqueeze(-1).to(t.dtype)
+        return g * t + (1 - g) * self.source.to(t.dtype)
+
+    def qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = (self._mix(t) if name == self.activation else t for name, t in (("q", q), ("k", k), ("v", v)))
+        return q, k, v
+
+    def pattern(self, probs: Tensor) -> Tensor:
+        return self._mix(probs) if self.needs_pattern else probs
 
 
-def pattern(block: Block, q: Tensor, k: Tensor) -> Tensor:
-    """Causal attention probabilities softmax(q kᵀ · scale) (N,h,T,T), in float32 as the model computes them."""
-    T = q.shape[2]
-    scores = (q @ k.transpose(-1, -2)).float() * block.attn.scale
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return scores.masked_fill(~causal, float("-inf")).softmax(-1).to(q.dtype)
-
-
-def source_activation(block: Block, runs: Runs, layer: int, activation: str, rows: slice) -> Tensor:
-    """The source run's q, k, v (N,h,T,d_k) or pattern (N,h,T,T) of ``layer`` for the pairs ``rows``."""
-    q, k, v = qkv(block, runs.source_resid[layer][rows])
-    return {"q": q, "k": k, "v": v}[activation] if activation != "pattern" else pattern(block, q, k)
-
-
-def patched_block(block: Block, resid: Tensor, activation: str, keep: Tensor, source: Tensor) -> Tensor:
-    """The block's output on resid (N,T,d) with q, k, v or the pattern replaced by ``source`` where keep is 0:
-    keep (N,h,T) is 1 (keep) or 0 (patch) per head and position (the query position for the pattern)."""
-    q, k, v = qkv(block, resid)
-    g = keep.unsqueeze(-1).to(q.dtype)  # (N,h,T,1)
-    mix = lambda t: g * t + (1 - g) * source.to(t.dtype)  # exact: 1·t + 0·s = t, 0·t + 1·s = s
-    if activation == "pattern":
-        z = mix(pattern(block, q, k)) @ v
-    else:
-        q, k, v = (mix(t) if name == activation else t for name, t in (("q", q), ("k", k), ("v", v)))
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=block.attn.scale)
-    N, h, T, dk = z.shape
-    resid = resid + block.attn.c_proj(z.transpose(1, 2).reshape(N, T, h * dk))
-    return resid + block.mlp(block.ln_2(resid))
+def source_activation(model, runs: Runs, layer: int, activation: str, rows: slice) -> Tensor:
+    """The source run's q (N,h,T,d_k), k or v (N,h_kv,T,d_k) or pattern (N,h,T,T) of ``layer`` for the pairs
+    ``rows``."""
+    q, k, v = model.qkv(layer, runs.source_resid[layer][rows])
+    return {"q": q, "k": k, "v": v}[activation] if activation != "pattern" else model.h[layer].attn.probs(q, k)
 
 
 @torch.no_grad()
 def patch_layer(model: GPT2, runs: Runs, layer: int, activation: str = "z", by_position: bool = False,
                 rows: int = 64) -> list:
-    """The metric of every pair with each head of ``layer`` patched, one head (and position) at a time:
-    [P][h] (or [P][h][T] with ``by_position``), as lists."""
+    """The metric of every pair with each unit of ``layer`` (:func:`layer_units`) patched, one unit (and position)
+    at a time: [P][U] (or [P][U][T] with ``by_position``), as lists."""
     P, T = runs.pairs.clean.shape
-    h = model.h[layer].attn.n_heads
-    items = [(i, t) for i in range(h) for t in (range(T) if by_position else [None])]  # (head, position)
+    U = len(layer_units(model, layer, activation))
+    items = [(i, t) for i in range(U) for t in (range(T) if by_position else [None])]  # (unit, position)
     b = min(P, rows)
     copies = max(1, rows // b)
     gates: list[Tensor | None] = [None] * model.cfg.n_layers
@@ -157,25 +166,25 @@ def patch_layer(model: GPT2, runs: Runs, layer: int, activation: str = "z", by_p
         n = sl.stop - sl.start
         pair_rows = torch.arange(sl.start, sl.stop, device=model.device)
         resid_l = runs.base_resid[layer][sl]
-        source = runs.source_z[layer][sl] if activation == "z" else source_activation(model.h[layer], runs, layer,
+        source = runs.source_z[layer][sl] if activation == "z" else source_activation(model, runs, layer,
                                                                                        activation, sl)
         for first in range(0, len(items), copies):
             chunk = items[first : first + copies]
             c = len(chunk)
-            keep = torch.ones(c, h, T, device=model.device)
+            keep = torch.ones(c, U, T, device=model.device)
             for j, (i, t) in enumerate(chunk):
                 keep[j, i, slice(None) if t is None else t] = 0
-            keep = keep.repeat_interleave(n, dim=0)  # (c·n, h, T): copy j patches item first+j
+            keep = keep.repeat_interleave(n, dim=0)  # (c·n, U, T): copy j patches item first+j
             if activation == "z":
                 gates[layer] = keep if by_position else keep[:, :, 0]
                 fills[layer] = source.repeat(c, 1, 1, 1)
                 resid = model.run_blocks(resid_l.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)
             else:
-                resid = patched_block(model.h[layer], resid_l.repeat(c, 1, 1), activation, keep,
-                                      source.repeat(c, 1, 1, 1))
+                with hooked(model, {layer: ActivationPatch(activation, keep, source.repeat(c, 1, 1, 1))}):
+                    resid = model.run_blocks(resid_l.repeat(c, 1, 1), start=layer, stop=layer + 1)
                 resid = model.run_blocks(resid, start=layer + 1)
             out[sl, first : first + c] = runs.evaluate(model, resid, pair_rows.repeat(c)).view(c, n).T
-    return (out.view(P, h, T) if by_position else out).tolist()
+    return (out.view(P, U, T) if by_position else out).tolist()
 
 
 @dataclass
@@ -183,10 +192,11 @@ class Patching:
     """Per-pair metrics with each head patched, and how they normalise (one method's result)."""
 
     method: str  # patch_z, patch_q, ..., atp_z, atp_star_z
-    values: Tensor  # [P, H] (or [P, H, T]): the (estimated) metric of pair p with head h patched, float64
+    values: Tensor  # [P, H] (or [P, H, T]): the (estimated) metric of pair p with unit h patched, float64
     m_clean: Tensor  # [P]
     m_corrupt: Tensor  # [P]
     direction: str = "denoise"
+    kv_heads: bool = False  # units are KV groups (k, v under GQA: :func:`per_kv_head`), else query heads
 
     def _shifted(self) -> Tensor:
         return self.values - self.m_corrupt.view(-1, *[1] * (self.values.dim() - 1))
@@ -226,7 +236,6 @@ def patch(
     if activation not in ACTIVATIONS:
         raise HeadpruneError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
     model.require_heads(f"patch_{activation}")
-    require_fused_qkv(model, f"patch_{activation}", activation)
     if by_position and not pairs.same_length:
         raise HeadpruneError("by_position needs pairs of one length (positions must mean the same in every pair)")
     runs = runs or run_pairs(model, pairs, metric, direction)
@@ -238,7 +247,7 @@ def patch(
     results = run_units(units, progress or NoProgress(), bar)
     values = torch.cat([torch.tensor(results[key], dtype=torch.float64) for key, _ in units], dim=1)  # [P, H(, T)]
     return Patching(f"patch_{activation}", values, runs.m_clean.double().cpu(), runs.m_corrupt.double().cpu(),
-                    direction)
+                    direction, per_kv_head(model, activation))
 
 
 def patch_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",

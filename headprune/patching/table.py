@@ -1,7 +1,8 @@
 """Patching results as tidy tables: one row per head (like ``score``), and how well each approximation agrees.
 
-Per head and method, the normalised effect (m − m_corrupt)/(m_clean − m_corrupt) of :class:`~.exact.Patching`
-with its 95% percentile interval over bootstrap resamples of the pairs (:mod:`headprune.bootstrap`).
+Per head (per KV group for k and v under grouped-query attention) and method, the normalised effect
+(m − m_corrupt)/(m_clean − m_corrupt) of :class:`~.exact.Patching` with its 95% percentile
+interval over bootstrap resamples of the pairs (:mod:`headprune.bootstrap`).
 
 Agreement of an approximation a with exact patching e, on what each head moves, |change| (the normalised
 effect minus the unpatched run's: AtP* estimates a magnitude only):
@@ -13,6 +14,8 @@ effect minus the unpatched run's: AtP* estimates a magnitude only):
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import pandas as pd
 import torch
@@ -21,42 +24,65 @@ from scipy.stats import spearmanr
 from headprune.bootstrap import DEFAULT_REPLICATES, interval, window_counts
 from headprune.io.fingerprint import model_fingerprint
 from headprune.models.gpt2 import GPT2
-from headprune.models.heads import head_id
-from headprune.patching.exact import Patching
+from headprune.patching.exact import Patching, patch_units, unit_ids
 
 
 def _counts(n_pairs: int, bootstrap: int, seed: int) -> torch.Tensor:
     return window_counts(n_pairs, bootstrap, seed)
 
 
+def _units(model: GPT2, kv_heads: bool) -> pd.DataFrame:
+    """One row per query head (layer, head, head_id), or per KV group (layer, kv_head, head_id ``L{l}G{g}``)."""
+    activation = "k" if kv_heads else "z"
+    units = patch_units(model, activation)
+    frame = pd.DataFrame({"layer": [l for l, _ in units], ("kv_head" if kv_heads else "head"): [u for _, u in units],
+                          "head_id": unit_ids(model, activation)})
+    return frame.assign(unit="kv_group" if kv_heads else "head")
+
+
+def _joined(model: GPT2, frames: dict[bool, pd.DataFrame]) -> pd.DataFrame:
+    """The query heads' rows, then the KV groups' where some result is per group, with columns ``unit`` and
+    ``kv_head`` (the group a head reads, or the group itself) and ``head`` empty on group rows."""
+    if set(frames) == {False}:
+        return frames[False].drop(columns="unit")
+    if False in frames:
+        frames[False]["kv_head"] = [cast(Any, model.cfg).kv_head(h) for h in frames[False]["head"]]
+    table = pd.concat(list(frames.values()), ignore_index=True)
+    table["head"] = (table["head"] if "head" in table else pd.Series([pd.NA] * len(table))).astype("Int64")
+    front = ["layer", "head", "kv_head", "head_id", "unit"]
+    return table[front + [c for c in table.columns if c not in front]]
+
+
 def patch_table(model: GPT2, results: list[Patching], bootstrap: int = DEFAULT_REPLICATES, seed: int = 0
                 ) -> pd.DataFrame:
-    """layer, head, head_id, model_fingerprint, then per result its method's normalised effect [and interval]."""
-    heads = model.head_ids
-    table = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
-                          "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
+    """layer, head, head_id, model_fingerprint, then per result its method's normalised effect [and interval];
+    results per KV group (k, v under GQA) add one row per group (:func:`_joined`)."""
+    frames: dict[bool, pd.DataFrame] = {False: _units(model, False)}
     for r in results:
         if r.values.dim() != 2:
             raise ValueError(f"{r.method} is by position; use position_table")
+        table = frames.setdefault(r.kv_heads, _units(model, r.kv_heads))
         table[r.method] = r.effect.tolist()
         if bootstrap:
             table[f"{r.method}_ci_lo"], table[f"{r.method}_ci_hi"] = interval(
                 r.replicates(_counts(len(r.m_clean), bootstrap, seed)))
+    table = _joined(model, frames)
+    table.insert(list(table.columns).index("head_id") + 1, "model_fingerprint", model_fingerprint(model))
     return table
 
 
 def position_table(model: GPT2, results: list[Patching]) -> pd.DataFrame:
     """By-position results as a long table: layer, head, head_id, position, then per result its method's
-    normalised effect (each result [H, T] on the same pairs)."""
-    heads = model.head_ids
-    H, T = results[0].values.shape[1:]
-    table = pd.DataFrame({"layer": [heads[i][0] for i in range(H) for _ in range(T)],
-                          "head": [heads[i][1] for i in range(H) for _ in range(T)],
-                          "head_id": [head_id(*heads[i]) for i in range(H) for _ in range(T)],
-                          "position": [t for _ in range(H) for t in range(T)]})
+    normalised effect (each result [U, T] on the same pairs; rows per KV group as in :func:`patch_table`)."""
+    T = results[0].values.shape[2]
+    frames: dict[bool, pd.DataFrame] = {}
     for r in results:
-        table[r.method] = r.effect.reshape(-1).tolist()
-    return table
+        if r.kv_heads not in frames:
+            units = _units(model, r.kv_heads)
+            frames[r.kv_heads] = units.loc[units.index.repeat(T)].reset_index(drop=True).assign(
+                position=list(range(T)) * len(units))
+        frames[r.kv_heads][r.method] = r.effect.reshape(-1).tolist()
+    return _joined(model, dict(sorted(frames.items())))
 
 
 def _moves(r: Patching, replicate: torch.Tensor) -> np.ndarray:

@@ -24,7 +24,7 @@ from headprune.bootstrap import interval, window_counts
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.gpt2 import GPT2, token_nll
-from headprune.models.heads import head_id
+from headprune.models.heads import group_id, head_id
 from headprune.perplexity import Windowing, window_batches, window_sums
 from headprune.schema import DESCRIPTIVE, method_columns
 from headprune.scoring.ablation import ablate_layer, cache_batch
@@ -121,7 +121,7 @@ def group_table(model: HeadModel, head_table: pd.DataFrame, joint: np.ndarray) -
     value_of = {(int(r["layer"]), int(r["head"])): {m: float(r[m]) for m in summable}
                 for r in head_table.to_dict("records")}
     for (layer, kv, heads), value in zip(groups(model), joint):
-        row = {"layer": layer, "kv_head": kv, "group_id": f"L{layer}G{kv}",
+        row = {"layer": layer, "kv_head": kv, "group_id": group_id(layer, kv),
                "heads": ",".join(head_id(layer, h) for h in heads)}
         row |= {m: float(np.sum([value_of[(layer, h)][m] for h in heads])) for m in summable}
         rows.append(row | {GROUP_METHOD: float(value)})

@@ -1,16 +1,19 @@
 """Activation patching and AtP on grouped-query models, against transformers 5's own model: z_i is the query
 head's slice of the o_proj input, overwritten by an o_proj forward-pre-hook (TransformerLens-style, one forward
-per head and pair) or differentiated by torch.autograd."""
+per head and pair) or differentiated by torch.autograd; q, k and v are slices of q_proj/k_proj/v_proj's outputs
+(k and v per KV group); the pattern is replaced inside transformers' eager attention."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from headprune.errors import HeadpruneError
 from headprune.models.hf_families import load_family_model
 from headprune.patching import atp_z, patch, patch_z, run_pairs
+from headprune.patching.attribution_qk import atp_qk, atp_qkfix
+from headprune.patching.exact import unit_ids
 from headprune.patching.missed import missed_bound, subset_changes
+from headprune.patching.study import StudyOptions, patch_study
 from headprune.patching.tasks import induction
 
 from helpers import GQA_FAMILIES, module_inputs, save_gqa_family
@@ -120,7 +123,194 @@ def test_subsets_patched_together_equal_hf_with_those_o_proj_slices_overwritten(
     print(f"\nbound {bound.bound:.3f}, largest exact |change| unverified {exact.change.abs()[unverified].max():.3f}")
 
 
-def test_q_k_v_patching_is_refused_on_other_families(models):
+def _projection_outputs(hf, ids, name):
+    """Each layer's q_proj, k_proj or v_proj output (1, T, n·d_k) of a run on ids."""
+    out = {}
+    hooks = [getattr(layer.self_attn, name).register_forward_hook(lambda m, a, o, l=l: out.__setitem__(l, o))
+             for l, layer in enumerate(hf.model.layers)]
+    hf(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    return out
+
+
+def _overwritten(hf, name, layer, cols, value, positions=slice(None)):
+    """A forward hook writing value's ``cols`` into layer's ``name`` output at ``positions``."""
+    def hook(_m, _a, out):
+        out = out.clone()
+        out[0, positions, cols] = value[0, positions, cols]
+        return out
+    return getattr(hf.model.layers[layer].self_attn, name).register_forward_hook(hook)
+
+
+def _metric(hf, ids, answer, wrong, handles):
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, -1]
+    for h in handles:
+        h.remove()
+    return (logits[answer] - logits[wrong]).item()
+
+
+@pytest.mark.parametrize("activation", ["q", "k", "v"])
+def test_patch_q_k_v_equals_hf_with_a_projection_slice_overwritten(models, activation):
+    """q per query head; k and v per KV group (every query head of the group reads them), rows named L{l}G{g}.
+    Rotary acts per position, so overwriting the projection's output before it equals patching after it."""
+    hf, model = models
+    pairs = induction(VOCAB, 3, 5, seed=4)
+    ours = patch(model, pairs, activation, rows=4)
+    cfg = hf.config
+    dk, n = cfg.hidden_size // cfg.num_attention_heads, (cfg.num_attention_heads if activation == "q"
+                                                          else cfg.num_key_value_heads)
+    assert ours.kv_heads == (activation != "q")
+    ids = unit_ids(model, activation)
+    assert ids[: n + 1] == ([f"L0H{i}" for i in range(n)] + ["L1H0"] if activation == "q"
+                            else [f"L0G{g}" for g in range(n)] + ["L1G0"])
+    moved = 0.0
+    for p in range(len(pairs)):
+        clean, corrupt = pairs.clean[p].tolist(), pairs.corrupt[p].tolist()
+        a, w = int(pairs.answer[p]), int(pairs.wrong[p])
+        source = _projection_outputs(hf, clean, f"{activation}_proj")
+        for layer in range(cfg.num_hidden_layers):
+            for u in range(n):
+                cols = slice(u * dk, (u + 1) * dk)
+                want = _metric(hf, corrupt, a, w, [_overwritten(hf, f"{activation}_proj", layer, cols, source[layer])])
+                assert ours.values[p, layer * n + u].item() == pytest.approx(want, abs=1e-5)
+                moved = max(moved, abs(want - ours.m_corrupt[p].item()))
+    assert moved > 1e-3
+
+
+def test_patch_k_by_position_equals_hf_with_one_position_overwritten(models):
+    hf, model = models
+    pairs = induction(VOCAB, 2, 4, seed=6)
+    ours = patch(model, pairs, "k", by_position=True, rows=4)
+    cfg = hf.config
+    dk, n, T = cfg.hidden_size // cfg.num_attention_heads, cfg.num_key_value_heads, pairs.clean.shape[1]
+    assert ours.values.shape == (len(pairs), cfg.num_hidden_layers * n, T)
+    for p in range(len(pairs)):
+        source = _projection_outputs(hf, pairs.clean[p].tolist(), "k_proj")
+        for layer, g, t in ((0, n - 1, 1), (1, 0, T - 2), (0, 0, T - 1)):
+            handle = _overwritten(hf, "k_proj", layer, slice(g * dk, (g + 1) * dk), source[layer], t)
+            want = _metric(hf, pairs.corrupt[p].tolist(), int(pairs.answer[p]), int(pairs.wrong[p]), [handle])
+            assert ours.values[p, layer * n + g, t].item() == pytest.approx(want, abs=1e-5)
+
+
+def _eager_with_pattern(override):
+    """transformers' eager attention, with ``override(layer, probs) -> probs`` applied before the values."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+        scores = query @ key.transpose(2, 3) * scaling
+        if attention_mask is None:  # transformers leaves causality to a custom attention function
+            T = scores.shape[-1]
+            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        else:
+            scores = scores + attention_mask
+        probs = override(module.layer_idx, torch.softmax(scores.float(), dim=-1).to(query.dtype))
+        return (probs @ value).transpose(1, 2).contiguous(), probs
+    return attention
+
+
+def test_patch_pattern_equals_hf_attention_with_the_source_pattern(models):
+    from transformers import AttentionInterface
+
+    hf, model = models
+    pairs = induction(VOCAB, 2, 5, seed=7)
+    ours = patch(model, pairs, "pattern", rows=4)
+    h, target = hf.config.num_attention_heads, {}
+
+    def override(layer, probs):
+        if target.get("layer") != layer:
+            return probs
+        probs = probs.clone()
+        probs[:, target["head"]] = target["source"][:, target["head"]]
+        return probs
+    AttentionInterface.register("headprune_test_pattern", _eager_with_pattern(override))
+    hf.set_attn_implementation("headprune_test_pattern")
+    try:
+        for p in range(len(pairs)):
+            with torch.no_grad():
+                source = hf(pairs.clean[p : p + 1], output_attentions=True).attentions  # (1,h,T,T) per layer
+            for layer in range(hf.config.num_hidden_layers):
+                for head in range(h):
+                    target.update(layer=layer, head=head, source=source[layer])
+                    want = _metric(hf, pairs.corrupt[p].tolist(), int(pairs.answer[p]), int(pairs.wrong[p]), [])
+                    assert ours.values[p, layer * h + head].item() == pytest.approx(want, abs=1e-5)
+            target.clear()
+    finally:
+        hf.set_attn_implementation("eager")
+
+
+@pytest.mark.parametrize("activation", ["q", "k"])
+def test_atp_q_k_equal_hf_autograd_on_the_projections(models, activation):
+    """AtP of q per query head and of k per KV group: Σ (x_clean − x_corrupt) · ∂m/∂x on q_proj/k_proj's output
+    (rotary is an orthogonal map per position, so the dot product is the same before and after it)."""
+    hf, model = models
+    pairs = induction(VOCAB, 3, 5, seed=8)
+    ours = atp_qk(model, pairs, activation)
+    cfg = hf.config
+    dk = cfg.hidden_size // cfg.num_attention_heads
+    n = cfg.num_attention_heads if activation == "q" else cfg.num_key_value_heads
+    for p in range(len(pairs)):
+        source = _projection_outputs(hf, pairs.clean[p].tolist(), f"{activation}_proj")
+        base = {}
+        hooks = [getattr(layer.self_attn, f"{activation}_proj").register_forward_hook(
+            lambda m, a, o, l=l: base.__setitem__(l, o)) for l, layer in enumerate(hf.model.layers)]
+        logits = hf(pairs.corrupt[p : p + 1]).logits[0, -1]
+        for hook in hooks:
+            hook.remove()
+        m = logits[int(pairs.answer[p])] - logits[int(pairs.wrong[p])]
+        grads = torch.autograd.grad(m, [base[l] for l in range(cfg.num_hidden_layers)])
+        for layer, g in enumerate(grads):
+            diff = ((source[layer] - base[layer].detach()) * g)[0]  # (T, n·d_k)
+            for u in range(n):
+                want = float(diff[:, u * dk : (u + 1) * dk].sum())
+                got = ours.values[p, layer * n + u].item() - ours.m_corrupt[p].item()
+                assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_atp_qkfix_k_sums_its_kv_groups_query_heads_against_hf(models):
+    """QK-fix of KV group g: HF's exact pattern with k_g from the clean run (every head of the group changes),
+    minus the unpatched one, dotted with ∂m/∂A from autograd, summed over the group's query heads."""
+    hf, model = models
+    pairs = induction(VOCAB, 2, 5, seed=9)
+    ours = atp_qkfix(model, pairs, "k")
+    cfg = hf.config
+    dk, n_kv = cfg.hidden_size // cfg.num_attention_heads, cfg.num_key_value_heads
+    r = cfg.num_attention_heads // n_kv
+    hf.set_attn_implementation("eager")
+    for p in range(len(pairs)):
+        corrupt = pairs.corrupt[p : p + 1]
+        out = hf(corrupt, output_attentions=True)
+        m = out.logits[0, -1, int(pairs.answer[p])] - out.logits[0, -1, int(pairs.wrong[p])]
+        grads = torch.autograd.grad(m, list(out.attentions))
+        source = _projection_outputs(hf, pairs.clean[p].tolist(), "k_proj")
+        for layer in range(cfg.num_hidden_layers):
+            for g in range(n_kv):
+                handle = _overwritten(hf, "k_proj", layer, slice(g * dk, (g + 1) * dk), source[layer])
+                with torch.no_grad():
+                    patched = hf(corrupt, output_attentions=True).attentions[layer]
+                handle.remove()
+                heads = slice(g * r, (g + 1) * r)
+                want = float(((patched - out.attentions[layer].detach()) * grads[layer])[0, heads].sum())
+                got = ours.values[p, layer * n_kv + g].item() - ours.m_corrupt[p].item()
+                assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_study_table_has_a_row_per_kv_group_for_k_and_v(models):
     _, model = models
-    with pytest.raises(HeadpruneError, match="GPT-2 only"):
-        patch(model, induction(VOCAB, 2, 4, seed=0), "k")
+    pairs = induction(VOCAB, 3, 5, seed=10)
+    study = patch_study(model, pairs, StudyOptions(activations=("z", "k", "v"), bootstrap=20, bound_subsets=0))
+    table = study.table.set_index("head_id")
+    cfg = model.cfg
+    groups = [f"L{l}G{g}" for l in range(cfg.n_layers) for g in range(cfg.n_kv_heads)]
+    heads = [f"L{l}H{i}" for l in range(cfg.n_layers) for i in range(cfg.n_heads)]
+    assert list(table.index) == heads + groups
+    assert (table.loc[groups, "unit"] == "kv_group").all() and table.loc[groups, "patch_z"].isna().all()
+    assert table.loc[heads, "patch_k"].isna().all() and table.loc[groups, "head"].isna().all()
+    assert [int(table.loc[h, "kv_head"]) for h in heads] == [i // cfg.group_size for _ in range(cfg.n_layers)
+                                                            for i in range(cfg.n_heads)]
+    k = patch(model, pairs, "k")
+    assert table.loc[groups, "patch_k"].tolist() == pytest.approx(k.effect.tolist(), abs=1e-12)
+    agree = study.agreement.set_index("method")
+    assert {"atp_k", "atp_star_k"} <= set(agree.index)
