@@ -34,7 +34,7 @@ from torch import Tensor
 from headprune.errors import HeadpruneError
 from headprune.io.export_source import cast_floats, dtype_name, export_dtype
 from headprune.models.base import HeadModel
-from headprune.models.families import REGISTRY, Family, model_type
+from headprune.models.families import REGISTRY, Family, loadable_head_count, model_type
 from headprune.models.heads import head_id
 
 O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gpt_neox": "attention_bias"}
@@ -60,24 +60,33 @@ def _has_o_constant(model: HeadModel) -> bool:
 
 
 def is_uniform(model: HeadModel) -> bool:
-    """Whether stock transformers can hold the prune at smaller shapes: a Llama-like family, every layer the same
-    h' ≥ 1 query heads and h_kv' KV heads, each KV head serving h'/h_kv' consecutive kept query heads."""
-    if model_type(model) == "gpt_neox":
-        return False
+    """Every layer the same h' ≥ 1 query heads and h_kv' KV heads, each KV head serving h'/h_kv' consecutive kept
+    query heads (``repeat_kv``'s layout)."""
     layouts = {(blk.attn.n_heads, blk.attn.n_kv_heads) for blk in model.h}
     return len(layouts) == 1 and min(layouts)[0] > 0 and all(blk.attn.one_to_one or blk.attn.repeats
                                                              for blk in model.h)
 
 
+def is_compact(model: HeadModel) -> bool:
+    """Whether stock transformers can hold the prune at smaller shapes: a Llama-like family, a uniform prune
+    (:func:`is_uniform`), and a query head count its config accepts (:func:`~.families.loadable_head_count`)."""
+    kind = model_type(model)
+    return (kind != "gpt_neox" and is_uniform(model)
+            and loadable_head_count(kind, model.cfg.d_model, model.h[0].attn.n_heads))
+
+
 def hf_layout(model: HeadModel) -> str:
     """The one line ``prune --format hf`` prints about what it wrote."""
-    if is_uniform(model):
+    if is_compact(model):
         a = model.h[0].attn
         return (f"hf export: compact, {a.n_heads} query / {a.n_kv_heads} KV heads per layer (was "
                 f"{model.cfg.n_heads} / {model.cfg.n_kv_heads}), loads at smaller shapes in stock transformers")
+    n = model.h[0].attn.n_heads
     why = ("GPT-NeoX derives its head size from d/h" if model_type(model) == "gpt_neox"
            else "the prune is not uniform: that needs the same query and KV head counts in every layer, each KV "
-                "head serving as many query heads")
+                "head serving as many query heads" if not is_uniform(model)
+           else f"transformers' LlamaConfig needs hidden_size {model.cfg.d_model} to be a multiple of "
+                f"num_attention_heads {n}; prune --uniform chooses only counts it accepts")
     return f"hf export: original shapes with the removed heads zeroed ({why})"
 
 
@@ -188,13 +197,13 @@ def export_family_hf(model: HeadModel, folder: str | os.PathLike, overwrite: boo
 
     dtype = export_dtype(model, dtype)
     hf, family = _source_config(model, dtype), REGISTRY[model_type(model)]
-    if is_uniform(model):
+    if is_compact(model):
         a = model.h[0].attn
         hf.update(num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=model.cfg.d_head)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     else:
         state = _zeroed_state(model)
     _add_o_bias(model, hf, state)
-    marker = _marker(model, "hf", {"layout": "compact" if is_uniform(model) else "zeroed", **(metadata or {}),
+    marker = _marker(model, "hf", {"layout": "compact" if is_compact(model) else "zeroed", **(metadata or {}),
                                    "dtype": dtype_name(dtype)})
     return _write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)

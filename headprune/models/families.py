@@ -17,6 +17,13 @@ from headprune.models.neox import NeoX, NeoXConfig
 from headprune.models.rotary import SCALINGS
 
 
+def loadable_head_count(kind: str, d_model: int, n_heads: int) -> bool:
+    """Whether stock transformers builds a ``kind`` config with ``n_heads`` query heads of width ``d_model``:
+    transformers 5's LlamaConfig requires hidden_size to be a multiple of num_attention_heads even when head_dim is
+    given (2048 / 24 is refused); Mistral's, Qwen2's and Qwen3's do not."""
+    return kind != "llama" or d_model % n_heads == 0
+
+
 def _kept(hf: dict) -> dict:
     return {"kept_heads": [list(k) for k in hf.get("headprune_kept_heads", [])]}
 

@@ -2,7 +2,8 @@
 
 A Llama-family layer with h query heads in h_kv groups of r = h/h_kv loads at smaller shapes when every layer keeps
 the same h_kv' groups and the same r' query heads in each (then ``repeat_kv`` pairs them right). For every such
-shape (h_kv', r'), 1 ≤ h_kv' ≤ h_kv, 1 ≤ r' ≤ r, that removes L·(h − h_kv'·r') heads, the best choice under a score
+shape (h_kv', r'), 1 ≤ h_kv' ≤ h_kv, 1 ≤ r' ≤ r (for Llama also d a multiple of h_kv'·r', which transformers'
+LlamaConfig requires), that removes L·(h − h_kv'·r') heads, the best choice under a score
 s (higher = more important) is, in each layer independently: keep in each group its r' highest-scoring heads, and
 keep the h_kv' groups whose kept heads score highest in sum. That maximises the total kept score Σ s over all
 prunes of that shape (each layer's choice is separable, and within a group the top r' are optimal). Among the
@@ -35,7 +36,7 @@ def _layer_choice(values: dict[int, float], groups: list[list[int]], n_groups: i
 def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction: float | None = None,
                   count: int | None = None, selection: Selection = DEFAULT_SELECTION) -> list[Head]:
     """The heads to remove (least important first) for the best uniform prune near the asked amount."""
-    from headprune.models.families import model_type
+    from headprune.models.families import loadable_head_count, model_type
 
     kind = model_type(model)
     if kind in ("gpt2", "gpt_neox"):
@@ -51,7 +52,8 @@ def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction:
     values = {(int(l), int(h)): float(v) for l, h, v in zip(frame["layer"], frame["head"], adjusted)}
     L, h, r = cfg.n_layers, cfg.n_heads, cfg.group_size
     k = _how_many(L * h, fraction, count, "the model")
-    shapes = [(g, p) for g in range(1, cfg.n_kv_heads + 1) for p in range(1, r + 1)]
+    shapes = [(g, p) for g in range(1, cfg.n_kv_heads + 1) for p in range(1, r + 1)
+              if loadable_head_count(kind, cfg.d_model, g * p)]  # stock transformers builds its config
     removed_by = {shape: L * (h - shape[0] * shape[1]) for shape in shapes}
     nearest = min(sorted(set(removed_by.values())), key=lambda n: (abs(n - k), -n))
     groups = [list(range(g * r, (g + 1) * r)) for g in range(cfg.n_kv_heads)]

@@ -55,3 +55,45 @@ def test_qwen_hf_exports_equal_hf_with_heads_zeroed(case, tmp_path_factory, tmp_
     assert attn.q_proj.weight.shape == (n_q * d_head, hf.config.hidden_size)
     assert attn.k_proj.weight.shape == (n_kv * d_head, hf.config.hidden_size)
     assert (got - hf_zeroed(hf, x, uniform, d_head)).abs().max() <= TOL
+
+
+def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_by_uniform(tmp_path):
+    """transformers 5's LlamaConfig refuses hidden_size % num_attention_heads != 0 even with head_dim given (24 / 5
+    here), so a uniform prune to 5 heads of 4 is written at the original shapes, and ``uniform_heads`` only picks
+    counts the config accepts."""
+    import pandas as pd
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
+
+    from headprune.io.family_export import hf_layout, is_compact
+    from headprune.models.families import loadable_head_count
+    from headprune.pruning.uniform import uniform_heads
+
+    for n in range(1, 7):
+        try:
+            LlamaConfig(hidden_size=24, num_attention_heads=n, num_key_value_heads=1, head_dim=4)
+            accepted = True
+        except Exception:  # transformers' strict-dataclass validation error
+            accepted = False
+        assert accepted == loadable_head_count("llama", 24, n) == (n != 5), n
+        MistralConfig(hidden_size=24, num_attention_heads=n, num_key_value_heads=1, head_dim=4)  # no such rule
+        assert loadable_head_count("mistral", 24, n)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=24, num_attention_heads=6, num_key_value_heads=6,
+                                      intermediate_size=40, num_hidden_layers=2, initializer_range=0.2)).eval()
+    hf.save_pretrained(tmp_path / "llama")
+    ours = load_model(tmp_path / "llama")
+    x = tokens(3) % 64
+
+    removed = [(0, 5), (1, 2)]  # uniform: 5 query / 5 KV heads left in each layer
+    pruned = prune_heads(ours, removed)
+    assert not is_compact(pruned) and "multiple of num_attention_heads 5" in hf_layout(pruned)
+    config, _, got = _hf_export_logits(ours, removed, tmp_path / "zeroed", x)
+    assert config["num_attention_heads"] == 6
+    assert (got - hf_zeroed(hf, x, removed, 4)).abs().max() <= TOL
+
+    scores = pd.DataFrame([{"layer": l, "head": h, "s": float(10 * l + h)} for l, h in ours.head_ids])
+    chosen = uniform_heads(ours, scores, "s", count=2)  # 5 heads a layer would be exact, but is refused
+    assert len(chosen) == 4
+    config, compact, got = _hf_export_logits(ours, chosen, tmp_path / "compact", x)
+    assert config["num_attention_heads"] == 4
+    assert (got - hf_zeroed(hf, x, chosen, 4)).abs().max() <= TOL
