@@ -1,9 +1,10 @@
 """Zero-ablation of every head: headprune's cached, batched sweep against the naive loop and TransformerLens.
 
-    python -m benchmarks.bench_ablation [--batch 4 --seq 256] [--tl]
+    python -m benchmarks.bench_ablation [--batch 4 --seq 256] [--tl] [--arch gpt2-small | smollm-135m]
 
-GPT-2 small architecture, random weights, the same tokens for all. The naive loop runs one full gated
-forward per head; TransformerLens (``--tl``; needs ``pip install "transformer-lens<4" torch==2.13.0``)
+GPT-2 small architecture (or ``--arch smollm-135m``: SmolLM-135M's Llama layout, 30 layers of 9 query / 3 KV heads
+of 64, d 576, SwiGLU 1536, vocab 49152, tied), random weights, the same tokens for all. The naive loop runs one
+full gated forward per head; TransformerLens (``--tl``; needs ``pip install "transformer-lens<4" torch==2.13.0``)
 zeroes ``hook_z`` of one head per ``run_with_hooks`` call, with ``fold_value_biases`` off so the head's
 value-bias share is removed as our gate removes it.
 
@@ -15,7 +16,9 @@ loop's h·L·f; the printed bound is that ratio, measured c and u taken from the
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -78,10 +81,29 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+SMOLLM = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+          "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "tie_word_embeddings": True,
+          "max_position_embeddings": 2048, "rope_theta": 10000.0}
+
+
+def smollm_checkpoint(seed: int = 0) -> Path:
+    """A random-init SmolLM-135M-shaped LlamaForCausalLM in Hugging Face format (built once per call)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(tempfile.mkdtemp(prefix="smollm-135m-"))
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(**SMOLLM)).save_pretrained(folder)
+    return folder
+
+
 def bound(model, seq_len) -> float:
     """Fraction of the naive loop's work an exact per-head sweep cannot avoid (FLOP model)."""
-    d, L, V, T = model.cfg.d_model, model.cfg.n_layers, model.cfg.vocab_size, seq_len
-    layer = 2 * (4 * d * d + 2 * d * model.cfg.d_mlp) + 4 * d * T  # attention + MLP FLOPs per token
+    cfg = model.cfg
+    d, L, V, T = cfg.d_model, cfg.n_layers, cfg.vocab_size, seq_len
+    h, dk = cfg.n_heads, cfg.d_head
+    h_kv = getattr(cfg, "n_kv_heads", h)
+    mlp = (3 if hasattr(cfg, "n_kv_heads") else 2) * d * cfg.d_mlp  # SwiGLU has three matrices, GPT-2's MLP two
+    layer = 2 * (2 * d * h * dk + 2 * d * h_kv * dk + mlp) + 4 * h * dk * T  # attention + MLP FLOPs per token
     head = 2 * d * V
     forward = L * layer + head
     work = sum((L - l) * layer + head for l in range(L)) / L
@@ -94,11 +116,15 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--tl", action="store_true", help="also time TransformerLens's hook_z loop")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--arch", default="gpt2-small", choices=["gpt2-small", "smollm-135m"])
     args = ap.parse_args()
-    folder = gpt2_small_checkpoint()
+    if args.tl and args.arch != "gpt2-small":
+        ap.error("--tl converts GPT-2 weights only")
+    folder = gpt2_small_checkpoint() if args.arch == "gpt2-small" else smollm_checkpoint()
     model = load_model(folder, device=args.device)
-    ids = torch.randint(0, 50257, (args.batch * args.seq,), generator=torch.Generator().manual_seed(0))
-    print(f"GPT-2 small, random weights, {args.batch} x {args.seq} tokens, 144 heads, "
+    H = len(model.head_ids)
+    ids = torch.randint(0, model.cfg.vocab_size, (args.batch * args.seq,), generator=torch.Generator().manual_seed(0))
+    print(f"{args.arch}, random weights, {args.batch} x {args.seq} tokens, {H} heads, "
           f"{torch.get_num_threads()} threads")
     t0 = time.perf_counter()
     ours = torch.tensor(score_heads(model, ids, "abl_zero", Windowing(args.seq, args.seq, args.batch),
@@ -108,8 +134,8 @@ def main() -> None:
     naive = naive_loop(model, ids, args.seq, args.batch)
     t_naive = time.perf_counter() - t0
     b = bound(model, args.seq)
-    print(f"naive loop: {t_naive:.1f} s ({t_naive / 144:.2f} s/head)   headprune sweep: {t_ours:.1f} s "
-          f"({t_ours / 144:.2f} s/head)   max |diff| {(ours - naive).abs().max():.1e}")
+    print(f"naive loop: {t_naive:.1f} s ({t_naive / H:.2f} s/head)   headprune sweep: {t_ours:.1f} s "
+          f"({t_ours / H:.2f} s/head)   max |diff| {(ours - naive).abs().max():.1e}")
     print(f"speed-up over naive: {t_naive / t_ours:.2f}x (target >= 1.35x); FLOP bound {1 / b:.2f}x; "
           f"reached {(t_naive / t_ours) / (1 / b):.0%} of the bound")
     t_fwd = min(_timed(lambda: evaluate(model, ids, args.seq, args.seq, args.batch, progress=False)) for _ in range(3))
@@ -120,7 +146,7 @@ def main() -> None:
         t0 = time.perf_counter()
         tl = transformer_lens_loop(folder, ids, args.seq, args.batch)
         t_tl = time.perf_counter() - t0
-        print(f"TransformerLens hook_z loop: {t_tl:.1f} s ({t_tl / 144:.2f} s/head), max |diff| vs ours "
+        print(f"TransformerLens hook_z loop: {t_tl:.1f} s ({t_tl / H:.2f} s/head), max |diff| vs ours "
               f"{(tl - ours).abs().max():.1e}; speed-up {t_tl / t_ours:.2f}x (target >= 1.5x)")
 
 

@@ -8,13 +8,15 @@ fp32, sharded safetensors with an index: 1.24 B parameters, 4.9 GB. Built once i
 
 Each measurement runs in its own process, one after another, so its peak RSS (``ru_maxrss``) is its own:
 
-    load      ``load_model`` (headprune) and ``AutoModelForCausalLM.from_pretrained`` (transformers): RSS / fp32 bytes
+    load      ``load_model`` (headprune) and ``AutoModelForCausalLM.from_pretrained`` (transformers), then an 8-token
+              forward: peak RSS / fp32 bytes; "runtime": the imports alone
     forward   headprune's forward vs transformers' eager and sdpa on the same weights, 1 × 512 tokens, interleaved
     export F  in every layer, the F·8 KV groups of lowest summed ``wo_fro`` removed with their query heads (so the
               KV cache shrinks by F), ``export_hf``; its logits on 2 × 32 tokens kept for the next stage
-    serve F   the export in stock transformers (sdpa, as loaded): its config's head counts, max |Δlogit| against
-              headprune's pruned model, prefill of 8 × 512 tokens (the KV cache filled, only the last logits
-              computed), decode of 16 tokens at batch 1 and 32 after a 16-token prompt, the KV cache's bytes
+    serve F   :func:`headprune.pruning.serving.measure_serving` of the export in stock transformers (sdpa, as
+              loaded): its head counts, max |Δlogit| against headprune's pruned model, prefill of 8 × 512 tokens
+              (the KV cache filled, only the last logits computed), decode at batch 1 and 32 (median of 16 steps
+              after a 16-token prompt), the KV cache's bytes per token
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -61,17 +62,23 @@ def _fp32_bytes(folder: Path) -> int:
 
 
 def load(folder: Path, which: str) -> dict:
-    t0 = time.perf_counter()
-    if which == "headprune":
-        from headprune.io.loading import load_model
+    """Peak RSS of loading and one 8-token forward (transformers maps safetensors lazily: the forward makes every
+    weight resident, so both sides hold the whole model). ``which`` = "runtime": the imports alone."""
+    import transformers  # in every process: the runtime both sides pay
 
+    from headprune.io.loading import load_model
+
+    t0 = time.perf_counter()
+    x = torch.zeros(1, 8, dtype=torch.long)
+    if which == "runtime":
+        return {"which": which, "peak_rss": peak_rss()}
+    if which == "headprune":
         model = load_model(folder)
     else:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     seconds = time.perf_counter() - t0
-    del model
+    with torch.no_grad():
+        model(x)
     return {"which": which, "seconds": seconds, "peak_rss": peak_rss(), "x_fp32": peak_rss() / _fp32_bytes(folder)}
 
 
@@ -127,40 +134,11 @@ def export(folder: Path, fraction: float, out: Path) -> dict:
 
 
 def serve(folder: Path, decode_steps: int, prompt: int) -> dict:
-    from transformers import AutoModelForCausalLM
+    from headprune.pruning.serving import Workload, measure_serving
 
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    cfg = hf.config
-    result: dict = {"num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-                    "q_proj_shape": list(hf.model.layers[0].self_attn.q_proj.weight.shape),
-                    "parameters": sum(p.numel() for p in hf.parameters())}
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        if (folder / "bench_logits.pt").exists():
-            saved = torch.load(folder / "bench_logits.pt")
-            result["max_abs_logit_diff"] = float((hf(saved["tokens"]).logits - saved["logits"]).abs().max())
-        hf(torch.randint(0, cfg.vocab_size, (1, 32), generator=gen), logits_to_keep=1)  # warm-up
-        x = torch.randint(0, cfg.vocab_size, (8, 512), generator=gen)
-        t0 = time.perf_counter()
-        hf(x, use_cache=True, logits_to_keep=1)
-        result["prefill_tokens_per_s"] = x.numel() / (time.perf_counter() - t0)
-        for batch in (1, 32):
-            out = hf(torch.randint(0, cfg.vocab_size, (batch, prompt), generator=gen), use_cache=True,
-                     logits_to_keep=1)
-            past, step_times = out.past_key_values, []
-            for _ in range(decode_steps):
-                nxt = out.logits[:, -1:].argmax(-1)
-                t0 = time.perf_counter()
-                out = hf(nxt, past_key_values=past, use_cache=True)
-                step_times.append(time.perf_counter() - t0)
-                past = out.past_key_values
-            result[f"decode_b{batch}_tokens_per_s"] = batch / statistics.median(step_times)
-            kv = sum(t.nbytes for layer in past.layers for t in (layer.keys, layer.values))
-            result[f"kv_cache_bytes_b{batch}"] = kv
-            result[f"kv_cache_tokens_b{batch}"] = batch * (prompt + decode_steps)
-    result["kv_bytes_per_token"] = result["kv_cache_bytes_b32"] / result["kv_cache_tokens_b32"]
-    result["peak_rss"] = peak_rss()
-    return result
+    check = torch.load(folder / "bench_logits.pt") if (folder / "bench_logits.pt").exists() else None
+    result = measure_serving(folder, Workload(batch=8, seq_len=512, steps=decode_steps, prompt=prompt), check)
+    return result | {"peak_rss": peak_rss()}
 
 
 def _stage(*argv: str) -> dict:
@@ -202,7 +180,7 @@ def main() -> None:
     results: dict = {"shape": SHAPE, "threads": torch.get_num_threads(),
                      "build": json.loads((folder / "bench_build.json").read_text())}
     d = ["--dir", str(folder)]
-    results["load"] = [_stage("load", which, *d) for which in ("headprune", "transformers")]
+    results["load"] = [_stage("load", which, *d) for which in ("runtime", "headprune", "transformers")]
     results["forward"] = _stage("forward", "", *d, "--tokens", str(args.tokens), "--repeats", str(args.repeats))
     results["exports"] = []
     for fraction in (float(f) for f in args.fractions.split(",")):

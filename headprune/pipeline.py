@@ -106,6 +106,23 @@ def _patching(model, s: RunSettings, progress: Progress):
                           study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
 
 
+def _serving(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, windowing: Windowing
+             ) -> tuple[pd.DataFrame, dict] | None:
+    """The exports of the best ranking among the score columns, uniformly pruned at 0/25/50% and served in stock
+    transformers (None for GPT-2 and GPT-NeoX, whose hf exports keep the original shapes)."""
+    from headprune.models.families import model_type
+    from headprune.pruning.serving import Workload, serving_table
+    from headprune.schema import split_ranking
+
+    if model_type(model) in ("gpt2", "gpt_neox"):
+        return None
+    scored = curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)]
+    method = split_ranking(best_method(scored))[0]
+    work = Workload(batch=windowing.batch_size, seq_len=windowing.seq_len)
+    table = serving_table(model, scores, method, eval_ids, windowing, work=work)
+    return table, {"method": method, "workload": asdict(work)}
+
+
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
     """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table).
 
@@ -212,11 +229,16 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     if model_type(model) != "gpt2":  # another family: name it, its GQA layout and the unit heads are scored in
         settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
+    t0 = time.perf_counter()
+    served = _serving(model, curves, scores, eval_ids, windowing)
+    if served is not None:
+        settings |= {"serving": served[1], "seconds_serving": round(time.perf_counter() - t0, 1)}
     from headprune.schema import SCORES_DIGEST, scores_digest
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     t0 = time.perf_counter()
-    report = build_report(scores, curves, out, settings, baseline, anatomy, patching=patching)
+    report = build_report(scores, curves, out, settings, baseline, anatomy, patching=patching,
+                          serving=served[0] if served is not None else None)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
     log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())

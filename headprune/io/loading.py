@@ -16,7 +16,7 @@ from typing import cast
 import torch
 
 from headprune.errors import HeadpruneError, config_error
-from headprune.io.checkpoint import CheckpointReader
+from headprune.io.checkpoint import CheckpointReader, all_finite
 from headprune.io.hf_keys import convert_state_dict
 from headprune.models.base import Origin
 from headprune.models.families import SUPPORTED
@@ -161,7 +161,7 @@ def load_model(
     state = {}
     for key, raw in names.items():
         tensor = reader.get(raw)
-        if check_finite and not torch.isfinite(tensor).all():
+        if check_finite and not all_finite(tensor):
             raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {key}); the checkpoint is broken")
         state[key] = tensor.to(device=device, dtype=load_dtype)
         del tensor

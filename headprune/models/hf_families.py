@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from headprune.errors import HeadpruneError, config_error
-from headprune.io.checkpoint import CheckpointReader
+from headprune.io.checkpoint import CheckpointReader, all_finite
 from headprune.io.loading import check_device_dtype, parse_config_json, resolve_device, resolve_dtype, resolve_source
 from headprune.models.base import HeadModel, Origin
 from headprune.models.families import REGISTRY, SUPPORTED, Family
@@ -79,7 +79,7 @@ def load_family_model(
             state[key] = torch.zeros(shape, device=device, dtype=dtype)
             continue
         tensor = reader.get(names[key])
-        if check_finite and not torch.isfinite(tensor).all():
+        if check_finite and not all_finite(tensor):
             raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {names[key]}); the checkpoint is "
                                  "broken")
         state[key] = tensor.to(device=device, dtype=dtype)

@@ -19,6 +19,7 @@
   or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - with a patching study: ``patching.png`` and its tables (:mod:`.patching_section`);
+- for a model other than GPT-2: serving.csv, its exports served in stock transformers (:mod:`.serving_section`);
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
   perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \
@@ -62,6 +63,7 @@ from headprune.report.patching_section import (
 from headprune.report.plots import SCALES, make_pictures
 from headprune.report.recovery_section import recovery_parts, split_recovered
 from headprune.report.render import make_content, markdown_table, render_markdown, sections
+from headprune.report.serving_section import read_serving_file, serving_parts, write_serving_file
 from headprune.report.tables import (
     baseline_from_curves,
     best_method,
@@ -79,10 +81,11 @@ __all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_tabl
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
                  baseline: dict, anatomy: AnatomyReport | None = None, scale: str = "value",
-                 patching: PatchingReport | None = None) -> Path:
+                 patching: PatchingReport | None = None, serving: pd.DataFrame | None = None) -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
     With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`); with ``patching``, the
-    patching section and its files (:mod:`.patching_section`).
+    patching section and its files (:mod:`.patching_section`); with ``serving``, the exports served in stock
+    transformers (:mod:`.serving_section`).
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
@@ -96,12 +99,12 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
     recovery = recovery_parts(curves, recovered, baseline) if recovered is not None else None
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
-        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery, patching)
+        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery, patching, serving)
     return Path(out_dir).absolute() / "report.html"
 
 
 def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None, recovery=None,
-                  patching=None) -> None:
+                  patching=None, serving=None) -> None:
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -125,6 +128,9 @@ def _write_report(out: Path, scores, curves, content, settings, baseline, pictur
         for pic in patching_pictures:
             write_bytes(out / pic.name, pic.png)
         secs = before_pictures(secs, section)
+    if serving is not None:  # after the patching section, before the picture gallery
+        write_serving_file(out, serving)
+        secs = before_pictures(secs, serving_parts(serving, settings))
     if recovery is not None:  # after "Perplexity after pruning"
         section, pic, table = recovery
         write_bytes(out / pic.name, pic.png)
@@ -161,4 +167,4 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder), scale,
-                        read_patching_files(folder))
+                        read_patching_files(folder), read_serving_file(folder))

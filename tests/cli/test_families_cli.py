@@ -260,6 +260,26 @@ def test_run_on_llama_names_family_layout_and_unit(built, corpus, tmp_path):
     assert "unit: query head" in summary
     assert len(pd.read_parquet(out / "scores.parquet")) == 8
 
+    # the exports served in stock transformers: 25% is no shape of this model (nearest: 4 heads out of 8)
+    serving = pd.read_csv(out / "serving.csv")
+    assert serving["fraction"].tolist() == [0, 0.25, 0.5] and serving["removed"].tolist() == [0, 4, 4]
+    assert (serving["max_abs_logit_diff"] <= TOL).all()
+    curves = pd.read_csv(out / "curves.csv")
+    assert serving["ppl"][0] == pytest.approx(curves[curves["fraction"] == 0]["ppl"].iloc[0], rel=1e-9)
+    d_head, layers = 8, 2  # 32 / 4; keys and values of every layer, fp32
+    assert serving["kv_bytes_per_token"].tolist() == [2 * layers * kv * d_head * 4 for kv in serving["kv_heads"]]
+    compact = serving.iloc[2]
+    assert compact["layout"] == "compact" and compact["query_heads"] * 2 == 4 and compact["parameters"] < \
+        serving["parameters"][0]
+    assert "Serving the pruned model in stock transformers" in summary
+    assert summary.count("Removing 4 heads by ") == 1
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["serving"]["workload"]["seq_len"] == 32
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["report", "--scores", str(out / "scores.csv"), "--curves", str(out / "curves.csv"),
+                 "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "summary.md").read_text() == summary
+
 
 def test_score_unit_group_equals_hf_joint_ablation(built, corpus, capsys, tmp_path):
     """abl_zero_group against transformers with an o_proj pre-hook zeroing every query-head slice of the group,

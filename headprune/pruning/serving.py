@@ -1,0 +1,113 @@
+"""How pruned exports serve in stock transformers: prefill and decode throughput and KV-cache bytes beside the
+pruned model's perplexity (``headprune run`` on a non-GPT-2 model; ``benchmarks/bench_families.py``).
+
+For each asked fraction f: the uniform prune nearest f by a ranking (:func:`~.uniform.uniform_heads`: the same
+query and KV heads in every layer, so the hf export is compact wherever the family's config accepts the count),
+written by ``export_hf`` and loaded by ``AutoModelForCausalLM.from_pretrained`` (its default attention, sdpa):
+
+    prefill_tokens_per_s         B·T tokens / seconds of one forward filling the KV cache (only the last logits)
+    decode_b{b}_tokens_per_s     b / median seconds of one cached decoding step (``steps`` after a short prompt)
+    kv_bytes_per_token           the cache's key and value bytes over every layer, per token held
+    max_abs_logit_diff           transformers' logits against headprune's pruned model on the same tokens
+    ppl                          headprune's perplexity of the pruned model on the evaluation data
+
+Times are wall-clock on this machine in this process: compare rows of one table, not tables of two machines.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from headprune.perplexity import Windowing, evaluate
+
+SERVING_FRACTIONS = (0.0, 0.25, 0.5)
+SERVING_COLUMNS = ("fraction", "removed", "query_heads", "kv_heads", "layout", "parameters", "ppl",
+                   "prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b32_tokens_per_s", "kv_bytes_per_token",
+                   "max_abs_logit_diff")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is timed: a prefill of ``batch`` × ``seq_len`` tokens; ``steps`` decoding steps at each batch size in
+    ``decode_batches`` after a ``prompt``-token prompt."""
+
+    batch: int = 8
+    seq_len: int = 512
+    steps: int = 16
+    prompt: int = 16
+    decode_batches: tuple[int, ...] = (1, 32)
+    seed: int = 0
+
+
+@torch.no_grad()
+def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict | None = None,
+                    device: str | torch.device = "cpu") -> dict:
+    """Load ``folder`` in stock transformers on ``device`` and time ``work`` on random tokens (see the module
+    docstring). ``check``: {"tokens": (B,T), "logits": (B,T,V)} of headprune's model, compared with transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    hf: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    hf = hf.to(device).eval()
+    cfg = hf.config
+    gen = torch.Generator().manual_seed(work.seed)
+    tokens = lambda *shape: torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
+    result: dict = {"query_heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+                    "parameters": sum(p.numel() for p in hf.parameters())}
+    if check is not None:
+        logits = hf(check["tokens"].to(device)).logits.float().cpu()
+        result["max_abs_logit_diff"] = float((logits - check["logits"]).abs().max())
+    hf(tokens(1, min(32, work.seq_len)), logits_to_keep=1)  # warm-up
+    x = tokens(work.batch, work.seq_len)
+    t0 = time.perf_counter()
+    hf(x, use_cache=True, logits_to_keep=1)
+    result["prefill_tokens_per_s"] = x.numel() / (time.perf_counter() - t0)
+    for b in work.decode_batches:
+        out = hf(tokens(b, work.prompt), use_cache=True, logits_to_keep=1)
+        past, seconds = out.past_key_values, []
+        for _ in range(work.steps):
+            nxt = out.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
+            out = hf(nxt, past_key_values=past, use_cache=True)
+            seconds.append(time.perf_counter() - t0)
+            past = out.past_key_values
+        result[f"decode_b{b}_tokens_per_s"] = b / statistics.median(seconds)
+        held = b * (work.prompt + work.steps)
+        result["kv_bytes_per_token"] = sum(t.nbytes for layer in past.layers for t in (layer.keys, layer.values)) / held
+    return result
+
+
+def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tensor, windowing: Windowing,
+                  fractions: tuple[float, ...] = SERVING_FRACTIONS, work: Workload = Workload()) -> pd.DataFrame:
+    """One row per fraction (:data:`SERVING_COLUMNS`): the uniform prune by ``method`` nearest it, exported and
+    served in stock transformers, with headprune's perplexity of it on ``eval_ids``. ``model``: a
+    :class:`~headprune.models.base.HeadModel` of a Llama-like family."""
+    from headprune.io.export import export_hf
+    from headprune.io.family_export import is_compact
+    from headprune.models.prune import prune_heads
+    from headprune.pruning.uniform import uniform_heads
+
+    check_tokens = torch.randint(0, model.cfg.vocab_size, (2, min(32, model.cfg.n_positions)),
+                                 generator=torch.Generator().manual_seed(work.seed))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
+        for fraction in fractions:
+            heads = uniform_heads(model, scores, method, fraction) if fraction > 0 else []
+            pruned: Any = prune_heads(model, heads) if heads else model
+            folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
+            with torch.no_grad():
+                check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
+            ppl = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size,
+                           progress=False).ppl
+            rows.append({"fraction": fraction, "removed": len(heads),
+                         "layout": "compact" if is_compact(pruned) or not heads else "zeroed", "ppl": ppl,
+                         **measure_serving(folder, work, check, model.device)})
+    return pd.DataFrame(rows, columns=list(SERVING_COLUMNS))
