@@ -15,8 +15,8 @@ Each measurement runs in its own process, one after another, so its peak RSS (``
               KV cache shrinks by F), ``export_hf``; its logits on 2 × 32 tokens kept for the next stage
     serve F   :func:`headprune.pruning.serving.measure_serving` of the export in stock transformers (sdpa, as
               loaded): its head counts, max |Δlogit| against headprune's pruned model, prefill of 8 × 512 tokens
-              (the KV cache filled, only the last logits computed), decode at batch 1 and 32 (median of 16 steps
-              after a 16-token prompt), the KV cache's bytes per token
+              (the KV cache filled, only the last logits computed; median of 3), decode at batch 1 and 32
+              (median of 16 steps after a 16-token prompt), the KV cache's bytes per token
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def serve(folder: Path, decode_steps: int, prompt: int) -> dict:
     from headprune.pruning.serving import Workload, measure_serving
 
     check = torch.load(folder / "bench_logits.pt") if (folder / "bench_logits.pt").exists() else None
-    result = measure_serving(folder, Workload(batch=8, seq_len=512, steps=decode_steps, prompt=prompt), check)
+    work = Workload(batch=8, seq_len=512, steps=decode_steps, prompt=prompt, prefills=3)
+    result = measure_serving(folder, work, check)
     return result | {"peak_rss": peak_rss()}
 
 

@@ -5,7 +5,7 @@ For each asked fraction f: the uniform prune nearest f by a ranking (:func:`~.un
 query and KV heads in every layer, so the hf export is compact wherever the family's config accepts the count),
 written by ``export_hf`` and loaded by ``AutoModelForCausalLM.from_pretrained`` (its default attention, sdpa):
 
-    prefill_tokens_per_s         B·T tokens / seconds of one forward filling the KV cache (only the last logits)
+    prefill_tokens_per_s         B·T tokens / median seconds of a forward filling the KV cache (only the last logits)
     decode_b{b}_tokens_per_s     b / median seconds of one cached decoding step (``steps`` after a short prompt)
     kv_bytes_per_token           the cache's key and value bytes over every layer, per token held
     max_abs_logit_diff           transformers' logits against headprune's pruned model on the same tokens
@@ -37,14 +37,15 @@ SERVING_COLUMNS = ("fraction", "removed", "query_heads", "kv_heads", "layout", "
 
 @dataclass(frozen=True)
 class Workload:
-    """What is timed: a prefill of ``batch`` × ``seq_len`` tokens; ``steps`` decoding steps at each batch size in
-    ``decode_batches`` after a ``prompt``-token prompt."""
+    """What is timed: a prefill of ``batch`` × ``seq_len`` tokens (the median of ``prefills``); ``steps`` decoding
+    steps at each batch size in ``decode_batches`` after a ``prompt``-token prompt."""
 
     batch: int = 8
     seq_len: int = 512
     steps: int = 16
     prompt: int = 16
     decode_batches: tuple[int, ...] = (1, 32)
+    prefills: int = 1
     seed: int = 0
 
 
@@ -67,9 +68,12 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
         result["max_abs_logit_diff"] = float((logits - check["logits"]).abs().max())
     hf(tokens(1, min(32, work.seq_len)), logits_to_keep=1)  # warm-up
     x = tokens(work.batch, work.seq_len)
-    t0 = time.perf_counter()
-    hf(x, use_cache=True, logits_to_keep=1)
-    result["prefill_tokens_per_s"] = x.numel() / (time.perf_counter() - t0)
+    seconds = []
+    for _ in range(work.prefills):
+        t0 = time.perf_counter()
+        hf(x, use_cache=True, logits_to_keep=1)
+        seconds.append(time.perf_counter() - t0)
+    result["prefill_tokens_per_s"] = x.numel() / statistics.median(seconds)
     for b in work.decode_batches:
         out = hf(tokens(b, work.prompt), use_cache=True, logits_to_keep=1)
         past, seconds = out.past_key_values, []
