@@ -323,8 +323,8 @@ def test_rebuild_reads_tables_settings_and_baseline_beside_scores(report, tmp_pa
     seen = {}
     monkeypatch.setattr(report_module, "build_report", lambda *args: seen.setdefault("args", args))
     rebuild_report(out / "scores.parquet", out / "curves.parquet", tmp_path, "rank")
-    scores, curves, out_dir, settings, baseline, anatomy, scale, patching = seen["args"]
-    assert anatomy is None and patching is None and scale == "rank"  # the folder has no anatomy or patching
+    scores, curves, out_dir, settings, baseline, anatomy, scale, patching, serving = seen["args"]
+    assert anatomy is None and patching is None and serving is None and scale == "rank"  # none in the folder
     pd.testing.assert_frame_equal(scores, read_table(out / "scores.parquet"))
     pd.testing.assert_frame_equal(curves, read_table(out / "curves.parquet"))
     assert out_dir == tmp_path and settings == SETTINGS and baseline == BASELINE
