@@ -82,24 +82,22 @@ def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path, monkeypatch
     assert not (two / ".progress.jsonl").exists()
 
 
-def test_torchrun_run_on_a_gqa_llama_equals_one_process(corpus, tmp_path):
-    """The same on a grouped-query Llama (6 query / 3 KV heads, with its own tokenizer): scores, curves, the
-    patching study and the report's inputs are the same bytes from one process and from two."""
+def test_torchrun_score_on_a_gqa_llama_equals_one_process(corpus, tmp_path):
+    """The same on a grouped-query Llama (6 query / 3 KV heads, its own tokenizer): every kind of scoring unit
+    (weights, activations, gradients, ablations) gives the same bytes from one process and from two."""
     from tests.cli.test_families_cli import save_tokenizer
     from tests.helpers import save_gqa_family
 
     folder = tmp_path / "llama"
     save_gqa_family("llama", folder, 320, seed=3)
     save_tokenizer(folder, corpus.read_text())
-    args = ["run", "--model", str(folder), "--data", str(corpus), "--score-data", str(corpus), "--max-tokens", "300",
-            "--seq-len", "32", "--batch-size", "2", "--fractions", "0,0.5", "--seeds", "2", "--bootstrap", "40",
-            "--patch-task", "induction", "--patch-pairs", "6", "--methods", "wo_fro,fluct,grad,abl_zero"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    _headprune(tmp_path, args + ["--out", str(one)])
-    _headprune(tmp_path, args + ["--out", str(two)], nproc=2)
-    for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv", "patch.csv"]:
-        assert (two / name).read_bytes() == (one / name).read_bytes(), name
-    assert len((one / "scores.csv").read_text().splitlines()) == 1 + 2 * 6
+    args = ["score", "--model", str(folder), "--data", str(corpus), "--max-tokens", "300", "--seq-len", "32",
+            "--batch-size", "2", "--ablation-rows", "4", "--methods", "wo_fro,fluct,grad,abl_zero,abl_mean"]
+    _headprune(tmp_path, args + ["--out", str(tmp_path / "one.csv")])
+    _headprune(tmp_path, args + ["--out", str(tmp_path / "two.csv")], nproc=2)
+    one = (tmp_path / "one.csv").read_bytes()
+    assert (tmp_path / "two.csv").read_bytes() == one
+    assert len(one.decode().splitlines()) == 1 + 2 * 6
 
 
 # ---------------------------------------------------------------- two "nodes" on one machine (c10d rendezvous)

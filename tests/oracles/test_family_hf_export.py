@@ -62,6 +62,7 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
     here), so a uniform prune to 5 heads of 4 is written at the original shapes, and ``uniform_heads`` only picks
     counts the config accepts."""
     import pandas as pd
+    from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
     from headprune.io.family_export import hf_layout, is_compact
@@ -72,7 +73,7 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
         try:
             LlamaConfig(hidden_size=24, num_attention_heads=n, num_key_value_heads=1, head_dim=4)
             accepted = True
-        except Exception:  # transformers' strict-dataclass validation error
+        except StrictDataclassClassValidationError:  # transformers' config validation
             accepted = False
         assert accepted == loadable_head_count("llama", 24, n) == (n != 5), n
         MistralConfig(hidden_size=24, num_attention_heads=n, num_key_value_heads=1, head_dim=4)  # no such rule
@@ -95,5 +96,5 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
     chosen = uniform_heads(ours, scores, "s", count=2)  # 5 heads a layer would be exact, but is refused
     assert len(chosen) == 4
     config, compact, got = _hf_export_logits(ours, chosen, tmp_path / "compact", x)
-    assert config["num_attention_heads"] == 4
+    assert config["num_attention_heads"] == 4 and compact.model.layers[0].self_attn.q_proj.weight.shape == (16, 24)
     assert (got - hf_zeroed(hf, x, chosen, 4)).abs().max() <= TOL
