@@ -255,7 +255,7 @@ def test_atp_q_k_equal_hf_autograd_on_the_projections(models, activation):
         source = _projection_outputs(hf, pairs.clean[p].tolist(), f"{activation}_proj")
         base = {}
         hooks = [getattr(layer.self_attn, f"{activation}_proj").register_forward_hook(
-            lambda m, a, o, l=l: base.__setitem__(l, o)) for l, layer in enumerate(hf.model.layers)]
+            lambda m, a, o, l=l, b=base: b.__setitem__(l, o)) for l, layer in enumerate(hf.model.layers)]
         logits = hf(pairs.corrupt[p : p + 1]).logits[0, -1]
         for hook in hooks:
             hook.remove()
