@@ -207,7 +207,7 @@ def finetune(
     overwrite: bool = False,
     show_progress: bool = True,
 ) -> FinetuneResult:
-    """Train every parameter of ``model`` in place for ``recipe.steps`` AdamW steps (see the module docstring).
+    """Train every parameter of ``model`` its checkpoint stores, in place, for ``recipe.steps`` AdamW steps.
 
     ``checkpoint``: a file to write every ``recipe.checkpoint_every`` steps and to resume from (the caller
     removes it once the result is safe). The model is left in eval mode without gradients."""
@@ -215,6 +215,8 @@ def finetune(
     _check_inputs(model, ids, recipe, teacher)
     key = run_key(model, ids, recipe, teacher)
     model.train().requires_grad_(True)
+    for b_O in _unstored_biases(model):
+        b_O.requires_grad_(False)
     opt, sched = make_optimizer(model, recipe)
     path = Path(checkpoint) if checkpoint is not None else None
     start, losses = _load_checkpoint(path, key, model, opt, sched, overwrite) if path is not None else (0, [])
@@ -270,6 +272,14 @@ def read_marker(folder: str | os.PathLike) -> dict:
             marker.get("removed_heads", []), list):
         raise HeadpruneError(f"{path} is not a headprune export record; the export is damaged")
     return marker
+
+
+def _unstored_biases(model) -> list[torch.Tensor]:
+    """The zero b_O of a family whose checkpoint has no o_proj bias (``cfg.o_bias`` False): held out of training,
+    since its export could not store a trained value (transformers' Mistral and Qwen2 have no such bias)."""
+    if getattr(model.cfg, "o_bias", True):
+        return []
+    return [blk.attn.b_O for blk in model.h]
 
 
 def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fold_value_bias: bool = False

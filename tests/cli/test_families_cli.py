@@ -321,3 +321,39 @@ def test_score_unit_group_equals_hf_joint_ablation(built, corpus, capsys, tmp_pa
     assert main(["score", "--model", str(built["neox"][0]), *map(str, data), "--unit", "group", "--out",
                  str(tmp_path / "n.csv")]) == 2
     assert "needs grouped-query attention" in capsys.readouterr().err and not (tmp_path / "n.csv").exists()
+
+
+def test_finetune_and_learn_gates_on_llama(built, corpus, capsys, tmp_path):
+    """Recovery fine-tuning of a pruned Llama's hf export (distilled from the unpruned model): the result loads in
+    stock transformers with its logits equal to headprune's, the removed heads stay zero, and the reported
+    perplexity is the reloaded model's. Learned gates close exactly the asked share of query heads."""
+    from safetensors.torch import load_file
+
+    from headprune.perplexity import evaluate
+    from headprune.pruning.finetune import load_pruned
+
+    folder, _ = built["llama"]
+    text = corpus.read_text()
+    train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
+    train.write_text(text[: len(text) // 2])
+    held_out.write_text(text[len(text) // 2 :])
+    cli(capsys, "prune", "--model", folder, "--heads", "L0H1,L1H2", "--format", "hf", "--out", tmp_path / "pruned",
+        "--data", held_out, "--quiet")
+    summary = json.loads(cli(capsys, "finetune", tmp_path / "pruned", "--steps", "3", "--train-data", train,
+                             "--data", held_out, "--teacher", folder, "--seq-len", "16", "--batch-size", "2",
+                             "--lr", "1e-3", "--out", tmp_path / "ft", "--quiet", "--json"))
+    assert summary["format"] == "hf" and summary["after"]["ppl"] != summary["before"]["ppl"]
+    ours, _ = load_pruned(tmp_path / "ft")  # the export's record of its removed heads
+    assert ours.cfg.kept_heads == [[0, 2, 3], [0, 1, 3]]
+    _, theirs = hf_logits(tmp_path / "ft", tokens())
+    assert (theirs - ours(tokens())).abs().max() <= TOL
+    o_proj = load_file(tmp_path / "ft" / "model.safetensors")["model.layers.0.self_attn.o_proj.weight"]  # [32, 4·8]
+    assert o_proj[:, 8:16].abs().max() == 0 and o_proj[:, :8].abs().max() > 0
+    ev = evaluate(ours, corpus_ids(str(held_out), "test", model_tokenizer(ours), None), 64, 64, progress=False)
+    assert ev.ppl == pytest.approx(summary["after"]["ppl"], rel=1e-5)
+
+    out = cli(capsys, "learn-gates", "--model", folder, "--data", train, "--sparsity", "0.5", "--gate-steps", "4",
+              "--seq-len", "16", "--out", tmp_path / "gates.csv", "--quiet")
+    gates = pd.read_csv(tmp_path / "gates.csv")
+    assert gates["head_id"].tolist() == [f"L{l}H{h}" for l in range(2) for h in range(4)]
+    assert gates["gate"].between(0, 1).all() and "closed 4 of 8 heads" in out
