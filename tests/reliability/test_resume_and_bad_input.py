@@ -154,8 +154,10 @@ def test_sigint_stops_cleanly_and_says_how_to_resume(tiny_dir, corpus, tmp_path)
     out = tmp_path / "s.csv"
     progress = tmp_path / "s.csv.progress.jsonl"
     env = _env(tmp_path, HEADPRUNE_TEST_KILL_AFTER_UNITS="3", HEADPRUNE_TEST_KILL_SIGNAL="INT")
+    # a shell without job control starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT:
+    # the child gets the default disposition back, as a terminal's foreground process has it
     proc = subprocess.run(_score_cmd(tiny_dir, corpus, out), env=env, check=False, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.returncode == 130, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "run the same command again to resume" in proc.stderr
     assert not out.exists() and _lines(progress) == 4  # the header and the three units
