@@ -82,9 +82,10 @@ def test_torchrun_run_equals_one_process(tiny_dir, corpus, tmp_path, monkeypatch
     assert not (two / ".progress.jsonl").exists()
 
 
-def test_torchrun_score_on_a_gqa_llama_equals_one_process(corpus, tmp_path):
+def test_torchrun_score_and_curve_on_a_gqa_llama_equal_one_process(corpus, tmp_path):
     """The same on a grouped-query Llama (6 query / 3 KV heads, its own tokenizer): every kind of scoring unit
-    (weights, activations, gradients, ablations) gives the same bytes from one process and from two."""
+    (weights, activations, gradients, ablations) and the mean-compensated curves give the same bytes from one
+    process and from two."""
     from tests.cli.test_families_cli import save_tokenizer
     from tests.helpers import save_gqa_family
 
@@ -98,6 +99,14 @@ def test_torchrun_score_on_a_gqa_llama_equals_one_process(corpus, tmp_path):
     one = (tmp_path / "one.csv").read_bytes()
     assert (tmp_path / "two.csv").read_bytes() == one
     assert len(one.decode().splitlines()) == 1 + 2 * 6
+    curve = ["curve", "--model", str(folder), "--data", str(corpus), "--scores", str(tmp_path / "one.csv"),
+             "--methods", "wo_fro,abl_zero", "--fractions", "0,0.5", "--seeds", "2", "--compensate", "mean",
+             "--score-data", str(corpus), "--max-tokens", "300", "--seq-len", "32", "--batch-size", "2"]
+    _headprune(tmp_path, curve + ["--out", str(tmp_path / "curve-one.csv")])
+    _headprune(tmp_path, curve + ["--out", str(tmp_path / "curve-two.csv")], nproc=2)
+    curves = (tmp_path / "curve-one.csv").read_bytes()
+    assert curves.count(b"\n") == 1 + 2 * 2 * 2 + 2  # header, 2 importances x none/mean x 2 fractions, random
+    assert (tmp_path / "curve-two.csv").read_bytes() == curves
 
 
 # ---------------------------------------------------------------- two "nodes" on one machine (c10d rendezvous)
