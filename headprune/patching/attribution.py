@@ -66,9 +66,9 @@ def _dot(model: GPT2, runs: Runs, z: dict[int, Tensor], grads: tuple[Tensor, ...
                       for l, g in zip(model.active_layers, grads)], dim=1).cpu()
 
 
-def _result(method: str, runs: Runs, estimate: Tensor) -> Patching:
+def _result(method: str, runs: Runs, estimate: Tensor, kv_heads: bool = False) -> Patching:
     return Patching(method, runs.m_base.double().cpu().view(-1, 1) + estimate, runs.m_clean.double().cpu(),
-                    runs.m_corrupt.double().cpu(), direction=runs.direction)
+                    runs.m_corrupt.double().cpu(), direction=runs.direction, kv_heads=kv_heads)
 
 
 def atp_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",

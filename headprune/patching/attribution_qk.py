@@ -77,12 +77,6 @@ def _check(model: GPT2, activation: str, method: str) -> None:
     model.require_heads(method)
 
 
-def _patching(method: str, model, runs: Runs, activation: str, estimate: Tensor) -> Patching:
-    result = _result(method, runs, estimate)
-    result.kv_heads = per_kv_head(model, activation)
-    return result
-
-
 def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
            direction: str = "denoise", runs: Runs | None = None) -> Patching:
     """Plain AtP of every head's q or k (``activation``; the module docstring's atp_x; k per KV group under GQA)."""
@@ -98,7 +92,7 @@ def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAU
         with torch.no_grad():
             source = model.qkv(l, runs.source_resid[l])[which]
         parts.append(torch.einsum("phtc,phtc->ph", (source - x.detach()).double(), g.double()))
-    return _patching(f"atp_{activation}", model, runs, activation, torch.cat(parts, dim=1).cpu())
+    return _result(f"atp_{activation}", runs, torch.cat(parts, dim=1).cpu(), per_kv_head(model, activation))
 
 
 def _pattern_change(model: GPT2, runs: Runs, rec: dict[int, _Record], activation: str) -> dict[int, Tensor]:
@@ -140,7 +134,7 @@ def atp_qkfix(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DE
         m, rec, cap = _forward(model, runs)
         grads = torch.autograd.grad(m.sum(), [cap.attn[l] for l in model.active_layers])
     estimate = _dot(model, _pattern_change(model, runs, rec, activation), grads, activation)
-    return _patching(f"atp_qkfix_{activation}", model, runs, activation, estimate)
+    return _result(f"atp_qkfix_{activation}", runs, estimate, per_kv_head(model, activation))
 
 
 def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
@@ -150,7 +144,7 @@ def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = 
     runs = runs or run_pairs(model, pairs, metric, direction)
     L = model.cfg.n_layers
     holder: list = [None]
-    total = torch.zeros(len(runs.pairs), len(patch_units(model, activation)), dtype=torch.float64)
+    total = torch.zeros(len(runs.pairs), len(patch_units(model, per_kv_head(model, activation))), dtype=torch.float64)
     with torch.enable_grad():
         m, rec, cap = _forward(model, runs, holder)
         change = _pattern_change(model, runs, rec, activation)
@@ -160,7 +154,7 @@ def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = 
                                         retain_graph=layer < L - 1, allow_unused=True)
             total += _dot(model, change, grads, activation).abs()
     sign = 1.0 if runs.direction == "denoise" else -1.0  # noising moves m away from the clean run
-    return _patching(f"atp_star_{activation}", model, runs, activation, sign * total / max(L - 1, 1))
+    return _result(f"atp_star_{activation}", runs, sign * total / max(L - 1, 1), per_kv_head(model, activation))
 
 
 def atp_q(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",

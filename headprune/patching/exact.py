@@ -75,21 +75,21 @@ def per_kv_head(model, activation: str) -> bool:
     return activation in ("k", "v") and getattr(model.cfg, "n_kv_heads", model.cfg.n_heads) < model.cfg.n_heads
 
 
-def layer_units(model, layer: int, activation: str) -> list[int]:
-    """Original indices of what patching ``activation`` replaces one at a time in ``layer``: its KV heads
-    (:func:`per_kv_head`) or its query heads."""
-    return model.cfg.kept_kv_heads(layer) if per_kv_head(model, activation) else model.cfg.kept_heads[layer]
+def layer_units(model, layer: int, kv_heads: bool) -> list[int]:
+    """Original indices of what patching replaces one at a time in ``layer``: its KV heads (``kv_heads``, see
+    :func:`per_kv_head`) or its query heads."""
+    return model.cfg.kept_kv_heads(layer) if kv_heads else model.cfg.kept_heads[layer]
 
 
-def patch_units(model, activation: str) -> list[tuple[int, int]]:
+def patch_units(model, kv_heads: bool) -> list[tuple[int, int]]:
     """(layer, original index) of every patched unit, layer-major: the columns of a :class:`Patching`."""
-    return [(layer, u) for layer in model.active_layers for u in layer_units(model, layer, activation)]
+    return [(layer, u) for layer in model.active_layers for u in layer_units(model, layer, kv_heads)]
 
 
-def unit_ids(model, activation: str) -> list[str]:
-    """``L{l}H{i}`` per query head, or ``L{l}G{g}`` per KV group where k and v are shared (:func:`per_kv_head`)."""
-    name = group_id if per_kv_head(model, activation) else head_id
-    return [name(layer, u) for layer, u in patch_units(model, activation)]
+def unit_ids(model, kv_heads: bool) -> list[str]:
+    """``L{l}H{i}`` per query head, or ``L{l}G{g}`` per KV group (``kv_heads``: k and v shared under GQA)."""
+    name = group_id if kv_heads else head_id
+    return [name(layer, u) for layer, u in patch_units(model, kv_heads)]
 
 
 def patch_rows(model, rows: int | None = None) -> int:
@@ -154,7 +154,7 @@ def patch_layer(model: GPT2, runs: Runs, layer: int, activation: str = "z", by_p
     """The metric of every pair with each unit of ``layer`` (:func:`layer_units`) patched, one unit (and position)
     at a time: [P][U] (or [P][U][T] with ``by_position``), as lists."""
     P, T = runs.pairs.clean.shape
-    U = len(layer_units(model, layer, activation))
+    U = len(layer_units(model, layer, per_kv_head(model, activation)))
     items = [(i, t) for i in range(U) for t in (range(T) if by_position else [None])]  # (unit, position)
     b = min(P, rows)
     copies = max(1, rows // b)

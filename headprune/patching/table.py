@@ -33,10 +33,9 @@ def _counts(n_pairs: int, bootstrap: int, seed: int) -> torch.Tensor:
 
 def _units(model: GPT2, kv_heads: bool) -> pd.DataFrame:
     """One row per query head (layer, head, head_id), or per KV group (layer, kv_head, head_id ``L{l}G{g}``)."""
-    activation = "k" if kv_heads else "z"
-    units = patch_units(model, activation)
+    units = patch_units(model, kv_heads)
     frame = pd.DataFrame({"layer": [l for l, _ in units], ("kv_head" if kv_heads else "head"): [u for _, u in units],
-                          "head_id": unit_ids(model, activation)})
+                          "head_id": unit_ids(model, kv_heads)})
     return frame.assign(unit="kv_group" if kv_heads else "head")
 
 

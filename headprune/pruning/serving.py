@@ -92,8 +92,8 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
 def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tensor, windowing: Windowing,
                   fractions: tuple[float, ...] = SERVING_FRACTIONS, work: Workload = Workload()) -> pd.DataFrame:
     """One row per fraction (:data:`SERVING_COLUMNS`): the uniform prune by ``method`` nearest it, exported and
-    served in stock transformers, with headprune's perplexity of it on ``eval_ids``. ``model``: a
-    :class:`~headprune.models.base.HeadModel` of a Llama-like family."""
+    served in stock transformers, with headprune's perplexity of it on ``eval_ids`` (each distinct prune once).
+    ``model``: a :class:`~headprune.models.base.HeadModel` of a Llama-like family."""
     from headprune.io.export import export_hf
     from headprune.io.family_export import is_compact
     from headprune.models.prune import prune_heads
@@ -102,16 +102,20 @@ def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tenso
     check_tokens = torch.randint(0, model.cfg.vocab_size, (2, min(32, model.cfg.n_positions)),
                                  generator=torch.Generator().manual_seed(work.seed))
     rows = []
+    served: dict[frozenset, dict] = {}  # by the heads removed: two fractions may have the same nearest prune
     with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
         for fraction in fractions:
             heads = uniform_heads(model, scores, method, fraction) if fraction > 0 else []
-            pruned: Any = prune_heads(model, heads) if heads else model
-            folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
-            with torch.no_grad():
-                check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
-            ppl = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size,
-                           progress=False).ppl
-            rows.append({"fraction": fraction, "removed": len(heads),
-                         "layout": "compact" if is_compact(pruned) or not heads else "zeroed", "ppl": ppl,
-                         **measure_serving(folder, work, check, model.device)})
+            key = frozenset(heads)
+            if key not in served:
+                pruned: Any = prune_heads(model, heads) if heads else model
+                folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
+                with torch.no_grad():
+                    check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
+                ppl = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size,
+                               progress=False).ppl
+                served[key] = {"removed": len(heads), "ppl": ppl,
+                               "layout": "compact" if is_compact(pruned) or not heads else "zeroed",
+                               **measure_serving(folder, work, check, model.device)}
+            rows.append({"fraction": fraction, **served[key]})
     return pd.DataFrame(rows, columns=list(SERVING_COLUMNS))

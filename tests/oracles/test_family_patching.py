@@ -32,7 +32,17 @@ def _o_proj_inputs(hf, ids):
     return module_inputs([layer.self_attn.o_proj for layer in hf.model.layers], lambda: hf(torch.tensor([ids])))
 
 
+def _metric(hf, ids, answer, wrong, handles):
+    """HF's logit difference at ids' last position; the hooks ``handles`` are removed after the forward."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, -1]
+    for h in handles:
+        h.remove()
+    return (logits[answer] - logits[wrong]).item()
+
+
 def _logit_diff(hf, ids, answer, wrong, layer=None, cols=None, value=None):
+    """:func:`_metric` with o_proj's input columns ``cols`` of ``layer`` overwritten by value's (a pre-hook)."""
     hooks = []
     if layer is not None:
         def hook(_m, args):
@@ -40,29 +50,32 @@ def _logit_diff(hf, ids, answer, wrong, layer=None, cols=None, value=None):
             z[0, :, cols] = value[:, cols]
             return (z,)
         hooks.append(hf.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(hook))
-    with torch.no_grad():
-        logits = hf(torch.tensor([ids])).logits[0, -1]
-    for h in hooks:
-        h.remove()
-    return (logits[answer] - logits[wrong]).item()
+    return _metric(hf, ids, answer, wrong, hooks)
+
+
+def _assert_each_unit_equals_hf(hf, ours, pairs, n, source_of, patched_metric):
+    """ours.values[p, l·n + u] is HF's metric on pair p's corrupt prompt with unit u of layer l (d_k columns) taken
+    from the clean run: ``source_of(clean_ids)[l]`` read by ``patched_metric(ids, answer, wrong, l, cols, source)``,
+    to 1e-5; and some patch moves the metric."""
+    dk = hf.config.hidden_size // hf.config.num_attention_heads
+    moved = 0.0
+    for p in range(len(pairs)):
+        corrupt, a, w = pairs.corrupt[p].tolist(), int(pairs.answer[p]), int(pairs.wrong[p])
+        source = source_of(pairs.clean[p].tolist())
+        for layer in range(hf.config.num_hidden_layers):
+            for u in range(n):
+                want = patched_metric(corrupt, a, w, layer, slice(u * dk, (u + 1) * dk), source[layer])
+                assert ours.values[p, layer * n + u].item() == pytest.approx(want, abs=1e-5)
+                moved = max(moved, abs(want - ours.m_corrupt[p].item()))
+    assert moved > 1e-3
 
 
 def test_patch_z_of_each_query_head_equals_hf_with_its_o_proj_slice_overwritten(models):
     hf, model = models
     pairs = induction(VOCAB, 3, 5, seed=1)
     ours = patch_z(model, pairs, rows=4)
-    h, dk = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
-    moved = 0.0
-    for p in range(len(pairs)):
-        clean, corrupt = pairs.clean[p].tolist(), pairs.corrupt[p].tolist()
-        a, w = int(pairs.answer[p]), int(pairs.wrong[p])
-        source = _o_proj_inputs(hf, clean)
-        for layer in range(hf.config.num_hidden_layers):
-            for head in range(h):
-                want = _logit_diff(hf, corrupt, a, w, layer, slice(head * dk, (head + 1) * dk), source[layer])
-                assert ours.values[p, layer * h + head].item() == pytest.approx(want, abs=1e-5)
-                moved = max(moved, abs(want - ours.m_corrupt[p].item()))
-    assert moved > 1e-3
+    _assert_each_unit_equals_hf(hf, ours, pairs, hf.config.num_attention_heads, lambda ids: _o_proj_inputs(hf, ids),
+                                lambda *args: _logit_diff(hf, *args))
 
 
 def test_atp_z_equals_hf_autograd(models):
@@ -143,14 +156,6 @@ def _overwritten(hf, name, layer, cols, value, positions=slice(None)):
     return getattr(hf.model.layers[layer].self_attn, name).register_forward_hook(hook)
 
 
-def _metric(hf, ids, answer, wrong, handles):
-    with torch.no_grad():
-        logits = hf(torch.tensor([ids])).logits[0, -1]
-    for h in handles:
-        h.remove()
-    return (logits[answer] - logits[wrong]).item()
-
-
 @pytest.mark.parametrize("activation", ["q", "k", "v"])
 def test_patch_q_k_v_equals_hf_with_a_projection_slice_overwritten(models, activation):
     """q per query head; k and v per KV group (every query head of the group reads them), rows named L{l}G{g}.
@@ -159,24 +164,15 @@ def test_patch_q_k_v_equals_hf_with_a_projection_slice_overwritten(models, activ
     pairs = induction(VOCAB, 3, 5, seed=4)
     ours = patch(model, pairs, activation, rows=4)
     cfg = hf.config
-    dk, n = cfg.hidden_size // cfg.num_attention_heads, (cfg.num_attention_heads if activation == "q"
-                                                          else cfg.num_key_value_heads)
+    n = cfg.num_attention_heads if activation == "q" else cfg.num_key_value_heads
     assert ours.kv_heads == (activation != "q")
-    ids = unit_ids(model, activation)
+    ids = unit_ids(model, activation != "q")
     assert ids[: n + 1] == ([f"L0H{i}" for i in range(n)] + ["L1H0"] if activation == "q"
                             else [f"L0G{g}" for g in range(n)] + ["L1G0"])
-    moved = 0.0
-    for p in range(len(pairs)):
-        clean, corrupt = pairs.clean[p].tolist(), pairs.corrupt[p].tolist()
-        a, w = int(pairs.answer[p]), int(pairs.wrong[p])
-        source = _projection_outputs(hf, clean, f"{activation}_proj")
-        for layer in range(cfg.num_hidden_layers):
-            for u in range(n):
-                cols = slice(u * dk, (u + 1) * dk)
-                want = _metric(hf, corrupt, a, w, [_overwritten(hf, f"{activation}_proj", layer, cols, source[layer])])
-                assert ours.values[p, layer * n + u].item() == pytest.approx(want, abs=1e-5)
-                moved = max(moved, abs(want - ours.m_corrupt[p].item()))
-    assert moved > 1e-3
+    name = f"{activation}_proj"
+    _assert_each_unit_equals_hf(hf, ours, pairs, n, lambda ids: _projection_outputs(hf, ids, name),
+                                lambda ids, a, w, layer, cols, value: _metric(
+                                    hf, ids, a, w, [_overwritten(hf, name, layer, cols, value)]))
 
 
 def test_patch_k_by_position_equals_hf_with_one_position_overwritten(models):
