@@ -22,7 +22,7 @@ from transformers import GPT2LMHeadModel
 
 from benchmarks.common import gpt2_small_checkpoint
 from headprune.io.loading import load_model
-from headprune.models.base import Capture
+from headprune.models.hooks import Capture
 from headprune.patching import patch_z
 from headprune.patching.tasks import induction
 

@@ -20,9 +20,9 @@ import torch
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
 from headprune.io.export import export_native
 from headprune.io.loading import load_model
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import format_heads
+from headprune.models.hooks import Capture
 from headprune.models.ledger import pruning_stats
 from headprune.pruning.options import Selection
 from headprune.pruning.prune import prune_model

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
+from headprune.models.hooks import Capture
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 

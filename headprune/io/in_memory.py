@@ -20,9 +20,10 @@ from torch import Tensor, nn
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.export import dense_state
 from headprune.io.hf_keys import convert_state_dict, hf_key
-from headprune.models.base import HeadModel, Origin
+from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, Family
 from headprune.models.gpt2 import GPT2, ModelConfig
+from headprune.models.head_config import Origin
 from headprune.models.hf_families import zero_filled
 
 if TYPE_CHECKING:

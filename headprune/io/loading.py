@@ -18,11 +18,11 @@ import torch
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
 from headprune.io.hf_keys import convert_state_dict
-from headprune.models.base import Origin
 from headprune.models.families import SUPPORTED
 from headprune.models.folding import fold_value_biases_
 from headprune.models.gpt2 import GPT2
 from headprune.models.gpt2_config import ModelConfig
+from headprune.models.head_config import Origin
 from headprune.schema import DEFAULT_MODEL
 
 ZOO = Path(__file__).parent.parent / "zoo"

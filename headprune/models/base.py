@@ -23,10 +23,7 @@ a bias to go into; ``cfg.o_bias`` says whether the checkpoint stores one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -34,136 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-
-
-@dataclass
-class Capture:
-    """Activations a forward records, by absolute layer (pass one as ``capture=`` to a model's ``forward``).
-
-    resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
-    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
-    """
-
-    resid_pre: dict[int, Tensor] = field(default_factory=dict)
-    z: dict[int, Tensor] = field(default_factory=dict)
-    attn: dict[int, Tensor] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a model's weights came from: what the user asked to load, and the folder read."""
-
-    source: str | None = None
-    folder: Path | None = None
-
-
-Head = tuple[int, int]  # (layer, original query head index)
-
-
-@dataclass
-class HeadConfig:
-    """Hyper-parameters every family has, and the query heads each layer keeps (original indices)."""
-
-    vocab_size: int = 256
-    n_positions: int = 2048  # max_position_embeddings
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4  # query heads per layer before pruning
-    n_kv_heads: int = 4  # key/value heads per layer before pruning (n_heads for multi-head attention)
-    d_head: int = 16  # may differ from d_model / n_heads (Qwen3, Mistral's head_dim)
-    d_mlp: int = 256
-    tie_word_embeddings: bool = False
-    o_bias: bool = False  # whether the checkpoint stores an o_proj bias (the model always has b_O, zero if not)
-    kept_heads: list[list[int]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if not self.kept_heads:
-            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
-        if len(self.kept_heads) != self.n_layers or any(
-            not isinstance(k, list) or k != sorted(set(k)) or any(not isinstance(h, int) or not 0 <= h < self.n_heads
-                                                                  for h in k) for k in self.kept_heads
-        ):
-            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
-                             f"{self.n_layers} layers; got {self.kept_heads}")
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head before pruning (1: multi-head attention)."""
-        return self.n_heads // self.n_kv_heads
-
-    def kv_head(self, head: int) -> int:
-        """The original KV head that original query head ``head`` reads: ⌊head / group_size⌋."""
-        return head // self.group_size
-
-    def kept_kv_heads(self, layer: int) -> list[int]:
-        """Original indices of the KV heads layer ``layer`` keeps: those serving one of its kept query heads."""
-        return sorted({self.kv_head(h) for h in self.kept_heads[layer]})
-
-    @property
-    def is_pruned(self) -> bool:
-        return any(len(k) != self.n_heads for k in self.kept_heads)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def gated(z: Tensor, gate: Tensor | None, fill: Tensor | None) -> Tensor:
-    """z (B,h,T,d_k) with z_i ← g_i z_i + (1 − g_i) f_i: gate [h], [B,h] or per position [B,h,T]; fill [h,d_k] or
-    per example and position [B,h,T,d_k] (None: 0)."""
-    if gate is None:
-        return z
-    h, dk = z.shape[1], z.shape[3]
-    g = (gate.unsqueeze(-1) if gate.dim() == 3 else gate.view(-1, h, 1, 1)).to(z.dtype)
-    f = None if fill is None else (fill if fill.dim() == 4 else fill.view(1, h, 1, dk)).to(z.dtype)
-    return g * z if f is None else g * z + (1 - g) * f
-
-
-class AttentionHook:
-    """Sees, and may replace, one layer's attention activations during a forward (:func:`hooked`): q (B,h,T,d_k)
-    and k, v (B,h_kv,T,d_k) after rotary, and, where ``needs_pattern``, the probabilities (B,h,T,T). The base
-    class changes nothing; patching subclasses it (:mod:`headprune.patching.exact`)."""
-
-    needs_pattern = False
-
-    def qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return q, k, v
-
-    def pattern(self, probs: Tensor) -> Tensor:
-        return probs
-
-
-@contextmanager
-def hooked(model: nn.Module, hooks: Mapping[int, AttentionHook]) -> Iterator[None]:
-    """Layer l's attention runs with ``hooks[l]`` inside the block (any family, GPT-2 included)."""
-    attns = [cast(Any, model).h[layer].attn for layer in hooks]
-    try:
-        for attn, hook in zip(attns, hooks.values()):
-            attn.hook = hook
-        yield
-    finally:
-        for attn in attns:
-            attn.hook = None
-
-
-def causal_probs(q: Tensor, k: Tensor, scale: float, window: int | None = None) -> Tensor:
-    """softmax(q kᵀ · scale + mask) (B,h,T,T) of q, k (B,h,T,d_k), in float32 and cast back: the causal mask, and
-    t − s < window where a sliding window is set."""
-    T = q.shape[2]
-    scores = (q @ k.transpose(-1, -2)).float() * scale
-    return scores.masked_fill(~sliding_causal_mask(T, window, q.device), float("-inf")).softmax(-1).to(q.dtype)
-
-
-def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Tensor:
-    """(T,T) bool, True where position t may attend to s: s ≤ t, and t − s < window when a window is set."""
-    t = torch.arange(T, device=device)
-    allowed = t[None, :] <= t[:, None]
-    return allowed if window is None else allowed & (t[None, :] > t[:, None] - window)
+from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
+from headprune.models.head_config import Head, HeadConfig, Origin
+from headprune.models.hooks import AttentionHook, Capture
 
 
 class HeadAttention(nn.Module):

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from headprune.models.base import HeadConfig, HeadModel
+from headprune.models.base import HeadModel
+from headprune.models.head_config import HeadConfig
 from headprune.models.llama import Decoder, DecoderConfig
 from headprune.models.neox import NeoX, NeoXConfig
 from headprune.models.rotary import SCALINGS

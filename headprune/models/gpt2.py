@@ -25,8 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import AttentionHook, Capture, Origin, causal_probs, gated
+from headprune.models.attention_ops import causal_probs, gated
 from headprune.models.gpt2_config import ModelConfig
+from headprune.models.head_config import Origin
+from headprune.models.hooks import AttentionHook, Capture
 
 
 def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
@@ -59,7 +61,7 @@ class Conv1D(nn.Module):
 class Attention(nn.Module):
     """Multi-head causal self-attention; every head in one batched call, gates and fills per head."""
 
-    hook: AttentionHook | None = None  # set by headprune.models.base.hooked
+    hook: AttentionHook | None = None  # set by headprune.models.hooks.hooked
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()

@@ -15,8 +15,9 @@ import torch
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
 from headprune.io.loading import check_device_dtype, parse_config_json, resolve_device, resolve_dtype, resolve_source
-from headprune.models.base import HeadModel, Origin
+from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, SUPPORTED, Family
+from headprune.models.head_config import Origin
 
 
 def family_of(hf: dict, folder: Path) -> Family:

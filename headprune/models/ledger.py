@@ -14,8 +14,8 @@ import copy
 import pandas as pd
 import torch
 
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
+from headprune.models.hooks import Capture
 
 
 def param_table(model: GPT2) -> pd.DataFrame:

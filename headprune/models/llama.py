@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import Capture, HeadAttention, HeadBlock, HeadBlocks, HeadConfig, HeadModel
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
+from headprune.models.head_config import HeadConfig
+from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -33,7 +35,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 @dataclass
 class DecoderConfig(HeadConfig):
-    """Llama / Mistral / Qwen2 / Qwen3 hyper-parameters (see :class:`~.base.HeadConfig` for the shared ones)."""
+    """Llama / Mistral / Qwen2 / Qwen3 hyper-parameters (see :class:`~.head_config.HeadConfig` for the shared ones)."""
 
     family: str = "llama"
     rms_norm_eps: float = 1e-6

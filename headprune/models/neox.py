@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import Capture, HeadAttention, HeadBlock, HeadBlocks, HeadConfig, HeadModel
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
+from headprune.models.head_config import HeadConfig
+from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
-from headprune.models.base import Head, HeadModel
+from headprune.models.base import HeadModel
+from headprune.models.head_config import Head
 
 
 def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:

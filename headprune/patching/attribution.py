@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
+from headprune.models.hooks import Capture
 from headprune.patching.exact import Patching, Runs, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, last_logits, metric_values
 from headprune.patching.pairs import PromptPairs

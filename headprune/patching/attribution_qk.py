@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import AttentionHook, Capture, hooked
 from headprune.models.gpt2 import GPT2
+from headprune.models.hooks import AttentionHook, Capture, hooked
 from headprune.patching.attribution import _DropBranch, _result
 from headprune.patching.exact import Patching, Runs, patch_units, per_kv_head, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, last_logits, metric_values

@@ -34,9 +34,9 @@ from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.base import AttentionHook, Capture, hooked
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import group_id, head_id
+from headprune.models.hooks import AttentionHook, Capture, hooked
 from headprune.patching.metrics import DEFAULT_METRIC, check_metric, last_logits, metric_values
 from headprune.patching.pairs import PromptPairs
 

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Head, HeadModel
+from headprune.models.base import HeadModel
+from headprune.models.head_config import Head
 from headprune.pruning.options import DEFAULT_SELECTION, Selection
 from headprune.pruning.selection import _adjusted_scores, _check_amount, _check_frame, _how_many
 

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from headprune.bootstrap import ratio
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors
 from headprune.perplexity import Batch, window_sums
 from headprune.schema import ABLATION_METHODS

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from headprune.bootstrap import ratio
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
+from headprune.models.hooks import Capture
 from headprune.perplexity import Batch
 from headprune.schema import ACTIVATION_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit

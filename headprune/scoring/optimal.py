@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.hooks import Capture
 from headprune.perplexity import Batch
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture
 from headprune.models.gpt2 import GPT2
+from headprune.models.hooks import Capture
 from headprune.perplexity import Batch
 from headprune.schema import RESAMPLE_METHODS
 from headprune.scoring.ablation import AblationScores, ablate_layer, cache_batch

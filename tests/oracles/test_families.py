@@ -24,8 +24,8 @@ from transformers import (
 )
 
 from headprune.errors import HeadpruneError
-from headprune.models.base import Capture
 from headprune.models.hf_families import load_family_model, load_family_tokenizer
+from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.models.prune import prune_heads
 from headprune.models.rotary import inv_frequencies

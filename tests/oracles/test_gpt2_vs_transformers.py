@@ -10,9 +10,9 @@ from transformers import GPT2LMHeadModel
 
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
-from headprune.models.base import Capture
 from headprune.models.gpt2 import Attention
 from headprune.models.gpt2_config import ModelConfig
+from headprune.models.hooks import Capture
 
 from helpers import TINY, random_tokens, save_hf_gpt2
 
