@@ -25,6 +25,7 @@ from headprune.models.families import REGISTRY, Family
 from headprune.models.gpt2 import GPT2, ModelConfig
 from headprune.models.head_config import Origin
 from headprune.models.hf_families import zero_filled
+from headprune.models.meta import on_meta
 
 if TYPE_CHECKING:
     from transformers import GPT2LMHeadModel, PreTrainedModel
@@ -95,7 +96,7 @@ def _assign(model_class: Any, cfg: Any, state: dict[str, Tensor],
     """``model_class(cfg)`` built on the meta device, then owning copies of ``state`` (checked against its
     keys and shapes, and finite); a missing key that ``zero(key)`` allows (b_O of a family without an o_proj
     bias) is zeros, on the device and dtype of the state's first weight."""
-    with torch.device("meta"):
+    with on_meta():
         model = model_class(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(k for k in set(expected) - set(state) if not zero(k))
@@ -127,7 +128,7 @@ def to_hf(model: GPT2) -> GPT2LMHeadModel:
         raise HeadpruneError(f"to_hf converts headprune's GPT2 into a GPT2LMHeadModel; got {type(model).__name__}")
     full, state = dense_state(model)
     config = GPT2Config(**full.to_hf(), dtype=model.dtype)
-    with torch.device("meta"):
+    with on_meta():
         hf = GPT2LMHeadModel(config)
     result = hf.load_state_dict({hf_key(k): v for k, v in state.items()}, strict=False, assign=True)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}, result

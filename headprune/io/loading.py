@@ -23,6 +23,7 @@ from headprune.models.folding import fold_value_biases_
 from headprune.models.gpt2 import GPT2
 from headprune.models.gpt2_config import ModelConfig
 from headprune.models.head_config import Origin
+from headprune.models.meta import on_meta
 from headprune.schema import DEFAULT_MODEL
 
 ZOO = Path(__file__).parent.parent / "zoo"
@@ -137,7 +138,7 @@ def load_model(
     cfg = untie_if_distinct(cfg, reader)
     names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key
     specs = {key: reader.specs[raw] for key, raw in names.items()}
-    with torch.device("meta"):  # shapes only: nothing is allocated, an absurd config included
+    with on_meta():  # shapes only: nothing is allocated, an absurd config included
         model = GPT2(cfg)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(specs))

@@ -18,6 +18,7 @@ from headprune.io.loading import check_device_dtype, parse_config_json, resolve_
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, SUPPORTED, Family
 from headprune.models.head_config import Origin
+from headprune.models.meta import on_meta
 
 
 def family_of(hf: dict, folder: Path) -> Family:
@@ -56,7 +57,7 @@ def load_family_model(
     folder = resolve_source(source)
     family, cfg = read_family_config(folder)
     reader = CheckpointReader(folder)
-    with torch.device("meta"):  # shapes only: nothing is allocated
+    with on_meta():  # shapes only: nothing is allocated
         model = family.model_class(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     ours = {k: our for k in reader.specs if (our := family.our_key(k)) is not None}  # HF key -> ours

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-import torch
 from torch import Tensor
 
 from headprune.models.base import HeadModel
 from headprune.models.head_config import Head
+from headprune.models.meta import on_meta
 
 
 def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:
@@ -45,7 +45,7 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
     cfg = dataclasses.replace(model.cfg, kept_heads=kept_heads)
     if checked:
         cfg = dataclasses.replace(cfg, o_bias=True)  # the compensation is in b_O now
-    with torch.device("meta"):
+    with on_meta():
         new = type(model)(cfg)
     new.load_state_dict(state, assign=True)
     grads = {name: p.requires_grad for name, p in model.named_parameters()}

@@ -19,6 +19,8 @@ progress unit.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Mapping
 from functools import partial
 
 import numpy as np
@@ -31,7 +33,8 @@ from headprune.bootstrap import interval, window_counts
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.gpt2 import GPT2, unembed_nll
+from headprune.models.head_config import Head
 from headprune.models.ledger import param_table
 from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery
@@ -41,7 +44,7 @@ from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN,
 from headprune.scoring.ablation import cache_batch
 
 CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation starts up to this size
-
+PREFIX_CACHE_BYTES = 1 << 30  # and up to this much of the pruned models' streams, least recently used dropped first
 
 def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
@@ -49,35 +52,82 @@ def _key(job: tuple, recover_steps: int = 0) -> str:
     return f"curve/w/{f'recover{recover_steps}/' if recover_steps else ''}{method}/{comp}/{fraction!r}/s{seed}"
 
 
+LayerKey = tuple[tuple[int, bytes | None], ...]  # the heads one layer lost, each with its fill's bytes (None: zero)
+
+
+def layer_keys(heads: list[Head], fills: Mapping[Head, Tensor] | None, n_layers: int) -> tuple[LayerKey, ...]:
+    """What pruning ``heads`` with ``fills`` does to each layer: a pruned layer's weights, hence its output on a
+    given input, are a function of its key alone (() for a layer left whole)."""
+    per_layer: list[list[tuple[int, bytes | None]]] = [[] for _ in range(n_layers)]
+    for layer, head in sorted(heads):
+        fill = None if fills is None else fills[(layer, head)].detach().double().cpu().numpy().tobytes()
+        per_layer[layer].append((head, fill))
+    return tuple(tuple(k) for k in per_layer)
+
+
 class Evaluator:
-    """Per-window NLL sums of pruned models on fixed batches, each started from the unpruned model's residual
-    stream entering the first layer that lost a head (layers before it are identical, so is their output)."""
+    """Per-window NLL sums of pruned models on fixed batches, each started from a residual stream computed before.
+
+    Layer l of a pruned model depends only on what pruning did to layer l (:func:`layer_keys`), so the stream
+    entering layer l is fixed by the keys of layers < l, its *prefix*. The unpruned model's streams are kept for
+    every layer, and each evaluation keeps the streams it computes under their prefix (least recently used dropped
+    beyond ``PREFIX_CACHE_BYTES``); a model starts at the deepest layer whose prefix was seen, where the unpruned
+    model's is that of every layer before its first pruned one. The same layers on the same input give the same
+    bits, so where a model starts changes no value."""
 
     def __init__(self, model: GPT2, batches: list[Batch]):
         self.batches = batches
         per_batch = [cache_batch(model, b) for b in batches]
         self.base = [s for _, sums in per_batch for s in sums]  # [W] unpruned NLL sums
-        size = sum(t.numel() * t.element_size() for cache, _ in per_batch for t in cache.values())
-        self.resid_pre = [cache for cache, _ in per_batch] if size <= CACHE_BYTES else None
+        self.n_layers = model.cfg.n_layers
+        layer_bytes = sum(cache[0].numel() * cache[0].element_size() for cache, _ in per_batch)  # one layer's
+        cached = layer_bytes * self.n_layers <= CACHE_BYTES
+        # unpruned[l][k]: the stream entering layer l for batch k
+        self.unpruned = [[cache[l] for cache, _ in per_batch] for l in range(self.n_layers)] if cached else None
+        self.capacity = PREFIX_CACHE_BYTES // max(layer_bytes, 1) if cached else 0  # pruned streams kept
+        self.streams: OrderedDict[tuple[int, tuple[LayerKey, ...]], list[Tensor]] = OrderedDict()
 
-    def __call__(self, pruned: GPT2, start: int = 0) -> list[float]:
-        """[W] NLL sums of ``pruned``, which equals the unpruned model in layers < ``start`` (0: a whole forward)."""
-        return pruned_window_sums(pruned, self.batches, self.resid_pre if start > 0 else None, start)
+    def _start(self, keys: tuple[LayerKey, ...]) -> tuple[int, list[Tensor]]:
+        """The deepest layer l whose prefix keys[:l] has a stream, and that stream (per batch)."""
+        assert self.unpruned is not None
+        first = next((l for l, key in enumerate(keys) if key), self.n_layers - 1)
+        for layer in range(self.n_layers - 1, first, -1):
+            found = self.streams.get((layer, keys[:layer]))
+            if found is not None:
+                self.streams.move_to_end((layer, keys[:layer]))
+                return layer, found
+        return first, self.unpruned[first]
+
+    def __call__(self, pruned: GPT2, keys: tuple[LayerKey, ...] | None) -> list[float]:
+        """[W] NLL sums of ``pruned``, whose layers are ``keys`` (:func:`layer_keys`; None: any weight may differ
+        from the unpruned model's, so from the embeddings)."""
+        if keys is None or self.unpruned is None:
+            return pruned_window_sums(pruned, self.batches)
+        start, source = self._start(keys)
+        computed: dict[int, list[Tensor]] = {}
+        sums = pruned_window_sums(pruned, self.batches, start, source, computed)
+        for layer, streams in computed.items():
+            self.streams[(layer, keys[:layer])] = streams
+        while len(self.streams) > self.capacity:
+            self.streams.popitem(last=False)
+        return sums
 
 
 @torch.no_grad()
-def pruned_window_sums(pruned: GPT2, batches: list[Batch], resid_pre: list[dict[int, Tensor]] | None, start: int
-                       ) -> list[float]:
-    """[W] NLL sums of ``pruned`` on ``batches``: from ``resid_pre[k][start]`` (the unpruned model's residual stream
-    entering layer ``start``) where given, else from the embeddings."""
+def pruned_window_sums(pruned: GPT2, batches: list[Batch], start: int = 0, streams: list[Tensor] | None = None,
+                       keep: dict[int, list[Tensor]] | None = None) -> list[float]:
+    """[W] NLL sums of ``pruned`` on ``batches``, from ``streams[k]``, the residual stream entering layer ``start``
+    of batch k (None: from the embeddings). ``keep`` receives, per layer after ``start``, the stream entering it
+    for each batch."""
     sums: list[float] = []
     for k, batch in enumerate(batches):
         batch = batch.to(pruned.device)
-        if resid_pre is not None:
-            logits = pruned.unembed(pruned.run_blocks(resid_pre[k][start], start=start))
-        else:
-            logits = pruned(batch.tokens)
-        sums += window_sums(token_nll(logits, batch.tokens), batch.mask)
+        resid = pruned.embed(batch.tokens) if streams is None else streams[k]
+        for layer in range(start, pruned.cfg.n_layers):
+            if keep is not None and layer > start:
+                keep.setdefault(layer, []).append(resid)
+            resid = pruned.run_blocks(resid, start=layer, stop=layer + 1)
+        sums += window_sums(unembed_nll(pruned, resid, batch.tokens), batch.mask)
     return sums
 
 
@@ -159,9 +209,9 @@ def pruning_curves(
             fills = compensation.fills(comp, heads)
             pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
             if recovery is not None:
-                recovery.train(pruned)  # every layer may change: evaluated from the embeddings on
-            start = min((l for l, _ in heads), default=0) if recovery is None else 0
-            evaluated[key] = {"sums": evaluator_()(pruned, start),
+                recovery.train(pruned)  # every layer may change: evaluated from the embeddings
+            keys = layer_keys(heads, fills, model.cfg.n_layers) if recovery is None else None
+            evaluated[key] = {"sums": evaluator_()(pruned, keys),
                               "params": int(param_table(pruned).params.sum())}
         return {**evaluated[key], "heads_pruned": len(heads)}
 

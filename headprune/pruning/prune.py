@@ -31,6 +31,7 @@ from headprune.models.gpt2 import GPT2, Attention
 from headprune.models.gpt2_config import ModelConfig
 from headprune.models.heads import check_heads
 from headprune.models.interventions import Head, check_fills
+from headprune.models.meta import on_meta
 
 
 def removed_heads(model: GPT2) -> list[Head]:
@@ -94,7 +95,7 @@ def prune_model(model: GPT2, heads: Iterable[Head], fills: Mapping[Head, Tensor]
 
 def _build(like: GPT2, cfg: ModelConfig, state: dict[str, Tensor]) -> GPT2:
     """GPT2(cfg) holding ``state`` (tensors adopted, not copied), with ``like``'s mode, grads and origin."""
-    with torch.device("meta"):
+    with on_meta():
         new = GPT2(cfg)
     new.load_state_dict(state, assign=True)
     grads = {name: p.requires_grad for name, p in like.named_parameters()}

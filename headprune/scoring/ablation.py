@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from headprune.bootstrap import ratio
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.gpt2 import GPT2, unembed_nll
 from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors
 from headprune.perplexity import Batch, window_sums
@@ -33,8 +33,8 @@ def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], list[floa
     """resid_pre of every layer and the baseline NLL sum of each window of the batch."""
     batch = batch.to(model.device)
     capture = Capture()
-    logits = model.unembed(model.run_blocks(model.embed(batch.tokens), capture=capture))
-    return capture.resid_pre, window_sums(token_nll(logits, batch.tokens), batch.mask)
+    resid = model.run_blocks(model.embed(batch.tokens), capture=capture)
+    return capture.resid_pre, window_sums(unembed_nll(model, resid, batch.tokens), batch.mask)
 
 
 @torch.no_grad()
@@ -68,8 +68,8 @@ def ablate_layer(
         if per_window and fill is not None:
             fills[layer] = fill.repeat(c, 1, 1, 1)  # (c·b, h, T, d_head)
         resid = model.run_blocks(resid_pre.repeat(c, 1, 1), start=layer, gates=gates, fills=fills)  # (c·b, T, d)
-        for copy in resid.split(b):  # the LM head one copy at a time: logits stay (b, T, vocab)
-            sums.append(window_sums(token_nll(model.unembed(copy), tokens), mask))
+        for copy in resid.split(b):  # the LM head one copy at a time
+            sums.append(window_sums(unembed_nll(model, copy, tokens), mask))
     return sums
 
 
