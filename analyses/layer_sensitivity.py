@@ -13,7 +13,7 @@ from headprune.report import markdown_table
 from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("layer_sensitivity", __doc__)
-scores = score_heads(model, score_ids, ["abl_zero"], args.windowing).table
+scores = score_heads(model, score_ids, ["abl_zero"], windowing=args.windowing).table
 base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
 rows = []
 for layer, kept in enumerate(model.cfg.kept_heads):

@@ -19,7 +19,7 @@ from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.iterative import prune_iteratively
-from headprune.pruning.options import ScoringData
+from headprune.pruning.options import PruningOptions, ScoringData
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import select_heads
 from headprune.report import markdown_table
@@ -40,7 +40,7 @@ def test_nll(heads) -> float:
 base = evaluate(model, eval_ids, w.seq_len, w.stride, w.batch_size, progress=False)
 seconds: dict[str, float] = {}
 t0 = time.perf_counter()
-scores = score_heads(model, score_ids, ["abl_zero", "abl_mean"], w, show_progress=False).table
+scores = score_heads(model, score_ids, ["abl_zero", "abl_mean"], windowing=w, show_progress=False).table
 seconds["one-shot scores (abl_zero, abl_mean)"] = time.perf_counter() - t0
 t0 = time.perf_counter()
 gate_batches = Windowing.resolve(model.cfg.n_positions, SEQ, None, BATCH).batches(score_ids)
@@ -54,8 +54,8 @@ for fraction in FRACTIONS:
         sets[f"one-shot {method}"] = select_heads(scores, method, fraction=fraction)
     t0 = time.perf_counter()
     _, sets[f"iterative abl_zero ({ITERATIVE} steps)"] = prune_iteratively(
-        model, scores, "abl_zero", fraction=fraction, steps=ITERATIVE, data=ScoringData(score_ids, w),
-        show_progress=False)
+        model, scores, "abl_zero", fraction=fraction, options=PruningOptions(steps=ITERATIVE),
+        data=ScoringData(score_ids, w), show_progress=False)
     t_iter += time.perf_counter() - t0
     for name, heads in sets.items():
         rows.append({"fraction": fraction, "method": name, "heads_pruned": len(heads),

@@ -9,18 +9,18 @@ from matplotlib.figure import Figure
 from analyses.common import save, setup
 from headprune.perplexity import evaluate
 from headprune.pruning.iterative import prune_iteratively
-from headprune.pruning.options import ScoringData
+from headprune.pruning.options import PruningOptions, ScoringData
 from headprune.report import markdown_table
 from headprune.scoring import score_heads
 
 METHOD, STEPS = "taylor", 4
 args, model, score_ids, eval_ids, out = setup("oneshot_vs_iterative", __doc__)
-scores = score_heads(model, score_ids, [METHOD], args.windowing, show_progress=False).table
+scores = score_heads(model, score_ids, [METHOD], windowing=args.windowing, show_progress=False).table
 base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
 rows = []
 for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
     for steps in (1, STEPS):
-        pruned, heads = prune_iteratively(model, scores, METHOD, fraction=fraction, steps=steps,
+        pruned, heads = prune_iteratively(model, scores, METHOD, fraction=fraction, options=PruningOptions(steps=steps),
                                           data=ScoringData(score_ids, args.windowing), show_progress=False)
         nll = evaluate(pruned, eval_ids, args.seq_len, args.seq_len, progress=False).nll
         rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",

@@ -17,7 +17,7 @@ from headprune.scoring import score_heads
 WEIGHTS = ["wo_fro", "wo_spec", "ov_fro", "ov_spec"]
 
 args, model, score_ids, _, out = setup("wo_norms_vs_ablation", __doc__)
-scores = score_heads(model, score_ids, WEIGHTS + ["abl_zero"], args.windowing).table
+scores = score_heads(model, score_ids, WEIGHTS + ["abl_zero"], windowing=args.windowing).table
 rows = [{"score": m, "spearman": spearmanr(scores[m], scores.abl_zero)[0],
          "kendall": kendalltau(scores[m], scores.abl_zero)[0]} for m in WEIGHTS]
 table = pd.DataFrame(rows)

@@ -15,7 +15,7 @@ from headprune.report.plots.scatters import label_points, layer_legend, scatter_
 from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("zero_vs_mean_ablation", __doc__)
-scored = score_heads(model, score_ids, ["abl_zero", "abl_mean"], args.windowing)
+scored = score_heads(model, score_ids, ["abl_zero", "abl_mean"], windowing=args.windowing)
 scores, means = scored.table, scored.means
 fractions = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 curves = pruning_curves(model, eval_ids, scores, [("abl_zero", "none"), ("abl_zero", "mean"), ("abl_mean", "mean")],

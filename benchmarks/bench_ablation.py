@@ -128,7 +128,7 @@ def main() -> None:
     print(f"{args.arch}, random weights, {args.batch} x {args.seq} tokens, {H} heads, "
           f"{torch.get_num_threads()} threads")
     t0 = time.perf_counter()
-    ours = torch.tensor(score_heads(model, ids, "abl_zero", Windowing(args.seq, args.seq, args.batch),
+    ours = torch.tensor(score_heads(model, ids, "abl_zero", windowing=Windowing(args.seq, args.seq, args.batch),
                                     show_progress=False).table.abl_zero)
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -140,7 +140,8 @@ def main() -> None:
     print(f"speed-up over naive: {t_naive / t_ours:.2f}x (target >= 1.35x); FLOP bound {1 / b:.2f}x; "
           f"reached {(t_naive / t_ours) / (1 / b):.0%} of the bound")
     t_fwd = min(_timed(lambda: evaluate(model, ids, args.seq, args.seq, args.batch, progress=False)) for _ in range(3))
-    t_grad = min(_timed(lambda: score_heads(model, ids, "grad,taylor", Windowing(args.seq, args.seq, args.batch),
+    t_grad = min(_timed(lambda: score_heads(model, ids, "grad,taylor",
+                                            windowing=Windowing(args.seq, args.seq, args.batch),
                                             show_progress=False)) for _ in range(3))
     print(f"grad + taylor: {t_grad:.2f} s = {t_grad / t_fwd:.2f} forwards ({t_fwd:.2f} s each; target <= 3.5)")
     if args.tl:

@@ -49,7 +49,7 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
     evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False)  # warm-up
     _, t_fwd = _timed(lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False))
-    means = score_heads(model, ids, "abl_mean", w, show_progress=False)  # mean_z (and abl_mean) once
+    means = score_heads(model, ids, "abl_mean", windowing=w, show_progress=False)  # mean_z (and abl_mean) once
     ctx = ScoringContext(model, w.batches(ids), ["abl_mean", "abl_opt"], 8, optimal_steps=args.steps)
     ctx.side.mean_z = torch.stack([means.means[h] for h in model.head_ids]).double()
     fit = OptimalFit()

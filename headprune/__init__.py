@@ -28,11 +28,13 @@ _EXPORTS = {
     "export_hf": "headprune.io.export",
     "evaluate": "headprune.perplexity",
     "score_heads": "headprune.scoring",
+    "ScoringOptions": "headprune.scoring",
     "head_means": "headprune.scoring",
     "joint_constants": "headprune.scoring",
     "prune_model": "headprune.pruning.prune",
     "pruning_curves": "headprune.pruning.curves",
     "learn_gates": "headprune.pruning.gates",
+    "GateOptions": "headprune.pruning.gates",
     "Selection": "headprune.pruning.options",
     "Compensation": "headprune.pruning.options",
     "CurveOptions": "headprune.pruning.options",
@@ -45,7 +47,9 @@ _EXPORTS = {
 __all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks they agree)
     "Compensation",
     "CurveOptions",
+    "GateOptions",
     "HeadpruneError",
+    "ScoringOptions",
     "Selection",
     "__version__",
     "corpus_ids",
@@ -80,10 +84,10 @@ if TYPE_CHECKING:
     from headprune.io.tokenizer import model_tokenizer, tokens
     from headprune.perplexity import evaluate
     from headprune.pruning.curves import pruning_curves
-    from headprune.pruning.gates import learn_gates
+    from headprune.pruning.gates import GateOptions, learn_gates
     from headprune.pruning.options import Compensation, CurveOptions, Selection
     from headprune.pruning.prune import prune_model
-    from headprune.scoring import head_means, joint_constants, score_heads
+    from headprune.scoring import ScoringOptions, head_means, joint_constants, score_heads
 
 
 def __getattr__(name: str) -> Any:

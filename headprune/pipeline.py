@@ -29,7 +29,7 @@ from headprune.perplexity import Windowing, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import GATE, gate_head_sets
 from headprune.pruning.options import Compensation, CurveOptions, Selection
-from headprune.report import best_method, build_report, summary_table
+from headprune.report import ReportSections, best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
 from headprune.runtime import reuse_freed_memory
@@ -44,7 +44,7 @@ from headprune.schema import (
     WEIGHT_METHODS,
     parse_methods,
 )
-from headprune.scoring import head_means, joint_constants, score_heads
+from headprune.scoring import ScoringOptions, head_means, joint_constants, score_heads
 
 
 @dataclass
@@ -159,8 +159,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     t0 = time.perf_counter()
-    scored = score_heads(model, score_ids, methods, windowing, s.ablation_rows, progress, show_progress=not quiet,
-                         bootstrap=s.bootstrap, seed=s.seed)
+    scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
+    scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=progress,
+                         show_progress=not quiet)
     scores = scored.table
     t_score = time.perf_counter() - t0
 
@@ -237,8 +238,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     t0 = time.perf_counter()
-    report = build_report(scores, curves, out, settings, baseline, anatomy, patching=patching,
-                          serving=served[0] if served is not None else None)
+    extra = ReportSections(anatomy=anatomy, patching=patching, serving=served[0] if served is not None else None)
+    report = build_report(scores, curves, out, settings=settings, baseline=baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
     log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())

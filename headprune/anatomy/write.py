@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,10 +28,22 @@ def write_anatomy(out: Path, anatomy: Anatomy) -> None:
     write_table(components, out / "attribution.csv")
 
 
-def run_anatomy(model: GPT2, ids: torch.Tensor, windowing: Windowing, probe_length: int, probe_count: int, seed: int,
-                rows: int, out: str | os.PathLike, settings: dict) -> tuple[Path, Anatomy]:
-    """Probe, measure and write: the induction probe is ``probe_count`` random sequences of ``probe_length`` tokens
-    repeated twice (seeded), the corpus part the first ``rows`` windows of ``windowing.seq_len`` tokens of ``ids``."""
+@dataclass(frozen=True)
+class AnatomyInputs:
+    """What :func:`run_anatomy` measures on: the induction probe, ``probe_count`` random sequences of
+    ``probe_length`` tokens repeated twice (drawn with ``seed``), and the first ``rows`` corpus windows."""
+
+    probe_length: int
+    probe_count: int
+    seed: int
+    rows: int
+
+
+def run_anatomy(model: GPT2, ids: torch.Tensor, windowing: Windowing, inputs: AnatomyInputs, out: str | os.PathLike,
+                settings: dict) -> tuple[Path, Anatomy]:
+    """Probe, measure and write: the induction probe and ``inputs.rows`` windows of ``windowing.seq_len`` tokens of
+    ``ids`` (:class:`AnatomyInputs`)."""
+    probe_length, probe_count, seed, rows = inputs.probe_length, inputs.probe_count, inputs.seed, inputs.rows
     t0 = time.perf_counter()
     probe = repeated_random_tokens(model.cfg.vocab_size, probe_length, probe_count, seed)
     corpus = corpus_rows(ids, windowing.seq_len, rows)

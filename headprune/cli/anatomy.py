@@ -19,7 +19,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from headprune.anatomy.write import run_anatomy
+    from headprune.anatomy.write import AnatomyInputs, run_anatomy
     from headprune.io.files import check_writable
 
     check_writable(args.out)
@@ -29,8 +29,10 @@ def run(args: argparse.Namespace) -> None:
     if 2 * args.probe_length > model.cfg.n_positions:
         raise HeadpruneError(f"--probe-length {args.probe_length} is too long: twice it must fit n_positions "
                              f"{model.cfg.n_positions}")
-    out, anatomy = run_anatomy(model, ids, w, args.probe_length, args.probe_count, args.seed, args.rows, args.out,
-                               {"model": args.model, "data": args.data, "split": args.split})
+    inputs = AnatomyInputs(probe_length=args.probe_length, probe_count=args.probe_count, seed=args.seed,
+                           rows=args.rows)
+    out, anatomy = run_anatomy(model, ids, w, inputs=inputs, out=args.out,
+                               settings={"model": args.model, "data": args.data, "split": args.split})
     top = anatomy.heads.sort_values("induction", ascending=False).head(5)
     print(top[["head_id", "previous_token", "duplicate_token", "induction", "dla", "copying"]].to_string(
         index=False, float_format=lambda x: f"{x:.3f}"))

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.files import read_scores
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
-    from headprune.pruning.options import Compensation, CurveOptions
+    from headprune.pruning.options import Compensation, CurveOptions, RecoveryData
     from headprune.pruning.recovered_curves import recovered_curves
     from headprune.pruning.selection import check_scores_match
     from headprune.schema import IMPORTANCE_METHODS, RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
@@ -122,8 +122,10 @@ def run(args: argparse.Namespace) -> None:
     if args.recover:  # the same options and fills: intervals, compensation and learned sets carry over
         import pandas as pd
 
-        recovered = recovered_curves(model, ids, scores, variants, options, compensation, train_ids=train_ids,
-                                     steps=args.recover, progress=progress, show_progress=not args.quiet)
+        assert train_ids is not None
+        data = RecoveryData(ids, train_ids, args.recover)
+        recovered = recovered_curves(model, data, scores, variants=variants, options=options,
+                                     compensation=compensation, progress=progress, show_progress=not args.quiet)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     if not finish_sweep(progress, curves, out):

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> None:
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.models.heads import format_heads
-    from headprune.pruning.gates import learn_gates
+    from headprune.pruning.gates import GateOptions, learn_gates
 
     check_gate_args(args, "--gate-steps", "--lr")
     out = table_output(args)
@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> None:
                               lr=args.gate_lr, seed=args.seed)
     progress = sweep_progress(args, out, settings)
     t0 = time.perf_counter()
-    result = learn_gates(model, w.batches(ids), args.gate_steps, sparsity=args.sparsity, lr=args.gate_lr,
-                         seed=args.seed, progress=progress, show_progress=not args.quiet)
+    options = GateOptions(args.gate_steps, sparsity=args.sparsity, lr=args.gate_lr, seed=args.seed)
+    result = learn_gates(model, w.batches(ids), options, progress=progress, show_progress=not args.quiet)
     if not finish_sweep(progress, result.table, out):
         return
     last = result.history[-1]

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
     from headprune.pruning.iterative import needs_score_data, prune_iteratively
-    from headprune.pruning.options import ScoringData
+    from headprune.pruning.options import PruningOptions, ScoringData
     from headprune.pruning.prune import prune_model
     from headprune.pruning.selection import check_scores_match
     from headprune.scoring import head_means, joint_constants
@@ -97,9 +97,9 @@ def run(args: argparse.Namespace) -> None:
         scores = read_scores(args.scores)
         check_scores_match(scores, model, args.scores)
         data = ScoringData(score_ids, w) if score_ids is not None else None
-        pruned, heads = prune_iteratively(model, scores, args.method, args.fraction, args.count, steps=args.steps,
-                                          selection=selection_from_args(args), compensate=compensate, data=data,
-                                          show_progress=not args.quiet)
+        options = PruningOptions(steps=args.steps, selection=selection_from_args(args), compensate=compensate)
+        pruned, heads = prune_iteratively(model, scores, args.method, fraction=args.fraction, count=args.count,
+                                          options=options, data=data, show_progress=not args.quiet)
     stats = pruning_stats(model, pruned, w.seq_len)
     fill_data = fill_source(args, score_ids if compensate != "none" else None)
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats,

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.schema import parse_methods
-    from headprune.scoring import score_heads
+    from headprune.scoring import ScoringOptions, score_heads
 
     out = table_output(args)
     methods = parse_methods(args.methods)
@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> None:
     if not args.json:
         print(data_line("data", args.data, args.split, ids, w))
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
-    scored = score_heads(model, ids, methods, w, args.ablation_rows, progress, show_progress=not args.quiet,
-                         bootstrap=args.bootstrap, seed=args.seed)
+    options = ScoringOptions(ablation_rows=args.ablation_rows, bootstrap=args.bootstrap, seed=args.seed)
+    scored = score_heads(model, ids, methods, windowing=w, options=options, progress=progress,
+                         show_progress=not args.quiet)
     table, extra = scored.table, {}
     if args.unit == "group":
         from headprune.scoring.groups import group_ablation, group_table, summed_vs_joint

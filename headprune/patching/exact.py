@@ -216,30 +216,44 @@ class Patching:
         return ratio(self._shifted(), self.m_clean - self.m_corrupt)(counts)
 
 
+@dataclass(frozen=True)
+class PatchOptions:
+    """How :func:`patch` patches: the ``metric`` read at each pair's last position (:mod:`.metrics`), the
+    ``direction`` (denoise: the corrupt run patched from the clean one; noise: the reverse), each position
+    separately (``by_position``) or all at once, and ``rows`` patched copies × pairs per forward (default 64 on a
+    GPU, 16 on the CPU)."""
+
+    metric: str = DEFAULT_METRIC
+    direction: str = "denoise"
+    by_position: bool = False
+    rows: int | None = None
+
+
+DEFAULT_PATCHING = PatchOptions()
+
+
 def patch(
     model: GPT2,
     pairs: PromptPairs,
     activation: str = "z",
-    metric: str = DEFAULT_METRIC,
-    direction: str = "denoise",
-    by_position: bool = False,
-    rows: int | None = None,
+    options: PatchOptions = DEFAULT_PATCHING,
     progress: Progress | NoProgress | None = None,
     bar: Callable = iter,
     runs: Runs | None = None,
 ) -> Patching:
-    """Exact patching of every head's ``activation`` (z, q, k, v or pattern); see the module docstring.
+    """Exact patching of every head's ``activation`` (z, q, k, v or pattern) as ``options`` say; see the module
+    docstring.
 
-    ``rows``: patched copies × pairs per forward (default 64 on a GPU, 16 on the CPU). ``progress``: records
-    a unit per layer, so a killed sweep resumes (and torchrun shares the layers). ``runs``: the unpatched runs,
-    when already computed (:func:`run_pairs` with the same metric and direction)."""
+    ``progress``: records a unit per layer, so a killed sweep resumes (and torchrun shares the layers). ``runs``: the
+    unpatched runs, when already computed (:func:`run_pairs` with the same metric and direction)."""
+    metric, direction, by_position = options.metric, options.direction, options.by_position
     if activation not in ACTIVATIONS:
         raise HeadpruneError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
     model.require_heads(f"patch_{activation}")
     if by_position and not pairs.same_length:
         raise HeadpruneError("by_position needs pairs of one length (positions must mean the same in every pair)")
     runs = runs or run_pairs(model, pairs, metric, direction)
-    rows = patch_rows(model, rows)
+    rows = patch_rows(model, options.rows)
     tag = f"patch_{activation}/{metric}/{direction}/{'pos' if by_position else 'all'}"
     units: list[tuple[str, Callable[[], Any]]] = [
         (f"{tag}/L{l}", partial(patch_layer, model, runs, l, activation, by_position, rows))
@@ -253,4 +267,5 @@ def patch(
 def patch_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
             by_position: bool = False, rows: int | None = None, **kwargs) -> Patching:
     """Exact patching of every head's output z_i (all positions, or each position with ``by_position``)."""
-    return patch(model, pairs, "z", metric, direction, by_position, rows, **kwargs)
+    options = PatchOptions(metric=metric, direction=direction, by_position=by_position, rows=rows)
+    return patch(model, pairs, "z", options=options, **kwargs)

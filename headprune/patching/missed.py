@@ -38,6 +38,21 @@ from headprune.schema import DEFAULT_BOUND_SUBSETS
 DEFAULT_INCLUSION, DEFAULT_LEVEL = 0.5, 0.95
 
 
+@dataclass(frozen=True)
+class Subsampling:
+    """The random subsets behind :func:`missed_bound`: ``subsets`` R of them, each unverified head in one with
+    probability ``inclusion`` (strictly between 0 and 1), drawn with ``seed``; the bound holds at confidence
+    ``level``."""
+
+    subsets: int = DEFAULT_BOUND_SUBSETS
+    inclusion: float = DEFAULT_INCLUSION
+    level: float = DEFAULT_LEVEL
+    seed: int = 0
+
+
+DEFAULT_SUBSAMPLING = Subsampling()
+
+
 @dataclass
 class MissedBound:
     """The bound on the unverified heads' effects, and each one's subsampling estimate."""
@@ -112,15 +127,16 @@ def split_verified(estimate: Patching, verified: int | None = None) -> tuple[np.
 
 
 def missed_bound(model: GPT2, runs: Runs, estimate: Patching, verified: int | None = None,
-                 subsets: int = DEFAULT_BOUND_SUBSETS, inclusion: float = DEFAULT_INCLUSION,
-                 level: float = DEFAULT_LEVEL, seed: int = 0, rows: int | None = None) -> MissedBound:
+                 subsampling: Subsampling = DEFAULT_SUBSAMPLING, rows: int | None = None) -> MissedBound:
     """The bound above for the heads ``estimate`` (an approximation of z patching on ``runs``' pairs) leaves
-    unverified after its ``verified`` best (:func:`split_verified`)."""
+    unverified after its ``verified`` best (:func:`split_verified`), from the subsets ``subsampling`` draws;
+    ``rows``: patched copies × pairs per forward (default 64 on a GPU, 16 on the CPU)."""
+    subsets, inclusion, level = subsampling.subsets, subsampling.inclusion, subsampling.level
     if not 0 < inclusion < 1:
         raise HeadpruneError(f"inclusion probability {inclusion} must lie strictly between 0 and 1")
     heads = model.head_ids
     top, rest = split_verified(estimate, verified)
-    picks = np.random.default_rng(seed).random((subsets, len(rest))) < inclusion  # [R, |U|]
+    picks = np.random.default_rng(subsampling.seed).random((subsets, len(rest))) < inclusion  # [R, |U|]
     chosen = [[heads[i] for i in rest[row]] for row in picks]
     changes = subset_changes(model, runs, chosen, patch_rows(model, rows)).numpy()
     est, se, upper = subsample_estimates(picks, changes, level)

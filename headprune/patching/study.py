@@ -23,9 +23,9 @@ from headprune.models.gpt2 import GPT2
 from headprune.models.heads import head_id
 from headprune.patching.attribution import atp_star_z, atp_z
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix, atp_star_qk
-from headprune.patching.exact import ACTIVATIONS, Patching, check_direction, patch, run_pairs
+from headprune.patching.exact import ACTIVATIONS, Patching, PatchOptions, check_direction, patch, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, check_metric
-from headprune.patching.missed import MissedBound, missed_bound, split_verified
+from headprune.patching.missed import MissedBound, Subsampling, missed_bound, split_verified
 from headprune.patching.pairs import PromptPairs
 from headprune.patching.table import agreement, patch_table, position_table
 from headprune.schema import DEFAULT_BOUND_SUBSETS
@@ -98,8 +98,9 @@ def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching],
         if key in found:
             result = replace(found[key], method=est.method, verified=[ids[i] for i in top])
         else:
-            result = found[key] = missed_bound(model, runs, est, verified=options.verify,
-                                               subsets=options.bound_subsets, seed=options.seed, rows=options.rows)
+            subsampling = Subsampling(subsets=options.bound_subsets, seed=options.seed)
+            result = found[key] = missed_bound(model, runs, est, verified=options.verify, subsampling=subsampling,
+                                               rows=options.rows)
         part = result.table.assign(method=est.method, exact=np.nan)
         if exact_change is not None:
             part["exact"] = part["head_id"].map(exact_change)
@@ -118,8 +119,9 @@ def patch_study(model: GPT2, pairs: PromptPairs, options: StudyOptions,
         raise HeadpruneError("patching by position needs pairs of one length (positions must mean the same in "
                              "every pair)")
     runs = run_pairs(model, pairs, options.metric, options.direction)
-    exact = {a: patch(model, pairs, a, options.metric, options.direction, options.by_position, options.rows,
-                      progress=progress, runs=runs) for a in options.activations}
+    patching = PatchOptions(metric=options.metric, direction=options.direction, by_position=options.by_position,
+                            rows=options.rows)
+    exact = {a: patch(model, pairs, a, options=patching, progress=progress, runs=runs) for a in options.activations}
     summary: dict = {"pairs": len(pairs), "metric": options.metric, "direction": options.direction,
                      "metric_clean": float(runs.m_clean.mean()), "metric_corrupt": float(runs.m_corrupt.mean()),
                      "gap": float((runs.m_clean - runs.m_corrupt).mean())}

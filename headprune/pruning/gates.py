@@ -92,6 +92,22 @@ def deterministic_gates(log_alpha: Tensor) -> Tensor:
 # ---------------------------------------------------------------- training
 
 
+@dataclass(frozen=True)
+class GateOptions:
+    """How :func:`learn_gates` trains: ``steps`` Adam steps (one batch each) towards a target share of closed
+    heads ``sparsity`` (the Lagrangian) or under a fixed ``penalty`` λ on E‖z‖₀ (exactly one of the two); ``lr``
+    and ``lambda_lr`` the learning rates of log α and of the multipliers; ``seed`` the gates' noise;
+    ``checkpoint_every`` steps between checkpoints."""
+
+    steps: int
+    sparsity: float | None = None
+    penalty: float | None = None
+    lr: float = LR
+    lambda_lr: float = LAMBDA_LR
+    seed: int = 0
+    checkpoint_every: int = CHECKPOINT_EVERY
+
+
 @dataclass
 class GateResult:
     """What :func:`learn_gates` returns."""
@@ -179,22 +195,17 @@ def check_gate_settings(steps: int, sparsity: float | None, penalty: float | Non
 def learn_gates(
     model: GPT2,
     batches: list[Batch],  # the scoring split's windows (Windowing.batches); step k uses batch k mod len
-    steps: int,
-    sparsity: float | None = None,  # target share of closed heads t (the Lagrangian)...
-    penalty: float | None = None,  # ...or a fixed λ on E‖z‖₀
-    lr: float = LR,
-    lambda_lr: float = LAMBDA_LR,
-    seed: int = 0,
+    options: GateOptions,
     progress: Progress | NoProgress | None = None,
     prefix: str = "gates",  # progress keys: several trainings may share one progress file
-    checkpoint_every: int = CHECKPOINT_EVERY,
     show_progress: bool = True,
 ) -> GateResult:
-    """Train one hard-concrete gate per head of the frozen ``model``; see the module docstring."""
+    """Train one hard-concrete gate per head of the frozen ``model`` as ``options`` say; see the module docstring."""
     from headprune.io.fingerprint import model_fingerprint
     from headprune.pruning.selection import select_heads
 
     model.require_heads("learning head gates")
+    steps, sparsity, penalty = options.steps, options.sparsity, options.penalty
     check_gate_settings(steps, sparsity, penalty)
     if not batches:
         raise HeadpruneError("learning gates needs scoring data: the corpus gave no window")
@@ -203,9 +214,9 @@ def learn_gates(
     device = model.device
     log_alpha = torch.full((n,), INIT_LOG_ALPHA, dtype=torch.float32, device=device, requires_grad=True)
     lambdas = torch.zeros(2 if sparsity is not None else 0, dtype=torch.float32, device=device, requires_grad=True)
-    opt = torch.optim.Adam([log_alpha], lr=lr)
-    lam_opt = torch.optim.Adam([lambdas], lr=lambda_lr, maximize=True) if sparsity is not None else None
-    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam([log_alpha], lr=options.lr)
+    lam_opt = torch.optim.Adam([lambdas], lr=options.lambda_lr, maximize=True) if sparsity is not None else None
+    gen = torch.Generator().manual_seed(options.seed)
     history: list[dict] = []
     start = 0
     if (saved := _latest_checkpoint(progress, prefix)) is not None:
@@ -252,7 +263,7 @@ def learn_gates(
         sums = {"loss": sums["loss"] + loss.item(), "nll": sums["nll"] + nll.item(),
                 "open": sums["open"] + expected_open.item(), "n": sums["n"] + 1}
         bar.set_postfix(loss=f"{loss.item():.4f}", open=f"{expected_open.item():.1f}/{n}")
-        if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+        if (step + 1) % options.checkpoint_every == 0 or step + 1 == steps:
             history.append({"step": step + 1, **{k: sums[k] / sums["n"] for k in ("loss", "nll", "open")}})
             sums = {"loss": 0.0, "nll": 0.0, "open": 0.0, "n": 0}
             state = {"step": step + 1, "log_alpha": log_alpha.detach().cpu().tolist(),
@@ -311,8 +322,9 @@ def gate_head_sets(
             continue
 
         def train(f: float = f) -> list[list[int]]:
-            result = learn_gates(model, batches, steps, sparsity=f, lr=lr, seed=seed, progress=progress,
-                                 prefix=f"gates/{f!r}", show_progress=show_progress)
+            options = GateOptions(steps, sparsity=f, lr=lr, seed=seed)
+            result = learn_gates(model, batches, options, progress=progress, prefix=f"gates/{f!r}",
+                                 show_progress=show_progress)
             return [list(h) for h in result.closed]
 
         out[(GATE, f)] = [(int(l), int(h)) for l, h in progress.get_or_compute(f"gates/{f!r}/closed", train)]

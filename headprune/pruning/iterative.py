@@ -16,7 +16,7 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.models.gpt2 import GPT2
 from headprune.models.interventions import Head
-from headprune.pruning.options import DEFAULT_SELECTION, ScoringData, Selection
+from headprune.pruning.options import ONE_SHOT, PruningOptions, ScoringData
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import rank_heads, select_heads
 from headprune.schema import COMPENSATIONS, RANDOM, WEIGHT_METHODS
@@ -37,14 +37,13 @@ def prune_iteratively(
     fraction: float | None = None,
     count: int | None = None,
     *,
-    steps: int = 1,
-    selection: Selection = DEFAULT_SELECTION,
-    compensate: str = "none",  # "mean" / "optimal": fold each step's fills into b_O
+    options: PruningOptions = ONE_SHOT,
     data: ScoringData | None = None,  # re-scoring and fills: see needs_score_data
     show_progress: bool = True,
 ) -> tuple[GPT2, list[Head]]:
-    """The pruned model and the removed heads in removal order; ``steps == 1`` is one-shot pruning."""
+    """The pruned model and the removed heads in removal order; ``options.steps == 1`` is one-shot pruning."""
     model.require_heads("pruning by scores")
+    steps, selection, compensate = options.steps, options.selection, options.compensate
     if steps < 1:
         raise HeadpruneError(f"steps {steps} must be at least 1", "steps")
     if steps > 1 and method == "gate":  # a learned column, not a scoring method: nothing can re-score it
@@ -57,7 +56,7 @@ def prune_iteratively(
     def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
         if method == RANDOM:
             return pd.DataFrame(m.head_ids, columns=["layer", "head"])
-        return score_heads(m, score_ids, [method], windowing, show_progress=show_progress).table
+        return score_heads(m, score_ids, [method], windowing=windowing, show_progress=show_progress).table
 
     target = select_heads(scores, method, fraction, count, selection)  # fixes how many heads go
     per_layer_total = Counter(layer for layer, _ in target)

@@ -1,9 +1,10 @@
 """The settings that travel together through selection, pruning and curves, as small frozen records.
 
 ``Selection`` says how heads are ranked; ``Compensation`` what replaces a pruned head's output; ``CurveOptions``
-what a pruning curve measures; ``ScoringData`` the data that heads are re-scored and fills fitted on. A caller builds
-each once (the CLI from its options, ``headprune run`` from its settings) and hands it on unchanged, so a recovered
-curve sees exactly the options of the curve it recovers.
+what a pruning curve measures; ``PruningOptions`` how a pruning removes its heads (steps, ranking, fills);
+``ScoringData`` the data that heads are re-scored and fills fitted on; ``RecoveryData`` the tokens of a recovered
+curve. A caller builds each once (the CLI from its options, ``headprune run`` from its settings) and hands it on
+unchanged, so a recovered curve sees exactly the options of the curve it recovers.
 """
 
 from __future__ import annotations
@@ -107,6 +108,27 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class RecoveryData:
+    """The tokens of a recovered curve (``curve --recover``): ``ids`` it is evaluated on, and ``train_ids`` every
+    pruned point is fine-tuned on beforehand, ``steps`` steps (at least 1)."""
+
+    ids: torch.Tensor
+    train_ids: torch.Tensor
+    steps: int
+
+
+@dataclass(frozen=True)
+class PruningOptions:
+    """How :func:`~headprune.pruning.iterative.prune_iteratively` removes its heads: in ``steps`` steps (1: one-shot;
+    more: the remaining heads re-scored before each step after the first), ranked by ``selection``, with
+    ``compensate`` "mean" / "optimal" each step's fills folded into b_O ("none": none)."""
+
+    steps: int = 1
+    selection: Selection = field(default_factory=Selection)
+    compensate: str = "none"
+
+
+@dataclass(frozen=True)
 class ScoringData:
     """Token ids that heads are re-scored and fills fitted on, and the windows they are read in."""
 
@@ -116,3 +138,4 @@ class ScoringData:
 
 DEFAULT_SELECTION = Selection()
 NO_COMPENSATION = Compensation()
+ONE_SHOT = PruningOptions()

@@ -1,6 +1,6 @@
 """The report of a headprune run: which heads matter, how well the cheap scores predict it, what pruning costs.
 
-``build_report(scores, curves, out_dir, settings, baseline)`` writes into ``out_dir``, every file atomically:
+``build_report(scores, curves, out_dir, settings=..., baseline=...)`` writes into ``out_dir``, every file atomically:
 
 - ``scores.parquet``, ``scores.csv``: one row per head (layer, head, head_id, model_fingerprint, one column per method);
 - ``curves.parquet``, ``curves.csv``: perplexity after pruning, one row per (method, compensation, fraction);
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -75,17 +76,28 @@ from headprune.report.tables import (
 )
 from headprune.schema import check_curves, check_scores
 
-__all__ = ["baseline_from_curves", "best_method", "build_report", "markdown_table", "predictiveness",
-           "rebuild_report", "summary_table"]
+__all__ = ["ReportSections", "baseline_from_curves", "best_method", "build_report", "markdown_table",
+           "predictiveness", "rebuild_report", "summary_table"]
+
+
+@dataclass(frozen=True)
+class ReportSections:
+    """The report's optional sections, each with its files: ``anatomy`` the head anatomy (:mod:`.anatomy`),
+    ``patching`` a patching study (:mod:`.patching_section`), ``serving`` the exports served in stock transformers
+    (:mod:`.serving_section`); None leaves a section out."""
+
+    anatomy: AnatomyReport | None = None
+    patching: PatchingReport | None = None
+    serving: pd.DataFrame | None = None
+
+
+NO_SECTIONS = ReportSections()
 
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
-                 baseline: dict, anatomy: AnatomyReport | None = None, scale: str = "value",
-                 patching: PatchingReport | None = None, serving: pd.DataFrame | None = None) -> Path:
+                 baseline: dict, extra: ReportSections = NO_SECTIONS, scale: str = "value") -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
-    With ``anatomy``, also the head-anatomy section and its files (:mod:`.anatomy`); with ``patching``, the
-    patching section and its files (:mod:`.patching_section`); with ``serving``, the exports served in stock
-    transformers (:mod:`.serving_section`).
+    With ``extra``, also the optional sections that it holds and their files.
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
@@ -99,12 +111,15 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
     recovery = recovery_parts(curves, recovered, baseline) if recovered is not None else None
     with atomic_dir(out_dir) as out:  # a new report folder appears complete, or not at all
-        _write_report(out, scores, full, content, settings, baseline, pictures, anatomy, recovery, patching, serving)
+        _write_report(out, content, full, pictures, extra, recovery)
     return Path(out_dir).absolute() / "report.html"
 
 
-def _write_report(out: Path, scores, curves, content, settings, baseline, pictures, anatomy=None, recovery=None,
-                  patching=None, serving=None) -> None:
+def _write_report(out: Path, content, curves, pictures, extra: ReportSections, recovery=None) -> None:
+    """Everything into the folder ``out``: ``content`` gives the scores, settings and baseline; ``curves`` are all
+    of them, the recovered points included."""
+    scores, settings, baseline = content.scores, content.settings, content.baseline
+    anatomy, patching, serving = extra.anatomy, extra.patching, extra.serving
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -166,5 +181,6 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
         raise HeadpruneError(f"{scores_path} and {curves_path} come from runs with different settings (their "
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
-    return build_report(scores, curves, out_dir, settings, baseline, read_anatomy_files(folder), scale,
-                        read_patching_files(folder), read_serving_file(folder))
+    extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
+                           serving=read_serving_file(folder))
+    return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale)

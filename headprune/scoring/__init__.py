@@ -73,30 +73,42 @@ def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
     return lambda it: tqdm(it, desc=desc, disable=not show, leave=False)
 
 
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How :func:`score_heads` computes its scores.
+
+    ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches only cost
+    cache, 64 on a GPU, where batching copies is the win); ``bootstrap``: replicates of each data-dependent
+    method's 95% interval (0: none), seeded by ``seed``; ``optimal_steps``: passes of abl_opt's per-head BFGS fit
+    per layer (:mod:`.optimal`); ``resample_draws``: source windows K per window of abl_resample, drawn with
+    ``seed`` (:mod:`.resample`)."""
+
+    ablation_rows: int | None = None
+    bootstrap: int = DEFAULT_REPLICATES
+    seed: int = 0
+    optimal_steps: int = STEPS
+    resample_draws: int = RESAMPLE_DRAWS
+
+
+DEFAULT_SCORING = ScoringOptions()
+
+
 def score_heads(
     model: GPT2,
     ids: torch.Tensor | None,  # None only when every method reads the weights alone
     methods: str | Sequence[str] = "all",
     windowing: Windowing | None = None,
-    ablation_rows: int | None = None,
+    options: ScoringOptions = DEFAULT_SCORING,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
-    bootstrap: int = DEFAULT_REPLICATES,
-    seed: int = 0,
-    optimal_steps: int = STEPS,
-    resample_draws: int = RESAMPLE_DRAWS,
 ) -> HeadScores:
     """Score every head of ``model`` on token ids ``ids`` (1-D) with each of ``methods``: method names, or a
     user's spec (``"all"``, ``"grad,taylor"``: :func:`~headprune.schema.parse_methods`).
 
     Every data-dependent method ``m`` also gets its 95% percentile interval ``m_ci_lo``, ``m_ci_hi`` from
-    ``bootstrap`` replicates that resample the scoring windows (seeded by ``seed``; 0 replicates: none).
+    ``options.bootstrap`` replicates that resample the scoring windows (seeded by ``options.seed``; 0: none).
 
     ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
-    ``ablation_rows``: ablated copies × windows per forward (default: 8 on the CPU, where larger batches
-    only cost cache, 64 on a GPU, where batching copies is the win).
-    ``optimal_steps``: passes of abl_opt's per-head BFGS fit per layer (:mod:`.optimal`).
-    ``resample_draws``: source windows K per window of abl_resample, drawn with ``seed`` (:mod:`.resample`).
     """
     methods = parse_methods(methods) if isinstance(methods, str) else check_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
@@ -107,11 +119,11 @@ def score_heads(
     needs_data = any(f.needs_data for f in families)
     assert ids is not None or not needs_data, "data-based methods need token ids"
     batches = windowing.batches(ids) if ids is not None and needs_data else []
-    rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
-    if resample_draws < 1:
-        raise HeadpruneError(f"resample_draws {resample_draws} must be at least 1", "resample_draws")
-    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=optimal_steps, resample_draws=resample_draws,
-                         resample_seed=seed)
+    rows = options.ablation_rows or (64 if model.device.type == "cuda" else 8)
+    if options.resample_draws < 1:
+        raise HeadpruneError(f"resample_draws {options.resample_draws} must be at least 1", "resample_draws")
+    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=options.optimal_steps,
+                         resample_draws=options.resample_draws, resample_seed=options.seed)
     progress = progress or NoProgress()
     columns: dict[str, torch.Tensor] = {}
     seconds: dict[str, float] = {}
@@ -131,8 +143,8 @@ def score_heads(
                           "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
     for m in methods:
         table[m] = columns[m].tolist()
-    if bootstrap and replicates:
-        counts = window_counts(sum(len(b.tokens) for b in batches), bootstrap, seed)
+    if options.bootstrap and replicates:
+        counts = window_counts(sum(len(b.tokens) for b in batches), options.bootstrap, options.seed)
         for m, replicate in replicates.items():
             table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
     side = ctx.side

@@ -95,7 +95,7 @@ def test_prune_data_help_matches_its_default():
 
 def test_help_and_report_command_import_no_torch(tmp_path):
     """``headprune --help``, ``headprune report --help`` and ``headprune report`` start without torch."""
-    build_report(make_scores(), make_curves(), tmp_path / "a", SETTINGS, BASELINE)
+    build_report(make_scores(), make_curves(), tmp_path / "a", settings=SETTINGS, baseline=BASELINE)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-X", "importtime", "-m", "headprune", "report", "--scores", str(tmp_path / "a/scores.csv"),
             "--curves", str(tmp_path / "a/curves.csv"), "--out", str(tmp_path / "b")]

@@ -9,7 +9,17 @@ import pytest
 from headprune.cli.main import main
 from headprune.io.files import read_table
 from headprune.io.loading import load_model
-from headprune.patching import atp_star_z, atp_z, missed_bound, patch, patch_z, run_pairs, task_pairs
+from headprune.patching import (
+    PatchOptions,
+    Subsampling,
+    atp_star_z,
+    atp_z,
+    missed_bound,
+    patch,
+    patch_z,
+    run_pairs,
+    task_pairs,
+)
 
 
 def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, capsys):
@@ -33,7 +43,7 @@ def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, ca
     missed = read_table(tmp_path / "patch.missed.csv")
     runs = run_pairs(model, pairs)
     for approx, bound in zip([atp, atp_star_z(model, pairs)], summary["bounds"], strict=True):
-        want = missed_bound(model, runs, approx, seed=3)
+        want = missed_bound(model, runs, approx, subsampling=Subsampling(seed=3))
         got = missed[missed["method"] == approx.method]
         np.testing.assert_allclose(got["upper"], want.table["upper"], rtol=0, atol=1e-9)
         assert bound["bound"] == pytest.approx(want.bound, abs=1e-9) and bound["verified"] == want.verified
@@ -67,5 +77,5 @@ def test_by_position_table_holds_every_activation(tiny_dir, tmp_path):
     T = pairs.clean.shape[1]
     assert len(table) == 12 * T and list(table["position"][:T]) == list(range(T))
     for activation in ["z", "q"]:
-        want = patch(model, pairs, activation, by_position=True).effect.reshape(-1).numpy()
+        want = patch(model, pairs, activation, options=PatchOptions(by_position=True)).effect.reshape(-1).numpy()
         np.testing.assert_allclose(table[f"patch_{activation}"], want, rtol=0, atol=1e-12)

@@ -334,7 +334,7 @@ def test_report_section_from_saved_anatomy_without_torch_inputs(tmp_path):
     the numbers, and the files round-trip through rebuild_report."""
     import pandas as pd
 
-    from headprune.report import build_report, rebuild_report
+    from headprune.report import ReportSections, build_report, rebuild_report
     from headprune.report.anatomy import AnatomyReport, Thumbnail
 
     from report_tables import BASELINE, SETTINGS, make_curves, make_scores
@@ -350,7 +350,8 @@ def test_report_section_from_saved_anatomy_without_torch_inputs(tmp_path):
                           "head_b_id": "L1H1", "q_comp": 0.2, "k_comp": 0.3, "v_comp": 0.1}])
     thumbs = [Thumbnail("L1H1", "strongest induction", "probe", [[1.0, 0.0], [0.5, 0.5]])]
     anatomy = AnatomyReport(heads, comp, thumbs, {"induction_ideal": 0.5, "induction_uniform": 0.02})
-    build_report(scores, make_curves(), tmp_path / "r", SETTINGS, BASELINE, anatomy)
+    build_report(scores, make_curves(), tmp_path / "r", settings=SETTINGS, baseline=BASELINE,
+                 extra=ReportSections(anatomy=anatomy))
     summary = (tmp_path / "r" / "summary.md").read_text()
     rank = int(scores["abl_zero"].rank(ascending=False, method="min")[5])
     assert (f"strongest induction score is 0.400 ({heads.head_id[5]}, 80% of the 0.500 an ideal induction head scores"

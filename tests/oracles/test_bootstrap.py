@@ -9,7 +9,7 @@ from headprune.io.loading import load_model
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DATA_METHODS, ci_columns
-from headprune.scoring import score_heads
+from headprune.scoring import ScoringOptions, score_heads
 
 from helpers import TINY
 
@@ -63,7 +63,8 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     # abl_opt: a fitted fill, held fixed as abl_mean's;
     # abl_resample: its source windows are drawn from the corpus itself
     methods = [m for m in DATA_METHODS if m not in ("abl_opt", "abl_resample")]
-    scored = score_heads(model, ids, methods, windowing, show_progress=False, bootstrap=REPLICATES, seed=9)
+    scored = score_heads(model, ids, methods, windowing=windowing, options=ScoringOptions(bootstrap=REPLICATES, seed=9),
+                         show_progress=False)
     table = scored.table
     assert scored.means is not None
     fills = fill_tensors(model, scored.means)  # abl_mean's fill stays the full-data mean in every replicate
@@ -72,7 +73,8 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     replicates, mean_ablated = [], []
     for row in counts.long():
         resampled = torch.cat([windows[w] for w in range(WINDOWS) for _ in range(int(row[w]))])
-        replicates.append(score_heads(model, resampled, methods, windowing, show_progress=False, bootstrap=0).table)
+        replicates.append(score_heads(model, resampled, methods, windowing=windowing,
+                                      options=ScoringOptions(bootstrap=0), show_progress=False).table)
         base = evaluate(model, resampled, SEQ, SEQ, progress=False).nll
         mean_ablated.append([evaluate(model, resampled, SEQ, SEQ, progress=False, gates=mask_gates(model, [head]),
                                       fills=fills).nll - base for head in model.head_ids])

@@ -28,7 +28,7 @@ def setup(tiny_dir):
     ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=gen)
     score_ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=gen)
     windowing = Windowing(SEQ, SEQ, 2)
-    scored = score_heads(model, score_ids, ["wo_fro", "fluct", "abl_zero"], windowing, show_progress=False)
+    scored = score_heads(model, score_ids, ["wo_fro", "fluct", "abl_zero"], windowing=windowing, show_progress=False)
     variants = [("abl_zero", "none"), ("wo_fro@layer", "none"), ("random", "none"), ("abl_zero", "mean")]
     curves = pruning_curves(model, ids, scored.table, variants,
                             CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),

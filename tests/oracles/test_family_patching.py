@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from headprune.models.hf_families import load_family_model
-from headprune.patching import atp_z, patch, patch_z, run_pairs
+from headprune.patching import PatchOptions, atp_z, patch, patch_z, run_pairs
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix
 from headprune.patching.exact import unit_ids
-from headprune.patching.missed import missed_bound, subset_changes
+from headprune.patching.missed import Subsampling, missed_bound, subset_changes
 from headprune.patching.study import StudyOptions, patch_study
 from headprune.patching.tasks import induction
 
@@ -131,7 +131,7 @@ def test_subsets_patched_together_equal_hf_with_those_o_proj_slices_overwritten(
         want = (sum(metrics) / len(metrics) - float(runs.m_corrupt.mean())) / gap
         assert ours[r].item() == pytest.approx(want, abs=1e-5)
     exact = patch_z(model, pairs, runs=runs)
-    bound = missed_bound(model, runs, atp_z(model, pairs, runs=runs), verified=1, subsets=64)
+    bound = missed_bound(model, runs, atp_z(model, pairs, runs=runs), verified=1, subsampling=Subsampling(subsets=64))
     unverified = [i for i, (l, i_) in enumerate(model.head_ids) if f"L{l}H{i_}" not in bound.verified]
     print(f"\nbound {bound.bound:.3f}, largest exact |change| unverified {exact.change.abs()[unverified].max():.3f}")
 
@@ -162,7 +162,7 @@ def test_patch_q_k_v_equals_hf_with_a_projection_slice_overwritten(models, activ
     Rotary acts per position, so overwriting the projection's output before it equals patching after it."""
     hf, model = models
     pairs = induction(VOCAB, 3, 5, seed=4)
-    ours = patch(model, pairs, activation, rows=4)
+    ours = patch(model, pairs, activation, options=PatchOptions(rows=4))
     cfg = hf.config
     n = cfg.num_attention_heads if activation == "q" else cfg.num_key_value_heads
     assert ours.kv_heads == (activation != "q")
@@ -178,7 +178,7 @@ def test_patch_q_k_v_equals_hf_with_a_projection_slice_overwritten(models, activ
 def test_patch_k_by_position_equals_hf_with_one_position_overwritten(models):
     hf, model = models
     pairs = induction(VOCAB, 2, 4, seed=6)
-    ours = patch(model, pairs, "k", by_position=True, rows=4)
+    ours = patch(model, pairs, "k", options=PatchOptions(by_position=True, rows=4))
     cfg = hf.config
     dk, n, T = cfg.hidden_size // cfg.num_attention_heads, cfg.num_key_value_heads, pairs.clean.shape[1]
     assert ours.values.shape == (len(pairs), cfg.num_hidden_layers * n, T)
@@ -212,7 +212,7 @@ def test_patch_pattern_equals_hf_attention_with_the_source_pattern(models):
 
     hf, model = models
     pairs = induction(VOCAB, 2, 5, seed=7)
-    ours = patch(model, pairs, "pattern", rows=4)
+    ours = patch(model, pairs, "pattern", options=PatchOptions(rows=4))
     h, target = hf.config.num_attention_heads, {}
 
     def override(layer, probs):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.models.hf_families import load_family_model
 from headprune.perplexity import Windowing
-from headprune.scoring import score_heads
+from headprune.scoring import ScoringOptions, score_heads
 
 from helpers import GQA_FAMILIES, save_gqa_family
 
@@ -55,7 +55,8 @@ def hf_nll(hf, replace=None) -> float:
 
 def test_ablations_equal_o_proj_prehook(models):
     hf, ours = models
-    table = score_heads(ours, IDS, ["abl_zero", "abl_zero_folded"], WINDOWING, show_progress=False, bootstrap=0).table
+    table = score_heads(ours, IDS, ["abl_zero", "abl_zero_folded"], windowing=WINDOWING,
+                        options=ScoringOptions(bootstrap=0), show_progress=False).table
     base = hf_nll(hf)
     r = ours.cfg.n_heads // ours.cfg.n_kv_heads
     for row in table.itertuples():
@@ -82,7 +83,8 @@ def test_folding_keeps_logits_and_clears_value_biases(models):
 def test_weight_and_activation_scores_per_query_head(models):
     hf, ours = models
     cfg = ours.cfg
-    scores = score_heads(ours, IDS, ["ov_fro", "out_norm", "taylor"], WINDOWING, show_progress=False, bootstrap=0)
+    scores = score_heads(ours, IDS, ["ov_fro", "out_norm", "taylor"], windowing=WINDOWING,
+                         options=ScoringOptions(bootstrap=0), show_progress=False)
     r, dk = cfg.n_heads // cfg.n_kv_heads, cfg.d_head
     seen = {}
     hooks = [blk.self_attn.o_proj.register_forward_pre_hook(lambda _m, a, l=l: seen.__setitem__(l, a[0]))

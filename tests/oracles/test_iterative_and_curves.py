@@ -20,7 +20,7 @@ from headprune.data.tokens import corpus_ids
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
-from headprune.pruning.options import ScoringData, Selection
+from headprune.pruning.options import PruningOptions, ScoringData, Selection
 from headprune.pruning.selection import select_heads
 
 from helpers import TINY, guide_loop
@@ -345,7 +345,8 @@ def test_iterative_optimal_compensation_refits_on_each_steps_model(tiny_dir, hf,
     order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
     w = Windowing(SEQ, STRIDE, 8)
     model = load_model(tiny_dir)
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, compensate="optimal",
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4,
+                                    options=PruningOptions(steps=2, compensate="optimal"),
                                     data=ScoringData(score_ids, w), show_progress=False)
     assert got == order
     first = joint_constants(model, score_ids, order[:2], w, show_progress=False)
@@ -395,15 +396,16 @@ def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token
         take = [left[i] for i in np.argsort(u, kind="stable")[:2]]
         want_random += take
         left = [h for h in left if h not in take]
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4, steps=2,
-                                    selection=Selection(seed=5), show_progress=False)
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "random", count=4,
+                                    options=PruningOptions(steps=2, selection=Selection(seed=5)), show_progress=False)
     assert got == want_random
     tokens = random_tokens(5)
     with torch.no_grad():
         assert (pruned(tokens) - hf_without(hf, want_random)(tokens).logits).abs().max() <= TOL
 
     order = lowest(dict(zip(zip(table.layer, table["head"]), table.wo_fro)), 4)
-    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4, steps=2, compensate="mean",
+    pruned, got = prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=4,
+                                    options=PruningOptions(steps=2, compensate="mean"),
                                     data=ScoringData(score_ids, w), show_progress=False)
     assert got == order
     first = hf_means(hf, score_ids)
@@ -416,9 +418,9 @@ def test_iterative_random_and_mean_compensation_and_refusals(tiny_dir, hf, token
     assert err <= TOL and gap > 100 * TOL
 
     with pytest.raises(HeadpruneError, match="must be one of none, mean, optimal"):
-        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, compensate="median",
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=1, options=PruningOptions(compensate="median"),
                           data=ScoringData(score_ids))
     with pytest.raises(HeadpruneError, match="needs scoring data"):
-        prune_iteratively(load_model(tiny_dir), table, "abl_zero", count=2, steps=2)
+        prune_iteratively(load_model(tiny_dir), table, "abl_zero", count=2, options=PruningOptions(steps=2))
     with pytest.raises(HeadpruneError, match="at least 1"):
-        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=2, steps=0)
+        prune_iteratively(load_model(tiny_dir), table, "wo_fro", count=2, options=PruningOptions(steps=0))

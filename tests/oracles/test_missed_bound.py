@@ -14,7 +14,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
 from headprune.patching.attribution import atp_star_z
 from headprune.patching.exact import patch_z, run_pairs
-from headprune.patching.missed import missed_bound, subsample_estimates, subset_changes
+from headprune.patching.missed import Subsampling, missed_bound, subsample_estimates, subset_changes
 from headprune.patching.tasks import induction
 
 from helpers import PATCH_CFG as CFG
@@ -88,7 +88,8 @@ def test_bound_covers_every_unverified_heads_exact_effect(model, pairs):
     runs = run_pairs(model, pairs)
     exact = patch_z(model, pairs, runs=runs)
     star = atp_star_z(model, pairs, runs=runs)
-    result = missed_bound(model, runs, star, verified=2, subsets=96, seed=0)
+    subsampling = Subsampling(subsets=96, seed=0)
+    result = missed_bound(model, runs, star, verified=2, subsampling=subsampling)
     order = torch.argsort(-star.change.abs(), stable=True)
     ids = [f"L{l}H{h}" for l, h in model.head_ids]
     assert result.verified == [ids[i] for i in order[:2].tolist()]
@@ -97,6 +98,6 @@ def test_bound_covers_every_unverified_heads_exact_effect(model, pairs):
     worst_exact = exact.change.abs()[unverified].max().item()
     print(f"\nbound {result.bound:.3f} (worst {result.worst}), largest exact |change| unverified {worst_exact:.3f}")
     assert result.bound >= worst_exact > 0.01
-    assert missed_bound(model, runs, star, verified=2, subsets=96, seed=0).bound == result.bound  # seeded
+    assert missed_bound(model, runs, star, verified=2, subsampling=subsampling).bound == result.bound  # seeded
     with pytest.raises(HeadpruneError, match="too few"):
         missed_bound(model, runs, star, verified=11)

@@ -17,7 +17,7 @@ from headprune.io.loading import load_model
 from headprune.io.progress import Progress
 from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing
-from headprune.scoring import joint_constants, optimal_constants, score_heads
+from headprune.scoring import ScoringOptions, joint_constants, optimal_constants, score_heads
 from headprune.scoring.optimal import _layer_losses, fit_set
 
 from helpers import TINY, guide_loop, save_hf_gpt2
@@ -44,8 +44,8 @@ def ids():
 
 @pytest.fixture(scope="module")
 def scored(small_dir, ids):
-    return score_heads(load_model(small_dir), ids, "abl_mean,abl_opt", Windowing(SEQ, STRIDE, BATCH), ablation_rows=6,
-                       show_progress=False, optimal_steps=STEPS)
+    return score_heads(load_model(small_dir), ids, "abl_mean,abl_opt", windowing=Windowing(SEQ, STRIDE, BATCH),
+                       options=ScoringOptions(ablation_rows=6, optimal_steps=STEPS), show_progress=False)
 
 
 def hf_with_constants(hf, constants: dict) -> GPT2LMHeadModel:
@@ -178,8 +178,9 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
     w = Windowing(SEQ, STRIDE, BATCH)
     settings = {"test": "optimal"}
     steps = 3
-    first = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False,
-                        optimal_steps=steps)
+    options = ScoringOptions(ablation_rows=6, optimal_steps=steps)
+    first = score_heads(model, ids, "abl_opt", windowing=w, options=options,
+                        progress=Progress(tmp_path / "p.jsonl", settings), show_progress=False)
     units = [json.loads(line)["unit"] for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:]]
     assert [u for u in units if u.startswith("opt/")] == [f"opt/s{steps}/L{l}" for l in range(L)]
 
@@ -187,8 +188,8 @@ def test_fit_resumes_from_recorded_units(small_dir, ids, tmp_path, monkeypatch):
         raise AssertionError("refit although the unit is recorded")
 
     monkeypatch.setattr("headprune.scoring.optimal.fit_layer", refuse)
-    again = score_heads(model, ids, "abl_opt", w, 6, Progress(tmp_path / "p.jsonl", settings), False,
-                        optimal_steps=steps)
+    again = score_heads(model, ids, "abl_opt", windowing=w, options=options,
+                        progress=Progress(tmp_path / "p.jsonl", settings), show_progress=False)
     assert again.table.abl_opt.tolist() == first.table.abl_opt.tolist()
     assert all(torch.equal(again.optimal[h], first.optimal[h]) for h in first.optimal)
 

@@ -12,7 +12,7 @@ from transformers import GPT2LMHeadModel
 from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
 from headprune.patching.attribution import atp_star_z, atp_z
-from headprune.patching.exact import patch, patch_z
+from headprune.patching.exact import PatchOptions, patch, patch_z
 from headprune.patching.pairs import PromptPairs, read_pairs
 from headprune.patching.tasks import induction
 
@@ -108,7 +108,7 @@ def test_patch_z_equals_tl_style_hf_loop(model, hf, few, direction):
 
 @pytest.mark.parametrize("activation", ["q", "k", "v"])
 def test_patch_qkv_equals_hf_loop(model, hf, few, activation):
-    ours = patch(model, few, activation, rows=8)
+    ours = patch(model, few, activation, options=PatchOptions(rows=8))
     diff = (ours.values - loop_patch(hf, few, "denoise", activation)).abs().max().item()
     print(f"\npatch_{activation}: max |ours - HF loop| = {diff:.2e}")
     assert diff <= 1e-5
@@ -141,7 +141,7 @@ def test_by_position_sums_to_the_single_position_runs(model, hf):
 def test_by_position_qkv_equals_hf_with_one_positions_slice_overwritten(model, hf, activation):
     """by_position for q, k and v: position t of head i's slice of the c_attn output from the clean run."""
     pairs = induction(CFG["vocab_size"], 2, 4, seed=6)
-    ours = patch(model, pairs, activation, by_position=True, rows=16)
+    ours = patch(model, pairs, activation, options=PatchOptions(by_position=True, rows=16))
     assert ours.values.shape == (2, 12, 7)
     d, dk = CFG["n_embd"], CFG["n_embd"] // CFG["n_head"]
     offset = {"q": 0, "k": d, "v": 2 * d}[activation]
@@ -327,13 +327,13 @@ def test_abl_resample_equals_slow_reference(model, hf):
     head's c_proj-input slice overwritten by its output on the drawn source window (prefix), NLL summed over
     the scored tokens; averaged over draws, minus the baseline, per scored token."""
     from headprune.perplexity import Windowing
-    from headprune.scoring import score_heads
+    from headprune.scoring import ScoringOptions, score_heads
     from headprune.scoring.resample import resample_sources
 
     ids = torch.randint(0, CFG["vocab_size"], (5 * 8 + 5,), generator=torch.Generator().manual_seed(11))
     windowing = Windowing(8, 8, 2)  # 5 full windows and a short last one (5 tokens): sources may be longer
-    table = score_heads(model, ids, "abl_resample", windowing, show_progress=False, bootstrap=20,
-                        resample_draws=2, seed=4).table
+    table = score_heads(model, ids, "abl_resample", windowing=windowing,
+                        options=ScoringOptions(bootstrap=20, seed=4, resample_draws=2), show_progress=False).table
     batches = windowing.batches(ids)
     windows = [(b.tokens[j], b.mask[j]) for b in batches for j in range(len(b.tokens))]
     sources = resample_sources([len(t) for t, _ in windows], 2, 4)

@@ -29,6 +29,7 @@ from transformers import (
 
 import headprune
 from headprune import (
+    GateOptions,
     HeadpruneError,
     corpus_rows,
     from_hf,
@@ -115,8 +116,8 @@ def test_from_hf_scores_equal_the_saved_copy(tied, ids, tmp_path):
     hf = _trained_in_memory(seed=3, tie_word_embeddings=tied)
     hf.save_pretrained(tmp_path)
     w = Windowing.resolve(TINY["n_positions"], SEQ)
-    ours = score_heads(from_hf(hf), ids, METHODS, w, show_progress=False)
-    saved = score_heads(load_model(tmp_path), ids, METHODS, w, show_progress=False)
+    ours = score_heads(from_hf(hf), ids, METHODS, windowing=w, show_progress=False)
+    saved = score_heads(load_model(tmp_path), ids, METHODS, windowing=w, show_progress=False)
     pd.testing.assert_frame_equal(ours.table, saved.table, check_exact=True)
     assert ours.baseline == saved.baseline
     assert ours.table[["grad", "abl_zero"]].abs().min().min() > 0  # the data methods measured something
@@ -205,8 +206,9 @@ def test_from_hf_family_gives_transformers_logits_and_the_saved_scores(family, t
     torch.testing.assert_close(_logits(ours, ids[None, :40]), _logits(hf, ids[None, :40]), rtol=0, atol=1e-5)
     hf.save_pretrained(tmp_path)
     w = Windowing.resolve(FAMILY_SIZES["max_position_embeddings"], SEQ)
-    pd.testing.assert_frame_equal(score_heads(ours, ids, METHODS, w, show_progress=False).table,
-                                  score_heads(load_model(tmp_path), ids, METHODS, w, show_progress=False).table,
+    pd.testing.assert_frame_equal(score_heads(ours, ids, METHODS, windowing=w, show_progress=False).table,
+                                  score_heads(load_model(tmp_path), ids, METHODS, windowing=w,
+                                              show_progress=False).table,
                                   check_exact=True)
 
 
@@ -223,7 +225,8 @@ def _expected_top(table: pd.DataFrame, column: str, n: int, highest: bool = True
 
 def test_scores_html_lists_the_top_heads_and_the_key_numbers(ids):
     model = from_hf(_trained_in_memory(seed=9))
-    scored = score_heads(model, ids, METHODS, Windowing.resolve(TINY["n_positions"], SEQ), show_progress=False)
+    w = Windowing.resolve(TINY["n_positions"], SEQ)
+    scored = score_heads(model, ids, METHODS, windowing=w, show_progress=False)
     page = scored._repr_html_()
     assert HEAD_ID.findall(page) == _expected_top(scored.table, "abl_zero", 10)
     assert "top 10 heads by abl_zero" in page
@@ -253,7 +256,8 @@ def test_anatomy_html_lists_the_top_heads_per_role(ids):
 def test_gates_html_lists_the_heads_least_likely_open(ids):
     model = from_hf(_trained_in_memory(seed=11))
     w = Windowing.resolve(TINY["n_positions"], SEQ)
-    result = learn_gates(model, w.batches(ids), steps=4, sparsity=0.25, checkpoint_every=2, show_progress=False)
+    options = GateOptions(steps=4, sparsity=0.25, checkpoint_every=2)
+    result = learn_gates(model, w.batches(ids), options, show_progress=False)
     page = result._repr_html_()
     assert HEAD_ID.findall(page) == _expected_top(result.table, "gate", 10, highest=False)
     assert f"closed: <b>{len(result.closed)}</b>" in page and len(result.closed) == 3

@@ -10,7 +10,7 @@ from headprune.io.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
 from headprune.schema import COSTLY, DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
-from headprune.scoring import score_heads
+from headprune.scoring import ScoringOptions, score_heads
 
 from helpers import TINY, guide_loop, save_hf_gpt2
 
@@ -25,8 +25,8 @@ def ids():
 
 @pytest.fixture(scope="module")
 def scored(tiny_dir, ids):
-    return score_heads(load_model(tiny_dir), ids, "all", Windowing(SEQ, STRIDE, BATCH), ablation_rows=6,
-                       show_progress=False)
+    return score_heads(load_model(tiny_dir), ids, "all", windowing=Windowing(SEQ, STRIDE, BATCH),
+                       options=ScoringOptions(ablation_rows=6), show_progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,8 @@ def test_abl_mean_fill_is_the_mean_over_scored_positions_only(tiny_dir, ids):
     """Stride 8 < seq-len 64: most windows score only their last 8 predictions, so the mean of z over every
     position of every window (the mistake) is far from the mean over the scored ones, and so is its abl_mean."""
     seq, stride, tol = 64, 8, 1e-5
-    got = score_heads(load_model(tiny_dir), ids, "abl_mean", Windowing(seq, stride, BATCH), ablation_rows=6,
-                      show_progress=False).table
+    got = score_heads(load_model(tiny_dir), ids, "abl_mean", windowing=Windowing(seq, stride, BATCH),
+                      options=ScoringOptions(ablation_rows=6), show_progress=False).table
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
     base, _ = guide_loop(hf, ids, seq, stride)
     scored = hf_scored_z(hf, ids, seq, stride)
@@ -130,7 +130,7 @@ def test_abl_mean_fill_is_the_mean_over_scored_positions_only(tiny_dir, ids):
 def test_gradients_equal_finite_differences(tiny_dir, ids):
     """taylor: the corpus NLL's central difference; grad: the mean over WINDOWS of each window's |difference|."""
     model = load_model(tiny_dir, dtype=torch.float64)
-    got = score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, BATCH), show_progress=False).table
+    got = score_heads(model, ids, "grad,taylor", windowing=Windowing(SEQ, STRIDE, BATCH), show_progress=False).table
     batches = window_batches(ids, SEQ, STRIDE, 1)  # one window each
     eps = 1e-4
     for layer, head in [(0, 0), (1, 2), (2, 3)]:
@@ -178,7 +178,8 @@ def test_grad_is_per_window_and_independent_of_batch_size(tiny_dir, ids):
     """Michel et al.'s E_x |∂L(x)/∂g|: batch sizes 1, 3 and 8 agree to 1e-6 relative, and equal a window-by-window
     reference computed in Hugging Face (gates on c_proj's input)."""
     model = load_model(tiny_dir, dtype=torch.float64)
-    by_batch = {b: score_heads(model, ids, "grad,taylor", Windowing(SEQ, STRIDE, b), show_progress=False).table
+    by_batch = {b: score_heads(model, ids, "grad,taylor", windowing=Windowing(SEQ, STRIDE, b),
+                               show_progress=False).table
                 for b in (1, 3, 8)}
     for b in (3, 8):
         np.testing.assert_allclose(by_batch[b].grad, by_batch[1].grad, rtol=1e-6, atol=0)
@@ -275,8 +276,10 @@ def test_fold_value_biases_keeps_logits_and_zeroes_b_V(biased_dir, ids):
         assert (folded(tokens) - reference).abs().max() <= 1e-5
         assert (load_model(biased_dir, fold_value_bias=True)(tokens) - reference).abs().max() <= 1e-5
     window = Windowing(SEQ, STRIDE, BATCH)
-    plain = score_heads(model, ids, "abl_zero,abl_zero_folded", window, ablation_rows=6, show_progress=False).table
-    again = score_heads(folded, ids, "abl_zero,abl_zero_folded", window, ablation_rows=6, show_progress=False).table
+    six = ScoringOptions(ablation_rows=6)
+    methods = "abl_zero,abl_zero_folded"
+    plain = score_heads(model, ids, methods, windowing=window, options=six, show_progress=False).table
+    again = score_heads(folded, ids, methods, windowing=window, options=six, show_progress=False).table
     np.testing.assert_allclose(again.abl_zero, plain.abl_zero_folded, atol=1e-6)
     np.testing.assert_allclose(again.abl_zero_folded, again.abl_zero, atol=1e-6)  # nothing left to fold
     assert (plain.abl_zero - plain.abl_zero_folded).abs().max() > 1e-2  # the value-bias share matters here

@@ -231,7 +231,7 @@ def test_a_report_folder_is_complete_or_absent(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(report, "write_bytes", full)  # the pictures come after the tables
     with pytest.raises(OSError):
-        report.build_report(make_scores(), make_curves(), tmp_path / "rep", SETTINGS, BASELINE)
+        report.build_report(make_scores(), make_curves(), tmp_path / "rep", settings=SETTINGS, baseline=BASELINE)
     assert calls and not (tmp_path / "rep").exists() and list(tmp_path.iterdir()) == []
 
 

@@ -15,7 +15,7 @@ from headprune.io.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.finetune import Recipe, finetune
-from headprune.pruning.options import Compensation, CurveOptions, Selection
+from headprune.pruning.options import Compensation, CurveOptions, RecoveryData, Selection
 from headprune.pruning.prune import prune_model
 from headprune.pruning.recovered_curves import recovered_curves
 from headprune.scoring import head_means, score_heads
@@ -26,7 +26,7 @@ def setup(tiny_dir, corpus):
     model = load_model(tiny_dir)
     ids = tokenize_corpus(load_texts(str(corpus)), model_tokenizer(model), limit=320)
     w = Windowing.resolve(model.cfg.n_positions, 64, 64, 4)
-    scores = score_heads(model, ids, ["wo_fro"], w, show_progress=False).table
+    scores = score_heads(model, ids, ["wo_fro"], windowing=w, show_progress=False).table
     return model, ids, w, scores
 
 
@@ -38,8 +38,8 @@ def test_recovered_rows_have_the_curves_bootstrap_fills_and_learned_sets(setup):
     means = head_means(model, ids, w, show_progress=False)
     compensation = Compensation(means=means, fill_data="the means' corpus, 320 tokens")
     variants = [("wo_fro", "none"), ("wo_fro", "mean"), ("gate", "none"), ("random", "none")]
-    recovered = recovered_curves(model, ids, scores, variants, options, compensation, train_ids=ids, steps=2,
-                                 show_progress=False)
+    recovered = recovered_curves(model, RecoveryData(ids, ids, 2), scores, variants=variants, options=options,
+                                 compensation=compensation, show_progress=False)
     assert set(recovered.method) == {"wo_fro", "gate"}  # random is left out
     assert recovered[["delta_nll_ci_lo", "delta_nll_ci_hi"]].isna().all().all()  # --bootstrap 0 holds
     mean_rows = recovered[recovered.compensation == "mean"]

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from headprune.cli.main import main
 from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
-from headprune.pruning.gates import learn_gates
+from headprune.pruning.gates import GateOptions, learn_gates
 
 
 def _run(capsys, argv):
@@ -100,4 +100,4 @@ def test_damaged_gate_checkpoint_is_one_line(tiny_dir, record):
     model = load_model(tiny_dir)
     batches = [torch.randint(0, 1000, (2, 16))]
     with pytest.raises(HeadpruneError, match="gate checkpoint in the progress file is damaged"):
-        learn_gates(model, batches, 20, sparsity=0.5, progress=_Damaged(record), show_progress=False)
+        learn_gates(model, batches, GateOptions(20, sparsity=0.5), progress=_Damaged(record), show_progress=False)

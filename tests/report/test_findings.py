@@ -140,7 +140,8 @@ BYTES = 4100
 def report_dir(tmp_path_factory):
     """One report of the module's tables, its baseline with bytes and its settings nested."""
     out = tmp_path_factory.mktemp("findings-report")
-    build_report(make_scores(), make_curves(), out, SETTINGS | {"nested": {"k": 1}}, BASELINE | {"bytes": BYTES})
+    build_report(make_scores(), make_curves(), out, settings=SETTINGS | {"nested": {"k": 1}},
+                 baseline=BASELINE | {"bytes": BYTES})
     return out
 
 

@@ -134,7 +134,7 @@ def test_perplexity_cost_at_30_and_50_percent_next_to_random():
 def report_dir(tmp_path_factory):
     """One report of the module's tables (its tests read different parts of it)."""
     out = tmp_path_factory.mktemp("first-screen") / "r"
-    build_report(scores_frame(), curves_frame(), out, SETTINGS, BASELINE)
+    build_report(scores_frame(), curves_frame(), out, settings=SETTINGS, baseline=BASELINE)
     return out
 
 

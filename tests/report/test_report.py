@@ -48,7 +48,7 @@ TABLES = {"scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "predi
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
-    html_path = build_report(make_scores(), make_curves(), out, SETTINGS, BASELINE)
+    html_path = build_report(make_scores(), make_curves(), out, settings=SETTINGS, baseline=BASELINE)
     return out, html_path
 
 
@@ -231,7 +231,7 @@ def test_auc_nan_with_one_class_and_no_truth_skips():
 
 def test_report_without_abl_zero(tmp_path):
     methods = ["wo_fro", "taylor"]
-    build_report(make_scores(methods=methods), make_curves(), tmp_path, {}, BASELINE)
+    build_report(make_scores(methods=methods), make_curves(), tmp_path, settings={}, baseline=BASELINE)
     assert {p.name for p in tmp_path.iterdir()} == TABLES | pictures_for(methods)
     assert not any(p.name.startswith("scatters") for p in tmp_path.iterdir())
     assert list(pd.read_csv(tmp_path / "predictiveness.csv").columns) == list(PREDICTIVENESS_COLUMNS)
@@ -283,7 +283,7 @@ def test_missing_columns_raise_and_write_nothing(tmp_path, table, drop):
     else:
         curves = curves.drop(columns=[drop, "n_seeds"])
     with pytest.raises(HeadpruneError, match=f"{table} table lacks column.*{drop}") as err:
-        build_report(scores, curves, tmp_path / "out", SETTINGS, BASELINE)
+        build_report(scores, curves, tmp_path / "out", settings=SETTINGS, baseline=BASELINE)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists()
 
@@ -301,14 +301,14 @@ def test_missing_columns_raise_and_write_nothing(tmp_path, table, drop):
 def test_bad_inputs_raise_one_line_errors(tmp_path, edit, message):
     scores, curves = edit(make_scores(), make_curves())
     with pytest.raises(HeadpruneError, match=message) as err:
-        build_report(scores, curves, tmp_path, SETTINGS, BASELINE)
+        build_report(scores, curves, tmp_path, settings=SETTINGS, baseline=BASELINE)
     assert "\n" not in str(err.value) and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("baseline", [{}, {"nll": "x", "ppl": 3.0}, {"ppl": 0.0}, None])
 def test_bad_baseline_raises(tmp_path, baseline):
     with pytest.raises(HeadpruneError, match="baseline"):
-        build_report(make_scores(), make_curves(), tmp_path, SETTINGS, baseline)
+        build_report(make_scores(), make_curves(), tmp_path, settings=SETTINGS, baseline=baseline)
 
 
 def test_same_scoring_and_evaluation_data_is_flagged():
@@ -321,9 +321,11 @@ def test_same_scoring_and_evaluation_data_is_flagged():
 def test_rebuild_reads_tables_settings_and_baseline_beside_scores(report, tmp_path, monkeypatch):
     out, _ = report
     seen = {}
-    monkeypatch.setattr(report_module, "build_report", lambda *args: seen.setdefault("args", args))
+    monkeypatch.setattr(report_module, "build_report", lambda *args, **kw: seen.setdefault("args", (args, kw)))
     rebuild_report(out / "scores.parquet", out / "curves.parquet", tmp_path, "rank")
-    scores, curves, out_dir, settings, baseline, anatomy, scale, patching, serving = seen["args"]
+    (scores, curves, out_dir), given = seen["args"]
+    settings, baseline, extra, scale = given["settings"], given["baseline"], given["extra"], given["scale"]
+    anatomy, patching, serving = extra.anatomy, extra.patching, extra.serving
     assert anatomy is None and patching is None and serving is None and scale == "rank"  # none in the folder
     pd.testing.assert_frame_equal(scores, read_table(out / "scores.parquet"))
     pd.testing.assert_frame_equal(curves, read_table(out / "curves.parquet"))
@@ -351,8 +353,8 @@ def test_layer_normalized_rankings_get_their_own_small_multiples(tmp_path):
     curves_layer_normalized.png, and linked from the curves section of the page."""
     curves = make_curves()
     normalized = curves[curves["method"] == "wo_fro"].assign(method="wo_fro@layer")
-    html_path = build_report(make_scores(), pd.concat([curves, normalized], ignore_index=True), tmp_path, SETTINGS,
-                             BASELINE)
+    html_path = build_report(make_scores(), pd.concat([curves, normalized], ignore_index=True), tmp_path,
+                             settings=SETTINGS, baseline=BASELINE)
     assert (tmp_path / "curves_layer_normalized.png").read_bytes().startswith(PNG)
     html = html_path.read_text()
     assert html.index('alt="curves_layer_normalized.png"') < html.index('alt="pruning_order.png"')
@@ -368,8 +370,10 @@ def test_rank_scale_report_and_a_bad_scale(tmp_path):
     assert display_exponent(np.array([250.0, np.nan])) == 2
     assert [g[0] for g in layer_groups(6)] == [f"L{i}" for i in range(6)]
     assert [g[0] for g in layer_groups(48)][:2] == ["L0-3", "L4-7"] and len(layer_groups(48)) == 12
-    build_report(make_scores(), make_curves(), tmp_path / "rank", SETTINGS, BASELINE, scale="rank")
+    build_report(make_scores(), make_curves(), tmp_path / "rank", settings=SETTINGS, baseline=BASELINE,
+                 scale="rank")
     assert (tmp_path / "rank" / "heatmaps.png").read_bytes().startswith(PNG)
     with pytest.raises(HeadpruneError, match="scale 'log' must be one of value, rank"):
-        build_report(make_scores(), make_curves(), tmp_path / "bad", SETTINGS, BASELINE, scale="log")
+        build_report(make_scores(), make_curves(), tmp_path / "bad", settings=SETTINGS, baseline=BASELINE,
+                     scale="log")
     assert not (tmp_path / "bad").exists()

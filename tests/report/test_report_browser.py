@@ -30,7 +30,8 @@ def page(tmp_path_factory):
     wide = make_scores(layers=4, heads=16)  # a wide scores table: 16 heads, many columns
     for m in ("wo_fro", "entropy", "taylor", "abl_zero", "abl_mean"):  # and every score's interval
         wide[f"{m}_ci_lo"], wide[f"{m}_ci_hi"] = wide[m] - 0.01, wide[m] + 0.01
-    return build_report(wide, make_curves(), out, SETTINGS | {"nested": {"a": 1}}, BASELINE)
+    return build_report(wide, make_curves(), out, settings=SETTINGS | {"nested": {"a": 1}},
+                        baseline=BASELINE)
 
 
 def test_page_fits_every_width_with_working_images_and_sorting(page):

@@ -45,7 +45,7 @@ def test_page_tables_one_precision_per_column_and_no_exponent(tmp_path):
     curves = make_curves()
     zero = (curves["method"] == "random") & (curves["fraction"] == 0)
     curves.loc[zero, "nll_std"] = 2.84217e-14
-    page = build_report(make_scores(), curves, tmp_path / "r", SETTINGS, BASELINE).read_text()
+    page = build_report(make_scores(), curves, tmp_path / "r", settings=SETTINGS, baseline=BASELINE).read_text()
     assert "e-14" not in page and "2.84217" not in page
     start = page.index("<h2>Curves (one row per method")
     table = page[start:page.index("</table>", start)]
@@ -60,7 +60,7 @@ def test_page_tables_one_precision_per_column_and_no_exponent(tmp_path):
 
 def test_fingerprint_once_on_the_page(tmp_path):
     settings = SETTINGS | {"model_fingerprint": "0123456789"}
-    page = build_report(make_scores(), make_curves(), tmp_path / "r", settings, BASELINE).read_text()
+    page = build_report(make_scores(), make_curves(), tmp_path / "r", settings=settings, baseline=BASELINE).read_text()
     assert page.count("0123456789") == 1
     assert "model_fingerprint" not in page  # neither a column of the scores / curves tables nor a settings row
     written = pd.read_csv(tmp_path / "r" / "scores.csv", dtype={"model_fingerprint": str})
@@ -70,7 +70,7 @@ def test_fingerprint_once_on_the_page(tmp_path):
 def test_score_intervals_in_their_own_table(tmp_path):
     scores = make_scores()
     scores["taylor_ci_lo"], scores["taylor_ci_hi"] = scores["taylor"] - 0.1, scores["taylor"] + 0.1
-    page = build_report(scores, make_curves(), tmp_path / "r", SETTINGS, BASELINE).read_text()
+    page = build_report(scores, make_curves(), tmp_path / "r", settings=SETTINGS, baseline=BASELINE).read_text()
     start = page.index("<h2>Scores (one row per head)")
     section = page[start:page.index("</section>", start)]
     values, spans = section.split("95% bootstrap intervals")

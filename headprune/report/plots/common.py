@@ -108,4 +108,5 @@ def annotate_cells(ax, values: np.ndarray, cmap, vmin: float, vmax: float, fmt: 
             dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
             text = fmt.format(v)
             text = text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.00"
-            ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
+            label = ax.text(j, i, text, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
+            label.set_in_layout(False)  # inside its cell: the layout need not measure it (10% of a heatmap's time)
