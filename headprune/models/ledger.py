@@ -76,11 +76,17 @@ def attention_flops_per_token(model: GPT2, seq_len: int) -> int:
     return total
 
 
+TRACE_ELEMENTS = 1 << 22  # attention probabilities a shape trace computes for real, at most
+
+
 def shape_trace(model: GPT2, batch: int, seq_len: int, layer: int = 0) -> list[tuple[str, tuple[int, ...]]]:
-    """Shapes met in one real attention call of ``layer`` on a (batch, seq_len) input, run on the meta device (a
-    copy of the layer): shapes without allocating, whatever the sizes asked."""
-    attn = copy.deepcopy(model.h[layer].attn).to("meta")
-    x = torch.zeros(batch, seq_len, model.cfg.d_model, device="meta", dtype=model.dtype)
+    """Shapes met in one real attention call of ``layer`` on a (batch, seq_len) input: on the model's device where
+    its attention probabilities are small (≤ ``TRACE_ELEMENTS``), else on the meta device (a copy of the layer),
+    shapes without allocating whatever the sizes asked (meta's matmul imports torch._dynamo: 2 s once)."""
+    small = batch * model.h[layer].attn.n_heads * seq_len**2 <= TRACE_ELEMENTS
+    attn = model.h[layer].attn if small else copy.deepcopy(model.h[layer].attn).to("meta")
+    device = model.device if small else torch.device("meta")
+    x = torch.zeros(batch, seq_len, model.cfg.d_model, device=device, dtype=model.dtype)
     capture = Capture()
     with torch.no_grad():
         out = attn(x, capture=capture, need_weights=True)
