@@ -46,6 +46,7 @@ from headprune.scoring.ablation import cache_batch
 CACHE_BYTES = 2 << 30  # the unpruned residual streams are kept for evaluation starts up to this size
 PREFIX_CACHE_BYTES = 1 << 30  # and up to this much of the pruned models' streams, least recently used dropped first
 
+
 def _key(job: tuple, recover_steps: int = 0) -> str:
     method, comp, fraction, seed = job
     comp = "optimal-set" if comp == "optimal" else comp  # the constants are fitted per pruned set
