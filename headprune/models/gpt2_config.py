@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from headprune.models.head_config import check_sizes, checked_kept_heads
+
 
 @dataclass
 class ModelConfig:
@@ -23,11 +25,7 @@ class ModelConfig:
     kept_heads: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        sizes = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp")
-        for name in sizes:  # a damaged config.json must fail here, not as a ZeroDivisionError or a 100 GB allocation
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_sizes(self, ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp"))
         eps = self.layer_norm_eps
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
             raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
@@ -41,13 +39,7 @@ class ModelConfig:
             raise ValueError(f"kept_heads must be a list of lists of head indices, got {self.kept_heads!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-        if not self.kept_heads:
-            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
-        if len(self.kept_heads) != self.n_layers or any(
-            list(k) != sorted(set(k)) or any(not 0 <= h < self.n_heads for h in k) for k in self.kept_heads
-        ):
-            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
-                             f"{self.n_layers} layers; got {self.kept_heads}")
+        self.kept_heads = checked_kept_heads(self.kept_heads, self.n_heads, self.n_layers)
 
     @property
     def d_head(self) -> int:

@@ -35,20 +35,11 @@ class HeadConfig:
     kept_heads: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_sizes(self, ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head",
+                           "d_mlp"))
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if not self.kept_heads:
-            self.kept_heads = [list(range(self.n_heads)) for _ in range(self.n_layers)]
-        if len(self.kept_heads) != self.n_layers or any(
-            not isinstance(k, list) or k != sorted(set(k)) or any(not isinstance(h, int) or not 0 <= h < self.n_heads
-                                                                  for h in k) for k in self.kept_heads
-        ):
-            raise ValueError(f"kept_heads must list sorted distinct head indices below {self.n_heads} for each of "
-                             f"{self.n_layers} layers; got {self.kept_heads}")
+        self.kept_heads = checked_kept_heads(self.kept_heads, self.n_heads, self.n_layers)
 
     @property
     def group_size(self) -> int:
@@ -69,3 +60,25 @@ class HeadConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def check_sizes(config: object, names: tuple[str, ...]) -> None:
+    """Each of ``names`` on ``config`` is a positive integer (a damaged config.json fails here, not as a
+    ZeroDivisionError or a 100 GB allocation)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def checked_kept_heads(kept_heads: list[list[int]], n_heads: int, n_layers: int) -> list[list[int]]:
+    """``kept_heads`` (every head of every layer when empty), checked: per layer, sorted distinct original indices
+    below ``n_heads``."""
+    kept = kept_heads or [list(range(n_heads)) for _ in range(n_layers)]
+    if len(kept) != n_layers or any(
+        not isinstance(k, list) or k != sorted(set(k)) or any(not isinstance(h, int) or not 0 <= h < n_heads
+                                                              for h in k) for k in kept
+    ):
+        raise ValueError(f"kept_heads must list sorted distinct head indices below {n_heads} for each of "
+                         f"{n_layers} layers; got {kept}")
+    return kept
