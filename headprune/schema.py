@@ -38,7 +38,7 @@ class MethodSpec:
     unit: str  # of its score (colorbar and axis labels)
     label: str  # what it measures, in one line
     data_dependent: bool  # measured on data (a scored one gets bootstrap intervals); False: the weights alone
-    costly: bool = False  # left out of "all" (name it to get it)
+    opt_in: bool = False  # left out of "all" (name it to get it): costly, or a variant of another method
     descriptive: bool = False  # describes a head, never chooses heads to prune (higher is not more important)
 
 
@@ -59,14 +59,15 @@ METHOD_TABLE: tuple[MethodSpec, ...] = (
     MethodSpec("taylor", "gradients", "nats/token", "-dL/dg: first-order estimate of the NLL increase", True),
     MethodSpec("abl_zero", "ablation", _DELTA_NLL, "NLL increase when zero-ablated (nats/token)", True),
     MethodSpec("abl_zero_folded", "ablation", _DELTA_NLL,
-               "NLL increase when zero-ablated after value-bias folding (nats/token)", True),
+               "NLL increase when zero-ablated after value-bias folding (nats/token)", True,
+               opt_in=True),  # abl_zero but for the value-bias share (the same on models without value biases)
     MethodSpec("abl_mean", "ablation", _DELTA_NLL, "NLL increase when mean-ablated (nats/token)", True),
     MethodSpec("abl_opt", "ablation", _DELTA_NLL,
                "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
-               True, costly=True),  # about 50 ablation sweeps
+               True, opt_in=True),  # costly: about 50 ablation sweeps
     MethodSpec("abl_resample", "resample", _DELTA_NLL,
                "NLL increase when resample-ablated: z_i := its output on another window (nats/token)", True,
-               costly=True),  # K ablation sweeps (default 4)
+               opt_in=True),  # costly: K ablation sweeps (default 4)
     # learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own tables
     MethodSpec("gate", "learned", "P(gate open)",
                "probability that the head's learned hard-concrete gate stays open (Voita et al.)", True),
@@ -87,7 +88,7 @@ LEARNED_METHODS = METHOD_FAMILIES[LEARNED]
 METHODS = tuple(s.name for s in METHOD_TABLE if s.family != LEARNED)  # what `score` computes
 ALL_METHODS = tuple(METHOD_SPECS)  # every method column a scores table may hold
 DATA_METHODS = tuple(m for m in METHODS if METHOD_SPECS[m].data_dependent)  # measured on data: bootstrap intervals
-COSTLY = tuple(m for m in METHODS if METHOD_SPECS[m].costly)  # left out of "all"
+OPT_IN = tuple(m for m in METHODS if METHOD_SPECS[m].opt_in)  # left out of "all"
 DESCRIPTIVE = tuple(m for m in ALL_METHODS if METHOD_SPECS[m].descriptive)  # never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)  # the scored importances (`run` curves them)
 RANKABLE_METHODS = IMPORTANCE_METHODS + LEARNED_METHODS  # what prune and curve may rank by (and random)
@@ -125,7 +126,7 @@ def method_family(method: str) -> str:
 HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
 COMPENSATIONS = ("none", "mean", "optimal")
-CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap over windows (absent before 0.14)
+CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap over windows (optional)
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_INTERVAL, "model_fingerprint"]
 CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_INTERVAL and c != "model_fingerprint"]
@@ -138,17 +139,18 @@ FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' 
 TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 # The fractions and random-baseline seeds of every curve (`run` and `curve`): 0, 0.1, ..., 0.8 (0.9 left out: with
-# 19 rankings and 10 random seeds it adds 29 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back)
+# 16 rankings and 5 random seeds it adds 21 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back).
+# Random pruned sets are 40% of the run's evaluations at 10 seeds: 5 keep its band and the main run under 5 minutes.
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(9))
-DEFAULT_SEEDS = 10
+DEFAULT_SEEDS = 5
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
-    """The method names of a user's spec, in canonical order: ``all`` (every method but the :data:`COSTLY` ones)
+    """The method names of a user's spec, in canonical order: ``all`` (every method but the :data:`OPT_IN` ones)
     or comma-separated method names (``all`` may be one of them); a sequence of such specs is their union."""
     names = [m.strip() for part in ([spec] if isinstance(spec, str) else spec) for m in part.split(",") if m.strip()]
     if "all" in names:
-        names = [m for m in names if m != "all"] + [m for m in METHODS if m not in COSTLY]
+        names = [m for m in names if m != "all"] + [m for m in METHODS if m not in OPT_IN]
     return check_methods(names)
 
 

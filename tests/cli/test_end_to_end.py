@@ -16,9 +16,9 @@ from headprune.cli.main import main
 from headprune.io.files import read_scores
 from headprune.io.loading import load_model
 from headprune.models.interventions import mask_gates
-from headprune.schema import COSTLY, CURVE_COLUMNS, FILL_COLUMN, METHODS, SCORES_DIGEST, score_columns
+from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, METHODS, OPT_IN, SCORES_DIGEST, score_columns
 
-RUN_METHODS = [m for m in METHODS if m not in COSTLY]  # abl_opt only with RunSettings(optimal=True)
+RUN_METHODS = [m for m in METHODS if m not in OPT_IN]  # abl_opt only with RunSettings(optimal=True)
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +185,8 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     recorded = progress.read_bytes()
     tables = {name: (out / name).read_bytes() for name in ["scores.csv", "curves.csv", "baseline.json"]}
     units = _unit_keys(progress)
-    assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_zero_folded",
-                                                "abl_mean", "curve", "patch_z"}
+    assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_mean",
+                                                "curve", "patch_z"}
     args = _run_args(tiny_dir, corpus, out)
 
     calls, computed = _count_work(monkeypatch)
@@ -196,7 +196,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
     # one unit of every family forgotten: exactly those are recomputed, each by its own work function
-    forget = ["weights", "act/w/True/b1", "grad/b0", "base/w/b1", "abl_zero/w/b1/L0", "abl_zero_folded/w/b0/L1",
+    forget = ["weights", "act/w/True/b1", "grad/b0", "base/w/b1", "abl_zero/w/b1/L0", "abl_zero/w/b0/L1",
               "abl_mean/w/b0/L2", "curve/w/baseline",
               "curve/w/random/none/0.5/s1", "patch_z/logit_diff/denoise/all/L1"]
     assert set(forget) <= set(units)
@@ -252,7 +252,7 @@ def test_sweep_resume_computes_only_unrecorded_units(command, run_dir, tiny_dir,
     units = list(computed)
     assert len(set(units)) == len(units) and calls == _expected_calls(units)
     families = {u.split("/")[0] for u in units}
-    expected = {"score": {"weights", "act", "grad", "base", "abl_zero", "abl_zero_folded", "abl_mean"},
+    expected = {"score": {"weights", "act", "grad", "base", "abl_zero", "abl_mean"},
                 "curve": {"curve"},
                 "curve-compensated": {"act", "curve"}}  # the means on --score-data are units too: never recomputed
     assert families == expected[command]

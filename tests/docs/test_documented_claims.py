@@ -39,7 +39,7 @@ from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing
 from headprune.report.tables import rank_correlations
-from headprune.schema import COSTLY, METHODS, score_columns
+from headprune.schema import METHODS, OPT_IN, score_columns
 from headprune.scoring import head_means
 
 from helpers import TINY, guide_loop, save_hf_gpt2
@@ -98,7 +98,7 @@ def test_pruned_model_scores_keep_original_head_names(pruned_scores):
     assert native.head_id.tolist() == KEPT_IDS
     assert list(zip(native.layer, native["head"])) == [(0, 0), (0, 2), (2, 0), (2, 1), (2, 3)]
     assert load_model(root / "native").cfg.kept_heads == [[0, 2], [], [0, 1, 3]]
-    every = [m for m in METHODS if m not in COSTLY]  # what "all" scores
+    every = [m for m in METHODS if m not in OPT_IN]  # what "all" scores
     assert list(native.columns) == score_columns(every)
     assert native[every].notna().all().all()
 
@@ -118,7 +118,7 @@ def test_pruned_model_data_scores_equal_zero_filled_unpruned(pruned_scores):
     zeroed = out["hf"].set_index("head_id")
     assert len(zeroed) == 12
     kept = zeroed.loc[KEPT_IDS]
-    for m in [m for m in METHODS if m not in COSTLY]:
+    for m in [m for m in METHODS if m not in OPT_IN]:
         np.testing.assert_allclose(out["native"][m].to_numpy(), kept[m].to_numpy(), rtol=1e-4, atol=1e-6, err_msg=m)
     removed = zeroed.drop(index=KEPT_IDS)  # a zero-filled head has z = 0: no weight, no output, no effect
     for m in ["wo_fro", "wo_spec", "ov_fro", "ov_spec", "out_norm", "fluct", "grad", "abl_zero", "abl_mean"]:

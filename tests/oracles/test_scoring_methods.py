@@ -9,12 +9,13 @@ from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
-from headprune.schema import COSTLY, DATA_METHODS, METHODS, ci_columns, parse_methods, score_columns
+from headprune.schema import DATA_METHODS, METHODS, OPT_IN, ci_columns, parse_methods, score_columns
 from headprune.scoring import ScoringOptions, score_heads
 
 from helpers import TINY, guide_loop, save_hf_gpt2
 
 SEQ, STRIDE, BATCH = 64, 40, 3
+SCORED = "all,abl_zero_folded"  # the opt-in abl_zero_folded too: it has an oracle here
 DK = TINY["n_embd"] // TINY["n_head"]
 
 
@@ -25,7 +26,7 @@ def ids():
 
 @pytest.fixture(scope="module")
 def scored(tiny_dir, ids):
-    return score_heads(load_model(tiny_dir), ids, "all", windowing=Windowing(SEQ, STRIDE, BATCH),
+    return score_heads(load_model(tiny_dir), ids, SCORED, windowing=Windowing(SEQ, STRIDE, BATCH),
                        options=ScoringOptions(ablation_rows=6), show_progress=False)
 
 
@@ -49,7 +50,7 @@ def hf_scored_z(hf, ids, seq_len=SEQ, stride=STRIDE):
 
 
 def test_columns_and_order(scores):
-    every = [m for m in METHODS if m not in COSTLY]  # what "all" scores
+    every = parse_methods(SCORED)  # every method but abl_opt and abl_resample, in canonical order
     intervals = [c for m in DATA_METHODS if m in every for c in ci_columns(m)]
     assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + every + intervals
     assert list(scores.columns) == score_columns(every)
@@ -241,9 +242,9 @@ def test_fast_ablation_equals_naive_forward_per_head(tiny_dir, ids, scores):
 
 
 def test_parse_methods():
-    assert parse_methods("all") == [m for m in METHODS if m not in COSTLY]  # abl_opt, abl_resample: named only
-    assert COSTLY == ("abl_opt", "abl_resample")
-    assert parse_methods("abl_opt,abl_resample,all") == list(METHODS)
+    assert parse_methods("all") == [m for m in METHODS if m not in OPT_IN]  # the opt-in ones: named only
+    assert OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample")
+    assert parse_methods("abl_opt,abl_resample,abl_zero_folded,all") == list(METHODS)
     assert parse_methods("taylor, wo_fro") == ["wo_fro", "taylor"]
     with pytest.raises(HeadpruneError, match="unknown scoring method"):
         parse_methods("wo_fro,magic")

@@ -84,7 +84,7 @@ def test_sigkill_after_fixed_units_then_resume_gives_identical_scores(tiny_dir, 
     # 8 windows, 4 batches: the weights unit, 4 activation and 4 gradient units come first, so the first kill hits
     # the activations and the second the ablation
     assert [u.split("/")[0] for u in done[:9]] == ["weights"] + ["act"] * 4 + ["grad"] * 4
-    assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_zero_folded", "abl_mean"}
+    assert {u.split("/")[0] for u in done[9:]} == {"base", "abl_zero", "abl_mean"}
     assert out.read_bytes() == whole.read_bytes()  # no lost, no duplicated, no changed value
     assert not progress.exists()
 

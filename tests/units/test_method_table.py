@@ -24,7 +24,7 @@ def test_derived_views_pinned():
     assert schema.ALL_METHODS == schema.METHODS + ("gate",)
     assert schema.DATA_METHODS == (schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS + schema.ABLATION_METHODS
                                    + schema.RESAMPLE_METHODS)
-    assert schema.COSTLY == ("abl_opt", "abl_resample")
+    assert schema.OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample")
     assert schema.DESCRIPTIVE == ("entropy",)
     assert schema.IMPORTANCE_METHODS == tuple(m for m in schema.METHODS if m != "entropy")
     assert schema.RANKABLE_METHODS == schema.IMPORTANCE_METHODS + ("gate",)
@@ -43,7 +43,7 @@ def test_table_rows():
     assert len({s.name for s in METHOD_TABLE}) == len(METHOD_TABLE) == 15
     assert all(s.label and s.unit for s in METHOD_TABLE)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        METHOD_SPECS["wo_fro"].costly = True  # type: ignore[misc]
+        METHOD_SPECS["wo_fro"].opt_in = True  # type: ignore[misc]
     # the family of a table method, of a layer-normalized ranking, of random and of names outside the table
     assert [method_family(m) for m in ("fluct", "ov_spec@layer", "gate", "random", "wo_custom", "abl_x", "foo")] == [
         "activations", "weights", "learned", "random", "weights", "ablation", "other"]
@@ -79,7 +79,7 @@ def test_parse_once_at_the_edge():
         check_methods(["all"])
     s = RunSettings(model="m", methods=("grad, wo_fro",), optimal=True)
     assert s.methods == ("wo_fro", "grad", "abl_opt")
-    assert RunSettings(model="m").methods == tuple(m for m in schema.METHODS if m not in schema.COSTLY)
+    assert RunSettings(model="m").methods == tuple(m for m in schema.METHODS if m not in schema.OPT_IN)
     assert dataclasses.replace(s).methods == s.methods  # idempotent
     with pytest.raises(HeadpruneError, match="magic"):
         RunSettings(model="m", methods=("wo_fro,magic",))
