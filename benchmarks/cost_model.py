@@ -10,12 +10,14 @@ modern GPU's, *stated* from its datasheet at an assumed utilisation (not measure
 
 Forward-equivalents on N tokens:
 
-  weights  wo_fro, wo_spec, ov_fro, ov_spec         0 (weights only: a QR of d×d_k per head)
+  weights  wo_fro, wo_spec, ov_fro, ov_spec         W / (N·F): per parameter, not per token: a QR and an SVD
+                                                       per head, measured as seconds (WEIGHT_NORM_CPU_S), free
+                                                       on 100,000 tokens (≤ 0.01 fe) but 0.8 fe on 512 at XL
   data     out_norm, fluct, entropy                 1 (one shared forward that captures z)
   grads    grad, taylor                             2 (a forward and a backward to the gates and activations,
                                                        no weight gradients; measured 2.07 on GPT-2 small)
-  abl_*    each of abl_zero, abl_zero_folded, abl_mean    A = Σ_l h·((L−l)·c + u) / F  (+1 baseline forward,
-                                                       shared): a head of layer l reruns layers l..L−1 and the
+  abl_*    each of abl_zero, abl_mean               A = Σ_l h·((L−l)·c + u) / F  (+1 baseline forward,
+           (and the opt-in abl_zero_folded)            shared): a head of layer l reruns layers l..L−1 and the
                                                        LM head from the cached residual stream
   curves   one point (method × fraction)            ≤ 1 (a forward of the pruned model)
 
@@ -36,6 +38,10 @@ V, T = 50257, 1024
 GPU_PEAK, GPU_UTIL = 989e12, 0.4
 #: bench_forward (reports/benchmarks.md): GPT-2 small, 4 × 512 tokens, 3.616 s wall on 2 threads.
 SMALL_FORWARD = (4 * 512, 512, 3.616)
+#: The four weight norms of one layer at XL width (25 heads × 1600, d_k 64), CPU-seconds, profiled on the idle
+#: machine (reports/benchmarks.md: 3.3 CPU-s for 6 layers); the QR and SVD per head cost ∝ d·d_k², d_k = 64 in
+#: every GPT-2, so a layer of h heads of width d costs this × (h/25)·(d/1600).
+WEIGHT_NORM_CPU_S = 3.3 / 6
 
 
 def block_flops(d: int, t: int) -> float:
@@ -55,9 +61,18 @@ def ablation_fe(arch: str, t: int = T, layers: list[int] | None = None) -> float
     return sum(h * ((L - l) * c + u) for l in (range(L) if layers is None else layers)) / forward_flops(arch, t)
 
 
-def method_fe(arch: str) -> dict[str, float]:
+def weight_norm_cpu_s(arch: str) -> float:
+    """CPU-seconds of the four weight norms of every head (independent of the tokens)."""
+    L, h, d = ARCHS[arch]
+    return L * WEIGHT_NORM_CPU_S * (h / 25) * (d / 1600)
+
+
+def method_fe(arch: str, weights_fe: float = 0.0) -> dict[str, float]:
+    """Forward-equivalents per family; ``weights_fe``: the weight norms' seconds in forwards of the tokens scored.
+    "all": the 11 methods of ``--methods all`` (two ablation sweeps: abl_zero, abl_mean)."""
     a = ablation_fe(arch)
-    return {"weights (4)": 0.0, "data (3)": 1.0, "grad+taylor": 2.0, "one abl_*": a, "all 12": 1 + 2 + 1 + 3 * a}
+    return {"weights (4)": weights_fe, "data (3)": 1.0, "grad+taylor": 2.0, "one abl_*": a,
+            "all": weights_fe + 1 + 2 + 1 + 2 * a}
 
 
 def main() -> None:
@@ -78,15 +93,18 @@ def main() -> None:
     print(f"CPU: {cpu_rate / 1e9:.0f} GFLOP per CPU-second (XL forward), {wall_rate / 1e9:.0f} GFLOP/s wall on 2 "
           f"cores (GPT-2 small forward); GPU (stated): {gpu_rate / 1e12:.0f} TFLOP/s\n")
 
-    print(f"| model | F (GFLOP/token) | abl_* fe | all 12 methods fe | all 12 on {n:,} tokens: CPU 2 cores | "
+    def weights_fe(arch: str, tokens: int) -> float:  # the weight norms' CPU-seconds in forwards of ``tokens``
+        return weight_norm_cpu_s(arch) * cpu_rate / (tokens * forward_flops(arch))
+
+    print(f"| model | F (GFLOP/token) | abl_* fe | `all` (11 methods) fe | `all` on {n:,} tokens: CPU 2 cores | "
           f"same, {k} CPU processes (2 cores each) | same, 1 GPU (stated) |")
     print("|---|---|---|---|---|---|---|")
     for arch in ARCHS:
-        fe = method_fe(arch)
-        work = fe["all 12"] * n * forward_flops(arch)
+        fe = method_fe(arch, weights_fe(arch, n))
+        work = fe["all"] * n * forward_flops(arch)
         a = fe["one abl_*"]
-        shared = (fe["all 12"] / k + 1) / fe["all 12"]  # every family's units shared; + one cached forward each
-        print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all 12']:.1f} | "
+        shared = (fe["all"] / k + 1) / fe["all"]  # every family's units shared; + one cached forward each
+        print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all']:.1f} | "
               f"{_hours(work / wall_rate)} | {_hours(work * shared / wall_rate)} | {_hours(work / gpu_rate)} |")
 
     print("\nPer method (forward-equivalents on N tokens; seconds on 100,000 tokens, CPU 2 cores / GPU stated):\n")
@@ -94,8 +112,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for arch in ARCHS:
         f = n * forward_flops(arch)
-        fe = method_fe(arch)
-        cells = [f"{fe[c]:.1f} fe, {_hours(fe[c] * f / wall_rate)} / {_hours(fe[c] * f / gpu_rate)}" if fe[c] else "0"
+        fe = method_fe(arch, weights_fe(arch, n))
+        cells = [f"{fe[c]:.3g} fe, {_hours(fe[c] * f / wall_rate)} / {_hours(fe[c] * f / gpu_rate)}"
                  for c in ("weights (4)", "data (3)", "grad+taylor", "one abl_*")]
         print(f"| {arch} | " + " | ".join(cells) + " |")
 
@@ -108,7 +126,8 @@ def main() -> None:
         ("forward (cache_batch): calibrates the rate", 1.0, xl_fwd["forward_cpu_s"]),
         ("ablation of layer 47, 25 heads (ablate_layer)", ablation_fe("xl", 512, [47]), xl_fwd["ablate_cpu_s"]),
         ("`eval --max-tokens 512` minus the load", 1.0, m["eval --max-tokens 512"]["cpu_seconds"] - load),
-        ("`score wo_fro,ov_fro,fluct,grad` minus the load (fluct 1 + grad 2)", 3.0,
+        ("`score wo_fro,ov_fro,fluct,grad` minus the load (weight norms + fluct 1 + grad 2)",
+         weights_fe("xl", 512) + 3.0,
          m["score wo_fro,ov_fro,fluct,grad"]["cpu_seconds"] - load),
     ]
     if "ablate layer 0 (abl_zero)" in m:
