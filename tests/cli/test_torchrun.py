@@ -60,7 +60,7 @@ def test_torchrun_curve_equals_one_process(scores, tiny_dir, corpus, tmp_path):
     _headprune(tmp_path, args + ["--out", str(tmp_path / "one.csv")])
     _headprune(tmp_path, args + ["--out", str(tmp_path / "two.csv")], nproc=2)
     one = (tmp_path / "one.csv").read_bytes()
-    assert one.count(b"\n") == 1 + 2 * 11 * 2 + 2  # header, 11 importances x none/mean x 2 fractions, random
+    assert one.count(b"\n") == 1 + 2 * 10 * 2 + 2  # header, 10 importances x none/mean x 2 fractions, random
     assert (tmp_path / "two.csv").read_bytes() == one
     assert not list(tmp_path.glob("*.progress.jsonl*"))
 
