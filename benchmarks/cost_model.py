@@ -12,7 +12,7 @@ Forward-equivalents on N tokens:
 
   weights  wo_fro, wo_spec, ov_fro, ov_spec         W / (N·F): per parameter, not per token: a QR and an SVD
                                                        per head, measured as seconds (WEIGHT_NORM_CPU_S), free
-                                                       on 100,000 tokens (≤ 0.01 fe) but 0.8 fe on 512 at XL
+                                                       on 100,000 tokens (≤ 0.01 fe) but 1.0 fe on 512 at XL
   data     out_norm, fluct, entropy                 1 (one shared forward that captures z)
   grads    grad, taylor                             2 (a forward and a backward to the gates and activations,
                                                        no weight gradients; measured 2.07 on GPT-2 small)
