@@ -39,6 +39,11 @@ class Batch:
         return Batch(self.tokens.to(device), self.mask.to(device))
 
 
+#: The default window of a model with a longer context (SmolLM2's 8192, Gemma 3's 32,768): windows of this length
+#: fit a corpus of a few thousand tokens several times over, so the windows give a standard error and batches.
+DEFAULT_MAX_SEQ_LEN = 1024
+
+
 @dataclass(frozen=True)
 class Windowing:
     """How a corpus is cut into windows and batched, checked against a model: build it with :meth:`resolve`."""
@@ -50,8 +55,9 @@ class Windowing:
     @classmethod
     def resolve(cls, n_positions: int, seq_len: int | None = None, stride: int | None = None,
                 batch_size: int = 8) -> Windowing:
-        """Defaults filled in (seq_len: n_positions, stride: seq_len) and every value checked."""
-        seq_len = n_positions if seq_len is None else seq_len
+        """Defaults filled in (seq_len: n_positions up to :data:`DEFAULT_MAX_SEQ_LEN`, stride: seq_len) and every
+        value checked."""
+        seq_len = min(n_positions, DEFAULT_MAX_SEQ_LEN) if seq_len is None else seq_len
         stride = seq_len if stride is None else stride
         check_window(seq_len, stride, n_positions)
         if batch_size < 1:

@@ -16,7 +16,9 @@ is logit_t = Σ_c c · (w ⊙ u_t) / ρ (no centring, no bias term: ``ln_bias`` 
 GPT-2 does. u_t is the family's unembedding row (``lm_head`` / ``embed_out``, or the tied embedding); embed is the
 token embedding (rotary adds no residual component). A block's MLP term for another family is what the block
 adds beyond its attention output (resid_post − resid_pre − attn_out), exact up to rounding for sequential and
-parallel residuals alike.
+parallel residuals alike. Gemma 3 normalises the attention output before adding it (x ← x + N(attn_out), N(a) =
+a ⊙ s(a)): with s frozen at the forward's value, each head's and b_O's term is read along direction ⊙ s, and
+its final norm multiplies by 1 + w (the norm's ``gain``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ def unembedding(model: GPT2) -> Tensor:
 
 
 def token_embedding(model: GPT2) -> Tensor:
-    """[vocab, d]: W_E, the token embedding (wte, embed_tokens, embed_in)."""
+    """[vocab, d]: W_E, the token embedding as the first block reads it (Gemma's scaled by √d; wte, embed_tokens,
+    embed_in)."""
+    if isinstance(W_E := getattr(model, "W_E", None), Tensor):
+        return W_E
     for name in ("wte", "embed_tokens", "embed_in"):
         if hasattr(model, name):
             return getattr(model, name).weight
@@ -93,7 +98,7 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
         spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
         sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
         u = unembedding(model)[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
-        direction = norm.weight.float() * u
+        direction = getattr(norm, "gain", norm.weight).float() * u  # Gemma's RMSNorm multiplies by 1 + w
         if centred:
             direction = direction - direction.mean(-1, keepdim=True)
         direction = direction / sigma  # c · direction = the (centred,) scaled term
@@ -110,17 +115,23 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
             if blk.attn.n_heads:
                 z = capture.z[layer]  # (b,h,T,d_k)
                 W_O = blk.attn.W_O.float()  # [h,d_k,d]
-                read = torch.einsum("bpd,hkd->bhpk", direction, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
-                add(f"heads.{layer}", (z[:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
                 attn_out = (z.transpose(1, 2).reshape(*embed.shape[:2], -1) @ W_O.reshape(-1, W_O.shape[-1])
                             + blk.attn.b_O) if not isinstance(model, GPT2) else \
                     blk.attn.c_proj(z.transpose(1, 2).reshape(*embed.shape[:2], -1))
-            add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed)))
+            # a post-attention norm (Gemma) scales what attention writes by s, frozen like σ: c ⊙ s · direction
+            write_scale = getattr(blk, "attn_write_scale", None)
+            s = write_scale(attn_out)[:, :-1] if write_scale is not None else None  # (b,T-1,d)
+            read_dir = direction * s if s is not None else direction
+            if blk.attn.n_heads:
+                read = torch.einsum("bpd,hkd->bhpk", read_dir, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
+                add(f"heads.{layer}", (capture.z[layer][:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
+            add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed), read_dir))
             if isinstance(model, GPT2):
                 mlp_out = blk.mlp(blk.ln_2(capture.resid_pre[layer] + attn_out))
             else:  # what the block adds beyond attention (parallel or sequential residual alike)
                 post = capture.resid_pre[layer + 1] if layer + 1 < L else final
-                mlp_out = post.float() - capture.resid_pre[layer].float() - attn_out.float()
+                written = attn_out.float() * write_scale(attn_out) if write_scale is not None else attn_out.float()
+                mlp_out = post.float() - capture.resid_pre[layer].float() - written
             add(f"mlp.{layer}", term(mlp_out))
         logits = model.unembed(final)[:, :-1].float()  # (b,T-1,V)
         logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())

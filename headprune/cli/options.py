@@ -79,7 +79,7 @@ def add_fold_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_seq_len_arg(p: argparse.ArgumentParser, default: int | None = None,
-                    help: str = "window length in tokens (default: the model's n_positions)") -> None:
+                    help: str = "window length in tokens (default: the model's n_positions, at most 1024)") -> None:
     p.add_argument("--seq-len", type=int, default=default, help=help)
 
 
@@ -214,8 +214,8 @@ def add_finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW")
     p.add_argument("--warmup", type=int, default=None, help="linear warmup steps, then cosine decay to 0.1 lr "
                                                             "(default: 10%% of --steps)")
-    add_seq_len_arg(p, help="training window length in tokens (default: the model's n_positions; evaluation always "
-                            "uses n_positions)")
+    add_seq_len_arg(p, help="training window length in tokens (default: the model's n_positions, at most 1024; "
+                            "evaluation uses the default windows)")
     add_batch_size_arg(p, help="training windows per step (and evaluation windows per forward)")
     add_seed_arg(p, "seed of the training batches (which windows each step sees)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="write the resumable checkpoint every N steps")

@@ -37,6 +37,9 @@ from headprune.pruning.prune import removed_heads
 
 EXPORT_MARKER = "headprune_export.json"
 
+#: Licence files of the source folder an export passes on when present (the Gemma terms and their notice).
+LICENCE_FILES = ("NOTICE.md", "GEMMA_TERMS.html", "LICENSE")
+
 
 #: The files of the source folder an export copies when present: the tokenizer (GPT-2's BPE files, tokenizer.json or
 #: SentencePiece's model) and the generation and chat settings.
@@ -120,12 +123,12 @@ def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dic
 
 def write_checkpoint(tmp: Path, config: dict, tensors: dict[str, Tensor], source: Path | None, marker: dict) -> None:
     """An export's files into ``tmp``: config.json, model.safetensors, the source folder's :data:`TOKENIZER_FILES`
-    (those it has) and the :data:`EXPORT_MARKER` record."""
+    and :data:`LICENCE_FILES` (those it has) and the :data:`EXPORT_MARKER` record."""
     from safetensors.torch import save_file
 
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, *LICENCE_FILES):
         if source is not None and (source / name).is_file():
             shutil.copyfile(source / name, tmp / name)
     (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")

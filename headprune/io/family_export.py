@@ -37,7 +37,8 @@ from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, Family, loadable_head_count, model_type
 from headprune.models.heads import head_id
 
-O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gpt_neox": "attention_bias"}
+O_BIAS_SWITCH = {"llama": "attention_bias", "qwen3": "attention_bias", "gemma3_text": "attention_bias",
+                 "gpt_neox": "attention_bias"}
 
 
 def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:

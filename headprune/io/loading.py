@@ -41,15 +41,25 @@ _SIDE_PATTERNS = ["config.json", "vocab.json", "merges.txt", "tokenizer.json", "
 
 
 def resolve_source(source: str | os.PathLike) -> Path:
-    """The local directory holding ``source``: a zoo name, a directory, or a hub id (HF cache or download)."""
+    """The local directory holding ``source``: a zoo name, a packaged model's name (:mod:`.packaged`), a GGUF file
+    or a folder holding one (converted once, :mod:`.gguf`), a model directory, or a hub id (HF cache or download)."""
+    from headprune.io.gguf import gguf_folder, single_gguf
+    from headprune.io.packaged import PACKAGED, packaged_folder
+
     source = str(source)
     if (ZOO / source / "config.json").is_file():
         return ZOO / source
+    if source in PACKAGED:
+        return packaged_folder(source)
     path = Path(source).expanduser()
     if path.is_dir():
-        return path
+        gguf = single_gguf(path)
+        return gguf_folder(gguf) if gguf is not None else path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return gguf_folder(path)
     if path.exists():
-        raise HeadpruneError(f"model {source!r} is a file; pass the directory holding config.json and weights")
+        raise HeadpruneError(f"model {source!r} is a file; pass a GGUF file or the directory holding config.json "
+                             "and weights")
     if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source:
         raise HeadpruneError(f"model directory {source!r} does not exist; pass a GPT-2 directory or hub id")
     return _snapshot(source)

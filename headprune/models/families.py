@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headprune.models.base import HeadModel
+from headprune.models.gemma3 import LAYER_TYPES, Gemma3, Gemma3Config
 from headprune.models.head_config import HeadConfig
 from headprune.models.llama import Decoder, DecoderConfig
 from headprune.models.neox import NeoX, NeoXConfig
@@ -78,6 +79,57 @@ def read_decoder_config(hf: dict) -> DecoderConfig:
         qk_norm=family == "qwen3", sliding_windows=_windows(hf, family, n_layers), **_kept(hf))
 
 
+def _gemma3_rope(hf: dict) -> dict[str, dict]:
+    """Per layer type rope parameters of a Gemma 3 config: transformers 5's ``rope_parameters`` keyed by layer type,
+    or the 4.x keys (``rope_theta`` and ``rope_scaling`` for full attention, ``rope_local_base_freq`` for sliding)."""
+    params = hf.get("rope_parameters") or {}
+    if params and not all(isinstance(v, dict) for v in params.values()):
+        params = {"full_attention": params}
+    rope = {}
+    for kind, theta_key, default in (("full_attention", "rope_theta", 1_000_000.0),
+                                     ("sliding_attention", "rope_local_base_freq", 10_000.0)):
+        p = dict(params.get(kind) or {})
+        if kind == "full_attention" and not params and hf.get("rope_scaling"):
+            p.update(hf["rope_scaling"])
+        p.setdefault("rope_type", p.get("type", "default"))
+        p.setdefault("rope_theta", hf.get(theta_key, default))
+        if p["rope_type"] not in SCALINGS:
+            raise ValueError(f"rope type {p['rope_type']!r} is not supported (supported: {', '.join(SCALINGS)})")
+        if p["rope_type"] == "llama3":
+            p.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+        if not float(p["rope_theta"]) > 0:
+            raise ValueError(f"rope_theta must be positive, got {p['rope_theta']!r}")
+        rope[kind] = p
+    return rope
+
+
+def read_gemma3_config(hf: dict) -> Gemma3Config:
+    """A Gemma 3 text ``config.json`` dict (model_type ``gemma3_text``) -> :class:`Gemma3Config`."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise ValueError(f"hidden_activation {act!r}: the Gemma 3 MLP is implemented with gelu_pytorch_tanh only")
+    if hf.get("attn_logit_softcapping") is not None:
+        raise ValueError("attn_logit_softcapping is not supported (Gemma 3 has none)")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention is not supported: headprune analyses causal language models")
+    n_layers, n_heads = hf["num_hidden_layers"], hf["num_attention_heads"]
+    pattern = hf.get("sliding_window_pattern", 6)
+    types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                      for i in range(n_layers)]
+    if not set(types) <= set(LAYER_TYPES):
+        raise ValueError(f"layer_types may hold only {LAYER_TYPES}, got {sorted(set(types))}")
+    attention_bias = bool(hf.get("attention_bias", False))
+    return Gemma3Config(
+        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=hf["hidden_size"],
+        n_layers=n_layers, n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        d_head=hf.get("head_dim") or 256, d_mlp=hf["intermediate_size"],
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=hf.get("sliding_window") or 4096,
+        layer_types=list(types), rope=_gemma3_rope(hf), attention_bias=attention_bias,
+        final_logit_softcapping=hf.get("final_logit_softcapping"), **_kept(hf))
+
+
 def read_neox_config(hf: dict) -> NeoXConfig:
     """A GPT-NeoX ``config.json`` dict -> :class:`NeoXConfig`."""
     rope = _rope(hf)
@@ -142,6 +194,7 @@ REGISTRY: dict[str, Family] = {
     "mistral": _decoder("MistralForCausalLM"),
     "qwen2": _decoder("Qwen2ForCausalLM"),
     "qwen3": _decoder("Qwen3ForCausalLM"),
+    "gemma3_text": Family(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM"),
     "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")),
 }
@@ -149,11 +202,11 @@ SUPPORTED = ("gpt2", *REGISTRY)  # every model_type headprune loads (gpt2: headp
 
 
 def model_type(model: Any) -> str:
-    """The HF ``model_type`` of a loaded model: "gpt2", a decoder's ``cfg.family`` or "gpt_neox"."""
-    if isinstance(model, NeoX):
-        return "gpt_neox"
+    """The HF ``model_type`` of a loaded model: "gpt2", a decoder's ``cfg.family``, or its registry entry's."""
     family = getattr(model.cfg, "family", None)
-    return family if isinstance(family, str) else "gpt2"
+    if isinstance(family, str):  # the Llama-like decoders share one class
+        return family
+    return next((kind for kind, entry in REGISTRY.items() if type(model) is entry.model_class), "gpt2")
 
 
 def layout_text(model: Any) -> str:

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from headprune.errors import HeadpruneError
 from headprune.io.files import atomic_path
 from headprune.io.progress import fingerprint
+from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 from headprune.models.gpt2 import GPT2
 
 #: For tests only: SIGKILL the process right after this many optimiser steps (a deterministic kill).
@@ -50,7 +51,7 @@ class Recipe:
     lr: float = 1e-4
     warmup: int | None = None  # default: 10% of steps
     batch_size: int = 8
-    seq_len: int | None = None  # default: the model's n_positions
+    seq_len: int | None = None  # default: the model's n_positions, at most DEFAULT_MAX_SEQ_LEN
     seed: int = 0
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.1
@@ -64,7 +65,7 @@ class Recipe:
         if not isinstance(self.steps, int) or self.steps < 1:
             raise HeadpruneError(f"steps {self.steps} must be at least 1")
         warmup = max(1, self.steps // 10) if self.warmup is None else self.warmup
-        seq_len = n_positions if self.seq_len is None else self.seq_len
+        seq_len = min(n_positions, DEFAULT_MAX_SEQ_LEN) if self.seq_len is None else self.seq_len
         checks = [
             ("lr", self.lr, math.isfinite(self.lr) and self.lr > 0, "must be a positive number"),
             ("warmup", warmup, 0 <= warmup <= self.steps, f"must lie in 0..steps ({self.steps})"),

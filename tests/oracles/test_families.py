@@ -11,6 +11,8 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     LlamaConfig,
@@ -37,7 +39,8 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq
 BASE = {"vocab_size": VOCAB, "num_hidden_layers": 2, "max_position_embeddings": 64, "initializer_range": 0.15}
 
 # name -> (config class, model class, config kwargs): GQA ratios 1, 2 and 4, odd head counts, head_dim != d/h,
-# biases, llama3 rope scaling, a sliding window shorter than the sequence, tied and untied embeddings.
+# biases, llama3 rope scaling, a sliding window shorter than the sequence, tied and untied embeddings; Gemma 3 with
+# its per-layer-type windows and rope parameters, score scale and logit soft-capping.
 def shape(d: int, h: int, kv: int | None, mlp: int, **extra) -> dict:
     """transformers config kwargs: hidden size d, h query heads, kv KV heads (None: no such key), MLP width."""
     kv_key = {} if kv is None else {"num_key_value_heads": kv}
@@ -54,6 +57,14 @@ CASES = {
         36, 3, 1, 40, use_sliding_window=True, sliding_window=5, max_window_layers=1, tie_word_embeddings=True)),
     "qwen3-headdim": (Qwen3Config, Qwen3ForCausalLM, shape(32, 6, 2, 40, head_dim=10, attention_bias=True)),
     "qwen3-tied-gqa4": (Qwen3Config, Qwen3ForCausalLM, shape(32, 4, 1, 40, head_dim=8, tie_word_embeddings=True)),
+    "gemma3-window-gqa2": (Gemma3TextConfig, Gemma3ForCausalLM, shape(
+        32, 4, 2, 48, head_dim=12, sliding_window=5, query_pre_attn_scalar=20,
+        layer_types=["sliding_attention", "full_attention"])),
+    "gemma3-untied-linear-softcap": (Gemma3TextConfig, Gemma3ForCausalLM, shape(
+        40, 2, 1, 56, head_dim=24, tie_word_embeddings=False, final_logit_softcapping=3.0, sliding_window=9,
+        layer_types=["full_attention", "sliding_attention"], rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
     "neox-parallel": (GPTNeoXConfig, GPTNeoXForCausalLM, shape(
         40, 5, None, 64, rotary_pct=0.5, use_parallel_residual=True)),
     "neox-sequential-tied": (GPTNeoXConfig, GPTNeoXForCausalLM, shape(
@@ -127,7 +138,8 @@ def test_logits_equal_transformers(case, tmp_path_factory):
     assert (weighted - want).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("case", ["mistral-window", "qwen2-bias-window", "llama-gqa2-bias-llama3", "neox-parallel"])
+@pytest.mark.parametrize("case", ["mistral-window", "qwen2-bias-window", "llama-gqa2-bias-llama3", "neox-parallel",
+                                  "gemma3-window-gqa2"])
 def test_attention_probabilities_equal_eager_transformers(case, tmp_path_factory):
     """Per query head attention patterns (sliding window and GQA included) equal HF eager's output_attentions."""
     _, folder, ours = build(case, tmp_path_factory)
@@ -141,6 +153,9 @@ def test_attention_probabilities_equal_eager_transformers(case, tmp_path_factory
         assert (capture.attn[layer] - probs).abs().max() <= 1e-5
     if case == "mistral-window":  # the window is really applied: nothing beyond 7 tokens back
         assert capture.attn[0][..., 10, :4].abs().max() == 0 and capture.attn[0][..., 10, 4:11].min() > 0
+    if case == "gemma3-window-gqa2":  # the window on the sliding layer only (5 tokens back), not on the full one
+        assert capture.attn[0][..., 10, :6].abs().max() == 0 and capture.attn[0][..., 10, 6:11].min() > 0
+        assert capture.attn[1][..., 10, :11].min() > 0
 
 
 def test_llama3_scaling_changes_frequencies():
@@ -238,7 +253,8 @@ def test_capture_z_is_the_o_proj_input(case, tmp_path_factory):
     assert (capture.z[1].transpose(1, 2).reshape(B, T, h * dk) - seen["z"]).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("case", ["llama-gqa2-bias-llama3", "qwen3-tied-gqa4", "mistral-window", "neox-parallel"])
+@pytest.mark.parametrize("case", ["llama-gqa2-bias-llama3", "qwen3-tied-gqa4", "mistral-window", "neox-parallel",
+                                  "gemma3-window-gqa2"])
 def test_pruning_equals_gating(case, tmp_path_factory):
     """Removing query heads physically equals gating them off; a KV head's rows go with its last query head."""
     _, _, ours = build(case, tmp_path_factory)
@@ -259,7 +275,7 @@ def test_pruning_equals_gating(case, tmp_path_factory):
     assert ours.h[0].attn.n_heads == cfg.n_heads  # the input model is unchanged
 
 
-@pytest.mark.parametrize("case", ["qwen2-bias-window", "neox-parallel"])
+@pytest.mark.parametrize("case", ["qwen2-bias-window", "neox-parallel", "gemma3-untied-linear-softcap"])
 def test_pruning_with_mean_compensation_equals_filled_gates(case, tmp_path_factory):
     _, _, ours = build(case, tmp_path_factory)
     x = tokens(6)
@@ -291,7 +307,7 @@ def test_bad_checkpoints_are_refused(tmp_path_factory, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "bert"}))
-    with pytest.raises(HeadpruneError, match="'bert' model.*'llama', 'mistral', 'qwen2', 'qwen3', 'gpt_neox'"):
+    with pytest.raises(HeadpruneError, match="'bert' model.*'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'gpt_neox'"):
         load_family_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config | {"intermediate_size": 50}))
     with pytest.raises(HeadpruneError, match="has shape .*config implies"):

