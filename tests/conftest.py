@@ -79,7 +79,8 @@ def hf_cache(tmp_path_factory, tiny_dir):
 
 # Test files by measured duration, heaviest first: with `-n 2 --dist loadfile` each file runs on one worker (its
 # module fixtures built once), and starting the long ones first lets both workers finish together.
-HEAVIEST_FIRST = ("reliability/test_resume_and_bad_input.py", "cli/test_torchrun.py", "cli/test_end_to_end.py",
+HEAVIEST_FIRST = ("oracles/test_real_models.py",
+                  "reliability/test_resume_and_bad_input.py", "cli/test_torchrun.py", "cli/test_end_to_end.py",
                   "reliability/test_machine_failures.py", "oracles/test_finetune.py", "cli/test_families_cli.py",
                   "oracles/test_learned_gates.py", "oracles/test_bf16_vs_fp32.py", "oracles/test_anatomy.py",
                   "oracles/test_iterative_and_curves.py", "reliability/test_failure_classes.py",

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,8 @@ def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
         "head_dim": d_head, "max_position_embeddings": int(meta.need("context_length")),
         "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
         "tie_word_embeddings": "output.weight" not in tensors, "dtype": "float32",
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
     }
     theta = float(meta.model("rope.freq_base", 1_000_000.0 if arch.model_type == "gemma3_text" else 10_000.0))
@@ -267,7 +269,7 @@ def gguf_folder(path: Path, out: Path | None = None) -> Path:
     out = out or models_cache_dir() / "gguf" / file_key(path)
     if not (out / "config.json").is_file():
         print(f"headprune: converting {path.name} ({path.stat().st_size / 2**20:.0f} MiB) into {out} (once)",
-              flush=True)
+              file=sys.stderr, flush=True)
         convert(path, out)
     return out
 

@@ -82,8 +82,8 @@ class Attention(HeadAttention):
         self.k_proj = nn.Linear(d, h_kv * dk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, h_kv * dk, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(h * dk, d, bias=True)  # b_O: zero where the checkpoint has none (cfg.o_bias)
-        self.q_norm = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm: nn.Module | None = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm: nn.Module | None = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.window = cfg.sliding_windows[layer]
         self.scale = dk**-0.5
 

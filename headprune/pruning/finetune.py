@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 from headprune.errors import HeadpruneError
 from headprune.io.files import atomic_path
 from headprune.io.progress import fingerprint
-from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 from headprune.models.gpt2 import GPT2
+from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 
 #: For tests only: SIGKILL the process right after this many optimiser steps (a deterministic kill).
 KILL_ENV = "HEADPRUNE_TEST_KILL_AFTER_STEPS"

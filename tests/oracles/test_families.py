@@ -307,7 +307,8 @@ def test_bad_checkpoints_are_refused(tmp_path_factory, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "bert"}))
-    with pytest.raises(HeadpruneError, match="'bert' model.*'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'gpt_neox'"):
+    with pytest.raises(HeadpruneError,
+                       match="'bert' model.*'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'gpt_neox'"):
         load_family_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config | {"intermediate_size": 50}))
     with pytest.raises(HeadpruneError, match="has shape .*config implies"):

@@ -1,0 +1,121 @@
+"""The two packaged real models (SmolLM2-135M-Instruct, a Llama with GQA 9/3; Gemma 3 270M, GQA 4/1 with sliding
+windows) against transformers 5's own GGUF loader on the same file: logits, perplexity by its own sliding-window
+loop, a weight score, a uniform prune loaded by stock transformers at smaller shapes, and the exact split of the
+direct logit attribution.
+
+The models come from the package index (``headprune models --fetch``, which `.ci/run` runs before the tests; cached
+in ~/.cache/headprune/models between runs). A test that needs one and cannot fetch it fails with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from headprune.anatomy.attribution import logit_attribution
+from headprune.io.export import export_hf
+from headprune.io.loading import load_model
+from headprune.io.packaged import PACKAGED, fetch, packaged_folder
+from headprune.io.tokenizer import load_tokenizer
+from headprune.models.prune import prune_heads
+from headprune.perplexity import evaluate
+from headprune.scoring.weights import weight_scores
+
+NAMES = sorted(PACKAGED)
+TEXT = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+        "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog again, and the "
+        "dog, who is not lazy at all, chases the fox across the field and into the forest behind the old mill. ")
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def real(request):
+    """(name, our model, transformers' model from the GGUF, token ids) of one packaged model."""
+    name = request.param
+    gguf = fetch(name)
+    ours = load_model(name)
+    ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    tok = load_tokenizer(name, ours.cfg.vocab_size)
+    ids = torch.tensor(tok(TEXT * 8)["input_ids"][:600])  # beyond Gemma's 512-token window
+    return name, ours, ref, ids
+
+
+def logit_tolerance(logits: torch.Tensor) -> float:
+    """1e-4, or 4e-6 of the largest logit where that is larger: transformers' own fp32 and fp64 forwards of Gemma 3
+    (logits ~100) differ by 2.8e-4."""
+    return max(1e-4, 4e-6 * float(logits.abs().max()))
+
+
+def test_logits_equal_transformers_gguf_loader(real):
+    _, ours, ref, ids = real
+    with torch.no_grad():
+        want, got = ref(ids[None]).logits, ours(ids[None])
+    assert want.abs().max() > 10
+    assert (got - want).abs().max() <= logit_tolerance(want)
+    assert (got[0, :-1].argmax(-1) == ids[1:]).float().mean() > 0.3  # a trained model predicts repeated text
+
+
+def test_perplexity_equals_transformers_sliding_window_loop(real):
+    _, ours, ref, ids = real
+    seq_len, stride = 256, 128
+    got = evaluate(ours, ids, seq_len, stride, batch_size=4, progress=False)
+    nll_sum, count, prev_end = 0.0, 0, 0
+    for begin in range(0, len(ids), stride):  # the loop of transformers' perplexity guide
+        end = min(begin + seq_len, len(ids))
+        target = ids[begin:end].clone()[None]
+        new = end - prev_end
+        target[:, :-new] = -100
+        with torch.no_grad():
+            logits = ref(ids[begin:end][None]).logits
+        loss = torch.nn.functional.cross_entropy(logits[0, :-1], target[0, 1:], ignore_index=-100, reduction="sum")
+        nll_sum, count, prev_end = nll_sum + float(loss), count + int((target[0, 1:] != -100).sum()), end
+        if end == len(ids):
+            break
+    assert got.tokens == count
+    assert got.nll == pytest.approx(nll_sum / count, abs=1e-5)
+
+
+def test_weight_score_equals_the_o_proj_slices(real):
+    _, ours, ref, _ = real
+    got = weight_scores(ours)["wo_fro"]
+    dk = ours.cfg.d_head
+    want = [float(layer.self_attn.o_proj.weight.detach()[:, h * dk:(h + 1) * dk].double().norm())
+            for layer in ref.model.layers for h in range(ours.cfg.n_heads)]
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_uniform_prune_loads_in_stock_transformers_at_smaller_shapes(real, tmp_path):
+    name, ours, _, ids = real
+    cfg = ours.cfg
+    r = cfg.n_heads // cfg.n_kv_heads
+    # SmolLM2: drop KV group 0 (3 query heads) in every layer; Gemma (one KV group): drop query heads 1 and 3
+    heads = ([(layer, h) for layer in range(cfg.n_layers) for h in range(r)] if cfg.n_kv_heads > 1 else
+             [(layer, h) for layer in range(cfg.n_layers) for h in (1, 3)])
+    pruned = prune_heads(ours, heads)
+    folder = export_hf(pruned, tmp_path / "pruned", dtype="fp32")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_attention_heads"] == cfg.n_heads - len(heads) // cfg.n_layers
+    assert config["num_key_value_heads"] == (cfg.n_kv_heads - 1 if cfg.n_kv_heads > 1 else 1)
+    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want, got = stock(ids[None, :300]).logits, pruned(ids[None, :300])
+    assert (got - want).abs().max() <= logit_tolerance(want)
+    if name == "gemma-3-270m":  # the Gemma terms travel with every export
+        assert (folder / "NOTICE.md").is_file() and (folder / "GEMMA_TERMS.html").is_file()
+
+
+def test_logit_attribution_splits_the_correct_logit_exactly(real):
+    """Every component's term (Gemma: through its post-attention norms, frozen) sums to the mean correct logit."""
+    _, ours, _, ids = real
+    att = logit_attribution(ours, ids[None, :128])
+    total = att.components["value"].sum()
+    assert total == pytest.approx(att.logit, abs=2e-3 * max(1.0, abs(att.logit)))
+    assert att.heads["dla"].abs().max() > 0.01
+
+
+def test_packaged_model_folder_is_cached_and_complete():
+    for name in NAMES:
+        folder = packaged_folder(name)
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+        assert json.loads((folder / "config.json").read_text())["model_type"] in ("llama", "gemma3_text")
