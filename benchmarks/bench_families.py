@@ -105,8 +105,7 @@ def forward(folder: Path, tokens: int, repeats: int) -> dict:
 
 
 def export(folder: Path, fraction: float, out: Path) -> dict:
-    from headprune.io.export import export_hf
-    from headprune.io.family_export import hf_layout
+    from headprune.io.export import export_hf, hf_layout
     from headprune.io.loading import load_model
     from headprune.models.prune import prune_heads
     from headprune.scoring.weights import weight_scores

@@ -20,7 +20,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headprune.errors import HeadpruneError, warn
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.base import HeadModel
+from headprune.models.nll import token_nll
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def window_sums(nll: Tensor, mask: Tensor) -> list[float]:
     return (nll.double() * mask).sum(1).tolist()
 
 
-def batch_nll_sum(model: GPT2, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
+def batch_nll_sum(model: HeadModel, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
     """Sum of scored next-token NLLs (fp64 scalar) and their count for one batch."""
     batch = batch.to(model.device)
     nll = token_nll(model(batch.tokens, **forward_kwargs), batch.tokens)  # (b, L-1)
@@ -169,7 +170,7 @@ def batch_nll_sum(model: GPT2, batch: Batch, **forward_kwargs) -> tuple[Tensor, 
 
 @torch.no_grad()
 def evaluate(
-    model: GPT2,
+    model: HeadModel,
     ids: Tensor,
     seq_len: int,
     stride: int,

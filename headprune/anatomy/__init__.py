@@ -24,7 +24,7 @@ from headprune.anatomy.copying import copying_scores
 from headprune.anatomy.geometry import effective_rank, wo_geometry
 from headprune.anatomy.roles import ROLES, detect_heads, head_patterns, repeated_random_tokens
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -75,7 +75,7 @@ def corpus_rows(ids: Tensor, seq_len: int, rows: int) -> Tensor:
     return ids[: n * seq_len].view(n, -1) if len(ids) >= seq_len else ids.view(1, -1)
 
 
-def head_anatomy(model: GPT2, probe: Tensor, corpus: Tensor, batch_size: int = 8) -> Anatomy:
+def head_anatomy(model: HeadModel, probe: Tensor, corpus: Tensor, batch_size: int = 8) -> Anatomy:
     """Every anatomy measure of every head: roles on ``probe`` (B,T; the repeated random tokens) and the
     previous/duplicate-token roles and DLA on ``corpus`` (B,T rows of real text); weights for the rest."""
     model.require_heads("head anatomy")

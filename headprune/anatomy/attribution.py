@@ -14,24 +14,23 @@ the terms of all components plus the LN bias term average to the mean correct-to
 Every family: Llama, Mistral and Qwen end in RMSNorm(x) = w ⊙ x / ρ(x), ρ = √(mean(x²) + ε): freezing ρ, the split
 is logit_t = Σ_c c · (w ⊙ u_t) / ρ (no centring, no bias term: ``ln_bias`` is 0); GPT-NeoX ends in a LayerNorm as
 GPT-2 does. u_t is the family's unembedding row (``lm_head`` / ``embed_out``, or the tied embedding); embed is the
-token embedding (rotary adds no residual component). A block's MLP term for another family is what the block
-adds beyond its attention output (resid_post − resid_pre − attn_out), exact up to rounding for sequential and
-parallel residuals alike. Gemma 3 normalises the attention output before adding it (x ← x + N(attn_out), N(a) =
-a ⊙ s(a)): with s frozen at the forward's value, each head's and b_O's term is read along direction ⊙ s, and
+token embedding (rotary adds no residual component). A block's MLP term is what the block adds beyond its attention
+output (resid_post − resid_pre − attn_out), exact up to rounding for sequential and parallel residuals alike.
+Gemma 3 normalises the attention output before adding it (x ← x + N(attn_out), N(a) = a ⊙ s(a)): with s frozen at the forward's value, each head's and b_O's term is read along direction ⊙ s, and
 its final norm multiplies by 1 + w (the norm's ``gain``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import pandas as pd
 import torch
 from torch import Tensor, nn
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
 
@@ -47,34 +46,8 @@ class Attribution:
     positions: int
 
 
-def unembedding(model: GPT2) -> Tensor:
-    """[vocab, d]: row t is u_t (the tied token embedding, or the LM head's row), for every family."""
-    if not isinstance(model, GPT2):
-        return cast(Any, model).W_U  # Decoder and NeoX define W_U
-    return model.lm_head.weight if model.lm_head is not None else model.wte.weight
-
-
-def token_embedding(model: GPT2) -> Tensor:
-    """[vocab, d]: W_E, the token embedding as the first block reads it (Gemma's scaled by √d; wte, embed_tokens,
-    embed_in)."""
-    if isinstance(W_E := getattr(model, "W_E", None), Tensor):
-        return W_E
-    for name in ("wte", "embed_tokens", "embed_in"):
-        if hasattr(model, name):
-            return getattr(model, name).weight
-    raise HeadpruneError(f"{type(model).__name__} has no known token embedding (wte, embed_tokens, embed_in)")
-
-
-def final_norm(model: GPT2) -> nn.Module:
-    """The final norm before the unembedding: ln_f (GPT-2), norm (Llama family, RMSNorm), final_layer_norm."""
-    for name in ("ln_f", "norm", "final_layer_norm"):
-        if isinstance(getattr(model, name, None), nn.Module):
-            return getattr(model, name)
-    raise HeadpruneError(f"{type(model).__name__} has no known final norm (ln_f, norm, final_layer_norm)")
-
-
 @torch.no_grad()
-def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attribution:
+def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> Attribution:
     """DLA of every head (and of every other residual component) on ``tokens`` (B,T), rows scored independently."""
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise HeadpruneError(f"logit attribution needs (batch, T) tokens with T >= 2, got shape {tuple(tokens.shape)}")
@@ -93,11 +66,11 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
         embed = model.embed(chunk)  # (b,T,d)
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
         x = final[:, :-1].float()
-        norm: Any = final_norm(model)
+        norm: Any = model.final_norm
         centred = isinstance(norm, nn.LayerNorm)  # else RMSNorm: w ⊙ x / ρ, ρ frozen
         spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
         sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
-        u = unembedding(model)[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
+        u = model.W_U[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
         direction = getattr(norm, "gain", norm.weight).float() * u  # Gemma's RMSNorm multiplies by 1 + w
         if centred:
             direction = direction - direction.mean(-1, keepdim=True)
@@ -115,9 +88,8 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
             if blk.attn.n_heads:
                 z = capture.z[layer]  # (b,h,T,d_k)
                 W_O = blk.attn.W_O.float()  # [h,d_k,d]
-                attn_out = (z.transpose(1, 2).reshape(*embed.shape[:2], -1) @ W_O.reshape(-1, W_O.shape[-1])
-                            + blk.attn.b_O) if not isinstance(model, GPT2) else \
-                    blk.attn.c_proj(z.transpose(1, 2).reshape(*embed.shape[:2], -1))
+                attn_out = (z.transpose(1, 2).reshape(*embed.shape[:2], -1).float() @ W_O.reshape(-1, W_O.shape[-1])
+                            + blk.attn.b_O)
             # a post-attention norm (Gemma) scales what attention writes by s, frozen like σ: c ⊙ s · direction
             write_scale = getattr(blk, "attn_write_scale", None)
             s = write_scale(attn_out)[:, :-1] if write_scale is not None else None  # (b,T-1,d)
@@ -126,12 +98,10 @@ def logit_attribution(model: GPT2, tokens: Tensor, batch_size: int = 8) -> Attri
                 read = torch.einsum("bpd,hkd->bhpk", read_dir, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
                 add(f"heads.{layer}", (capture.z[layer][:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
             add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed), read_dir))
-            if isinstance(model, GPT2):
-                mlp_out = blk.mlp(blk.ln_2(capture.resid_pre[layer] + attn_out))
-            else:  # what the block adds beyond attention (parallel or sequential residual alike)
-                post = capture.resid_pre[layer + 1] if layer + 1 < L else final
-                written = attn_out.float() * write_scale(attn_out) if write_scale is not None else attn_out.float()
-                mlp_out = post.float() - capture.resid_pre[layer].float() - written
+            # what the block adds beyond attention (parallel or sequential residual alike)
+            post = capture.resid_pre[layer + 1] if layer + 1 < L else final
+            written = attn_out.float() * write_scale(attn_out) if write_scale is not None else attn_out.float()
+            mlp_out = post.float() - capture.resid_pre[layer].float() - written
             add(f"mlp.{layer}", term(mlp_out))
         logits = model.unembed(final)[:, :-1].float()  # (b,T-1,V)
         logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())

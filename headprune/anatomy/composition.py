@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from headprune.anatomy.geometry import one_thread
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 
 MODES = ("q_comp", "k_comp", "v_comp")
@@ -49,7 +49,7 @@ class HeadWeights:
     heads: list[int]
 
 
-def model_head_weights(model: GPT2) -> dict[int, HeadWeights]:
+def model_head_weights(model: HeadModel) -> dict[int, HeadWeights]:
     """{layer: HeadWeights} of the layers of ``model`` that hold heads (views, no copies)."""
     out = {}
     for layer in model.active_layers:
@@ -126,7 +126,7 @@ def composition_from_weights(weights: dict[int, HeadWeights], dtype: torch.dtype
     return out
 
 
-def composition_scores(model: GPT2, dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
+def composition_scores(model: HeadModel, dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
                        ) -> pd.DataFrame:
     """Every pair (a, b) with layer_a < layer_b: columns layer_a, head_a, layer_b, head_b, head_a_id, head_b_id,
     q_comp, k_comp, v_comp (original head indices). The cores are multiplied in ``dtype`` (float64 for the

@@ -19,9 +19,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headprune.anatomy.attribution import token_embedding, unembedding
 from headprune.anatomy.geometry import one_thread
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 
 
@@ -31,16 +30,16 @@ def copying_score(eigenvalues: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def ov_circuit_cores(model: GPT2) -> dict[int, Tensor]:
+def ov_circuit_cores(model: HeadModel) -> dict[int, Tensor]:
     """{layer: [h, d_k, d_k]} cores W_O^(i) (W_U W_E) W_V^(i), float64."""
-    W_E = token_embedding(model).double()  # [V, d]
-    gram = unembedding(model).double().T @ W_E  # [d, d] = W_U W_E (W_U = unembedding rowsᵀ)
+    W_E = model.W_E.double()  # [V, d]
+    gram = model.W_U.double().T @ W_E  # [d, d] = W_U W_E (W_U = unembedding rowsᵀ)
     return {layer: model.h[layer].attn.W_O.double() @ gram @ model.h[layer].attn.W_V.double()
             for layer in model.active_layers}
 
 
 @torch.no_grad()
-def copying_scores(model: GPT2) -> pd.DataFrame:
+def copying_scores(model: HeadModel) -> pd.DataFrame:
     """layer, head, head_id, copying: Σλ/Σ|λ| of every head's full OV circuit W_E W_V^(i) W_O^(i) W_U."""
     rows = []
     for layer, cores in ov_circuit_cores(model).items():

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from headprune.anatomy import corpus_rows, head_anatomy, head_patterns, repeated_random_tokens
 from headprune.anatomy.roles import induction_pattern
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import parse_head_spec
 from headprune.perplexity import Windowing
 from headprune.report.anatomy import AnatomyReport, Thumbnail, strongest
@@ -33,7 +33,7 @@ def induction_baselines(probe: Tensor) -> tuple[float, float]:
     return float(uniform.mean()), float(ideal.mean())
 
 
-def anatomy_report(model: GPT2, score_ids: Tensor, windowing: Windowing, scores: pd.DataFrame,
+def anatomy_report(model: HeadModel, score_ids: Tensor, windowing: Windowing, scores: pd.DataFrame,
                    decode: Callable[[list[int]], str] | None = None, seed: int = 0) -> AnatomyReport:
     """The report's anatomy inputs, on ``PROBE_COUNT`` random sequences of ``PROBE_LENGTH`` tokens repeated twice
     and the first ``CORPUS_ROWS`` windows of the scoring tokens."""

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 
 
@@ -57,7 +57,7 @@ def principal_cosines(Q_a: Tensor, Q_b: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def wo_geometry(model: GPT2) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def wo_geometry(model: HeadModel) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(heads, singular_values, pairs):
 
     heads: layer, head, head_id, wo_sv_max, wo_eff_rank, wo_overlap (mean pairwise overlap with the layer's other
@@ -68,7 +68,7 @@ def wo_geometry(model: GPT2) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         return _geometry(model)
 
 
-def _geometry(model: GPT2) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def _geometry(model: HeadModel) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     heads: list[dict] = []
     svs: list[dict] = []
     pairs: list[dict] = []

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
 
@@ -61,7 +61,7 @@ def repeated_random_tokens(vocab_size: int, length: int, count: int, seed: int =
 
 
 @torch.no_grad()
-def attention_probs(model: GPT2, tokens: Tensor) -> dict[int, Tensor]:
+def attention_probs(model: HeadModel, tokens: Tensor) -> dict[int, Tensor]:
     """tokens (B,T) -> {layer: (B,h_l,T,T) attention probabilities in fp32} of the layers that hold heads."""
     if tokens.dim() != 2 or tokens.shape[1] > model.cfg.n_positions:
         raise HeadpruneError(f"probe tokens must be (batch, T) with T <= n_positions {model.cfg.n_positions}; "
@@ -72,7 +72,7 @@ def attention_probs(model: GPT2, tokens: Tensor) -> dict[int, Tensor]:
 
 
 @torch.no_grad()
-def detect_heads(model: GPT2, tokens: Tensor, batch_size: int = 8, roles: tuple[str, ...] = ROLES) -> pd.DataFrame:
+def detect_heads(model: HeadModel, tokens: Tensor, batch_size: int = 8, roles: tuple[str, ...] = ROLES) -> pd.DataFrame:
     """Role scores of every head on ``tokens`` (B,T): columns layer, head, head_id and one per role.
 
     Each sequence's score is Σ(A ⊙ P)/ΣA over its T×T pattern (TransformerLens ``detect_head``, "mul"); the
@@ -100,7 +100,7 @@ def detect_heads(model: GPT2, tokens: Tensor, batch_size: int = 8, roles: tuple[
 
 
 @torch.no_grad()
-def head_patterns(model: GPT2, tokens: Tensor, heads: list[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
+def head_patterns(model: HeadModel, tokens: Tensor, heads: list[tuple[int, int]]) -> dict[tuple[int, int], Tensor]:
     """tokens (T,) -> {(layer, head): (T,T) attention probabilities} of the listed heads (original indices)."""
     probs = attention_probs(model, tokens.view(1, -1))
     return {(layer, head): probs[layer][0, model.cfg.kept_heads[layer].index(head)].cpu() for layer, head in heads}

@@ -14,7 +14,7 @@ from headprune.anatomy import Anatomy, corpus_rows, head_anatomy, repeated_rando
 from headprune.data.tokens import token_digest
 from headprune.io.files import atomic_dir, write_json, write_table
 from headprune.io.fingerprint import model_fingerprint
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.perplexity import Windowing
 
 
@@ -39,8 +39,8 @@ class AnatomyInputs:
     rows: int
 
 
-def run_anatomy(model: GPT2, ids: torch.Tensor, windowing: Windowing, inputs: AnatomyInputs, out: str | os.PathLike,
-                settings: dict) -> tuple[Path, Anatomy]:
+def run_anatomy(model: HeadModel, ids: torch.Tensor, windowing: Windowing, inputs: AnatomyInputs,
+                out: str | os.PathLike, settings: dict) -> tuple[Path, Anatomy]:
     """Probe, measure and write: the induction probe and ``inputs.rows`` windows of ``windowing.seq_len`` tokens of
     ``ids`` (:class:`AnatomyInputs`)."""
     probe_length, probe_count, seed, rows = inputs.probe_length, inputs.probe_count, inputs.seed, inputs.rows

@@ -54,7 +54,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     """The ``finetune`` command: returns the summary it prints (before/after perplexity, losses, output)."""
     from headprune.data.overlap import refuse_same_data
     from headprune.data.tokens import corpus_ids
-    from headprune.io.export import check_export_target
+    from headprune.io.export_folder import check_export_target
     from headprune.io.files import check_writable
     from headprune.io.loading import load_model
     from headprune.io.tokenizer import model_tokenizer

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.export_source import dtype_name, export_dtype
     from headprune.io.files import check_writable, read_scores
     from headprune.io.fingerprint import model_fingerprint
-    from headprune.models.gpt2 import GPT2
+    from headprune.models.base import HeadModel
     from headprune.models.heads import format_heads, parse_head_spec
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
               f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
     if args.format == "hf":
-        from headprune.io.family_export import hf_layout
+        from headprune.io.export import hf_layout
 
-        print(hf_layout(pruned) if not isinstance(pruned, GPT2) else
+        print(hf_layout(pruned) if not isinstance(pruned, HeadModel) else
               "hf export: original shapes with the removed heads zeroed (GPT-2 derives its head size from d/h)")
     if args.format == "native":
         print("native checkpoint: reloads in headprune (--model OUT, load_model), not in stock transformers; "

@@ -1,17 +1,33 @@
-"""Pruned models saved to folders: ``native`` (the really smaller tensors, reloads in headprune) and ``hf`` (the
-original shapes with removed heads zeroed, loads in stock transformers), each written atomically with a
-``headprune_export.json`` record of what was removed, how and from what. Both keep the source's special token ids
-and, unless ``dtype`` is given, its weights' dtype (:mod:`headprune.io.export_source`); every file gets the mode
-a new file gets under the umask (0644 under 022)."""
+"""Pruned models saved to folders, for every family: ``native`` (the really smaller tensors, reloads in headprune)
+and ``hf`` (stock transformers' ``from_pretrained``), written atomically by :mod:`headprune.io.export_folder`. Both
+keep the source's special token ids and, unless ``dtype`` is given, its weights' dtype
+(:mod:`headprune.io.export_source`), and carry the source folder's tokenizer and licence files.
+
+config.json: written from the model's config where the family record has a ``config_writer`` (GPT-2), else the
+source checkpoint's own, with ``headprune_kept_heads`` (native) and ``headprune_o_bias`` (native, where b_O holds a
+constant the family has no bias for); :func:`headprune.io.loading.load_model` reloads a native export exactly.
+
+``hf``, two layouts:
+
+* **compact** when the family's record allows it (transformers reads ``head_dim``: the Llama-like decoders and
+  Gemma 3) and the prune is *uniform*: every layer keeps the same h' query heads and h_kv' KV heads, each kept KV
+  head serving r = h'/h_kv' of them (transformers' ``repeat_kv`` pairs query head i with KV head ⌊i/r⌋). The kept
+  heads, in original order, are already grouped by KV head, so the smaller tensors are written as they are, with
+  ``num_attention_heads = h'``, ``num_key_value_heads = h_kv'`` and ``head_dim`` in the config.
+* **zeroed** otherwise (always for GPT-2 and GPT-NeoX, which derive their head size from d/h): the original
+  shapes, each removed query head's q rows (and bias) and W_O columns zero, each KV head whose query heads all went
+  with zero k/v rows, so a removed head adds exactly 0 (``HeadAttention.full_width_state``).
+
+b_O: a compensation constant (mean/optimal fills, value-bias folding) lives in the o_proj bias. GPT-2 always has
+one; Llama, Qwen3 and Gemma 3 only with ``attention_bias``, which also gives q/k/v biases: the export sets it and
+writes the missing q/k/v biases as zeros (the same model); GPT-NeoX likewise. Mistral and Qwen2 have no o_proj bias
+at all in transformers: such an export is refused (use ``native``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,165 +35,145 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
+from headprune.io.export_folder import write_checkpoint, write_export
 from headprune.io.export_source import cast_floats, dtype_name, export_dtype, source_token_ids
-from headprune.io.files import (
-    clear_stale_temporaries,
-    current_umask,
-    ensure_dir,
-    glob_escape,
-    pid_alive,
-    temp_prefix,
-    write_failures,
-)
-from headprune.io.hf_keys import hf_tensors
-from headprune.models.gpt2 import GPT2, Attention
-from headprune.models.gpt2_config import ModelConfig
+from headprune.models.base import HeadModel
+from headprune.models.families import Family, family_of, loadable_head_count, model_type
 from headprune.models.heads import head_id
 from headprune.pruning.prune import removed_heads
 
-EXPORT_MARKER = "headprune_export.json"
 
-#: Licence files of the source folder an export passes on when present (the Gemma terms and their notice).
-LICENCE_FILES = ("NOTICE.md", "GEMMA_TERMS.html", "LICENSE")
+def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:
+    """The export's config.json before its layout: the family's own writer's, else the source config.json (special
+    token ids and all), its ``dtype`` the export's."""
+    from headprune.io.loading import parse_config_json
+
+    writer = family_of(model).config_writer
+    if writer is not None:
+        unpruned = dataclasses.replace(model.cfg, kept_heads=[])
+        return writer(unpruned) | source_token_ids(model) | {"dtype": dtype_name(dtype)}
+    if model.origin.folder is None:
+        raise HeadpruneError(f"exporting a {model_type(model)} model needs the config.json it was loaded from; this "
+                             "model has no source folder (load it with headprune.io.loading.load_model)")
+    hf = parse_config_json(model.origin.folder)
+    for key in ("headprune_kept_heads", "headprune_o_bias", "torch_dtype"):
+        hf.pop(key, None)
+    hf["dtype"] = dtype_name(dtype)
+    return hf
 
 
-#: The files of the source folder an export copies when present: the tokenizer (GPT-2's BPE files, tokenizer.json or
-#: SentencePiece's model) and the generation and chat settings.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
+def _has_o_constant(model: HeadModel) -> bool:
+    """Whether some b_O is non-zero while the source checkpoint has no o_proj bias of its own."""
+    return model.cfg.o_bias and any(bool(blk.attn.b_O.detach().ne(0).any()) for blk in model.h)
 
 
-def check_export_target(folder: Path, overwrite: bool) -> None:
-    if folder.exists() and not folder.is_dir():
-        raise HeadpruneError(f"export target {folder} is a file; choose a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / EXPORT_MARKER).is_file() and not overwrite:
-        raise HeadpruneError(f"export target {folder} is a non-empty folder that is not a headprune export; "
-                             "choose another folder or pass overwrite")
+def is_uniform(model: HeadModel) -> bool:
+    """Every layer the same h' ≥ 1 query heads and h_kv' KV heads, each KV head serving h'/h_kv' consecutive kept
+    query heads (``repeat_kv``'s layout)."""
+    layouts = {(blk.attn.n_heads, blk.attn.n_kv_heads) for blk in model.h}
+    return len(layouts) == 1 and min(layouts)[0] > 0 and all(blk.attn.one_to_one or blk.attn.repeats
+                                                             for blk in model.h)
 
 
-def _replace_dir(tmp: Path, folder: Path) -> None:
-    """Rename the finished ``tmp`` folder to ``folder``, swapping out any previous one (moved to
-    ``.NAME.PID.RANDOM.old`` first, then deleted; a kill in between leaves it for :func:`clear_stale_old`)."""
-    if not folder.exists():
-        os.rename(tmp, folder)
+def is_compact(model: HeadModel) -> bool:
+    """Whether stock transformers can hold the prune at smaller shapes: a family whose record allows it, a uniform
+    prune (:func:`is_uniform`), and a query head count its config accepts (:func:`~.families.loadable_head_count`)."""
+    return (family_of(model).compact_export and is_uniform(model)
+            and loadable_head_count(model_type(model), model.cfg.d_model, model.h[0].attn.n_heads))
+
+
+def hf_layout(model: HeadModel) -> str:
+    """The one line ``prune --format hf`` prints about what it wrote."""
+    if is_compact(model):
+        a = model.h[0].attn
+        return (f"hf export: compact, {a.n_heads} query / {a.n_kv_heads} KV heads per layer (was "
+                f"{model.cfg.n_heads} / {model.cfg.n_kv_heads}), loads at smaller shapes in stock transformers")
+    n = model.h[0].attn.n_heads
+    why = (f"{model_type(model)} derives its head size from d/h" if not family_of(model).compact_export
+           else "the prune is not uniform: that needs the same query and KV head counts in every layer, each KV "
+                "head serving as many query heads" if not is_uniform(model)
+           else f"transformers' config needs hidden_size {model.cfg.d_model} to be a multiple of "
+                f"num_attention_heads {n}; prune --uniform chooses only counts it accepts")
+    return f"hf export: original shapes with the removed heads zeroed ({why})"
+
+
+def full_width_state(model: HeadModel) -> dict[str, Tensor]:
+    """Our state dict (copies) at the original head counts: removed heads' rows and columns zero."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for layer, blk in enumerate(model.h):
+        state.update(blk.attn.full_width_state(f"h.{layer}.attn.", model.cfg))
+    return state
+
+
+def _add_o_bias(model: HeadModel, hf: dict, state: dict[str, Tensor]) -> None:
+    """Make the HF config hold b_O (see the module docstring), or drop it when it is zero / native."""
+    family = family_of(model)
+    if not _has_o_constant(model):
+        if not family.native_o_bias(hf):
+            for key in [k for k in state if k.endswith((".attn.o_proj.bias", ".attn.dense.bias"))]:
+                del state[key]
         return
-    old = folder.with_name(f"{temp_prefix(folder)}{uuid.uuid4().hex[:8]}.old")
-    os.rename(folder, old)
-    try:
-        os.rename(tmp, folder)
-    except OSError:
-        os.rename(old, folder)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    if family.native_o_bias(hf):
+        return
+    if family.o_bias_switch is None:
+        raise HeadpruneError(f"transformers' {model_type(model)} has no o_proj bias, so an hf export cannot hold the "
+                             "compensation constant (mean/optimal fills or folded value biases) in b_O; export "
+                             "--format native")
+    hf[family.o_bias_switch] = True
+    for key, t in list(state.items()):  # the q/k/v biases attention_bias brings, as zeros
+        for weight, bias in ((".q_proj.weight", ".q_proj.bias"), (".k_proj.weight", ".k_proj.bias"),
+                             (".v_proj.weight", ".v_proj.bias"), (".query_key_value.weight", ".query_key_value.bias")):
+            if key.endswith(weight) and key.replace(weight, bias) not in state:
+                state[key.replace(weight, bias)] = t.new_zeros(t.shape[0])
 
 
-def clear_stale_old(folder: Path) -> None:
-    """Deal with the previous exports a killed writer left as ``.NAME.PID.*.old`` (its PID no longer running): if
-    it was killed between its two renames, ``folder`` is missing and the newest of them is put back; the rest
-    are deleted."""
-    stale = []
-    for old in folder.parent.glob(f".{glob_escape(folder.name)}.*.old"):
-        pid = old.name[len(folder.name) + 2:].split(".")[0]
-        if old.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
-            stale.append(old)
-    stale.sort(key=lambda p: p.stat().st_mtime_ns)
-    if stale and not folder.exists():
-        os.rename(stale.pop(), folder)
-    for old in stale:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_export(folder: str | os.PathLike, write: Callable[[Path], None], overwrite: bool) -> Path:
-    """Build the export in a temporary folder beside ``folder`` (``write(tmp)``), fsync, rename into place."""
-    folder = Path(folder).expanduser().absolute()
-    clear_stale_old(folder)
-    check_export_target(folder, overwrite)
-    clear_stale_temporaries(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(folder), suffix=".tmp", dir=ensure_dir(folder.parent)))
-    try:
-        with write_failures(f"export {folder}"):  # a full disk in safetensors' writer too: one line, no folder
-            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the export gets the usual permissions
-            write(tmp)
-            for f in tmp.iterdir():  # safetensors' writer makes 0600 files; every file gets what open() gives
-                os.chmod(f, 0o666 & ~current_umask())
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-            _replace_dir(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-def _writer(model: GPT2, cfg: ModelConfig, state: dict[str, Tensor], marker: dict,
-            dtype: torch.dtype) -> Callable[[Path], None]:
-
-    config = cfg.to_hf() | source_token_ids(model) | {"dtype": dtype_name(dtype)}
-    marker = marker | {"dtype": dtype_name(dtype)}
-
+def _writer(model: HeadModel, family: Family, hf: dict, state: dict[str, Tensor],
+            marker: dict, dtype: torch.dtype) -> Callable[[Path], None]:
     def write(tmp: Path) -> None:
-        write_checkpoint(tmp, config, hf_tensors(cast_floats(state, dtype)), model.origin.folder, marker)
+        tensors = {family.hf_key(k): v.cpu() for k, v in cast_floats(state, dtype).items()}
+        write_checkpoint(tmp, hf, tensors, model.origin.folder, marker)
 
     return write
 
 
-def write_checkpoint(tmp: Path, config: dict, tensors: dict[str, Tensor], source: Path | None, marker: dict) -> None:
-    """An export's files into ``tmp``: config.json, model.safetensors, the source folder's :data:`TOKENIZER_FILES`
-    and :data:`LICENCE_FILES` (those it has) and the :data:`EXPORT_MARKER` record."""
-    from safetensors.torch import save_file
-
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in (*TOKENIZER_FILES, *LICENCE_FILES):
-        if source is not None and (source / name).is_file():
-            shutil.copyfile(source / name, tmp / name)
-    (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+def _marker(model: HeadModel, fmt: str, metadata: dict | None) -> dict:
+    return {"format": fmt, "source": model.origin.source, "family": model_type(model),
+            "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
 
 
-def export_native(model: GPT2, folder: str | os.PathLike, overwrite: bool = False,
+def export_native(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
                   metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
-    """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.loading.load_model` reloads:
-    config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the tokenizer files
-    of ``model.origin.folder``, and headprune_export.json (what was removed, plus ``metadata``). Weights in
+    """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.loading.load_model` reloads exactly:
+    config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the source folder's
+    tokenizer and licence files, and headprune_export.json (what was removed, plus ``metadata``). Weights in
     ``dtype``, by default the source checkpoint's."""
-    if not isinstance(model, GPT2):  # Llama, Mistral, Qwen, GPT-NeoX
-        from headprune.io.family_export import export_family_native
-
-        return export_family_native(model, folder, overwrite, metadata, dtype)
-    marker = {"format": "native", "source": model.origin.source,
-              "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
-    writer = _writer(model, model.cfg, model.state_dict(), marker, export_dtype(model, dtype))
-    return _write_export(folder, writer, overwrite)
-
-
-def export_hf(model: GPT2, folder: str | os.PathLike, overwrite: bool = False, metadata: dict | None = None,
-              dtype: str | torch.dtype | None = None) -> Path:
-    """Save a (pruned) model as a plain GPT-2 checkpoint for stock ``GPT2LMHeadModel``: original shapes, every
-    removed head's Q/K/V columns, biases and W_O rows zeroed (its mean compensation is already in b_O). Weights
-    in ``dtype``, by default the source checkpoint's."""
-    if not isinstance(model, GPT2):  # compact when the prune is uniform, else zeroed (headprune.io.family_export)
-        from headprune.io.family_export import export_family_hf
-
-        return export_family_hf(model, folder, overwrite, metadata, dtype)
-    marker = {"format": "hf", "source": model.origin.source,
-              "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
-    full, state = dense_state(model)
-    return _write_export(folder, _writer(model, full, state, marker, export_dtype(model, dtype)), overwrite)
+    dtype = export_dtype(model, dtype)
+    hf, family = _source_config(model, dtype), family_of(model)
+    if model.cfg.is_pruned:
+        hf["headprune_kept_heads"] = model.cfg.kept_heads
+    state = {k: v for k, v in model.state_dict().items()}
+    if model.cfg.o_bias and not family.native_o_bias(hf):
+        hf["headprune_o_bias"] = True
+    elif not model.cfg.o_bias:
+        state = {k: v for k, v in state.items() if not k.endswith((".attn.o_proj.bias", ".attn.dense.bias"))}
+    marker = _marker(model, "native", {**(metadata or {}), "dtype": dtype_name(dtype)})
+    return write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)
 
 
-def dense_state(model: GPT2) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """The config and state (our keys, copies) of ``model`` at the full n_heads width: every head it lacks has
-    zero Q/K/V columns (weights and biases) and zero W_O rows, so it contributes exactly 0 (z_i = A·0 = 0, then
-    0·W_O^(i) = 0). What ``export_hf`` writes and :func:`headprune.io.in_memory.to_hf` loads."""
-    cfg, H, dk = model.cfg, model.cfg.n_heads, model.cfg.d_head
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for layer, kept in enumerate(cfg.kept_heads):
-        attn, pre = model.h[layer].attn, f"h.{layer}.attn."
-        pos = torch.tensor(kept, dtype=torch.long, device=model.device)
-        cols, rows = Attention.qkv_columns(pos, H, dk), Attention.wo_rows(pos, dk)
-        w = attn.c_attn.weight.detach()
-        state[pre + "c_attn.weight"] = w.new_zeros(cfg.d_model, 3 * H * dk).index_copy_(1, cols, w)
-        state[pre + "c_attn.bias"] = w.new_zeros(3 * H * dk).index_copy_(0, cols, attn.c_attn.bias.detach())
-        wo = attn.c_proj.weight.detach()
-        state[pre + "c_proj.weight"] = wo.new_zeros(H * dk, cfg.d_model).index_copy_(0, rows, wo)
-    return dataclasses.replace(cfg, kept_heads=[list(range(H))] * cfg.n_layers), state
+def export_hf(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
+              metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
+    """Save a (pruned) model for stock transformers: compact when its family allows it and the prune is uniform,
+    else zeroed at the original shapes (module docstring); in ``dtype``, by default the source checkpoint's."""
+    dtype = export_dtype(model, dtype)
+    hf, family = _source_config(model, dtype), family_of(model)
+    compact = is_compact(model)
+    if compact:
+        a = model.h[0].attn
+        hf.update(num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=model.cfg.d_head)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    else:
+        state = full_width_state(model)
+    _add_o_bias(model, hf, state)
+    marker = _marker(model, "hf", {"layout": "compact" if compact else "zeroed", **(metadata or {}),
+                                   "dtype": dtype_name(dtype)})
+    return write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)

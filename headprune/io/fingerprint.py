@@ -9,17 +9,17 @@ import weakref
 
 import torch
 
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 
 #: Tensors up to this many elements are hashed whole; larger ones by an evenly strided sample of about as many
 #: (plus their sum), so GPT-2 XL costs about as much as a small model.
 FINGERPRINT_SAMPLE = 1 << 20
 
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[GPT2, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+_FINGERPRINTS: weakref.WeakKeyDictionary[HeadModel, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
-def model_fingerprint(model: GPT2) -> str:
+def model_fingerprint(model: HeadModel) -> str:
     """A short hash of the config and every tensor (name, shape, values rounded to bf16 so fp32, bf16 and fp16
     loads agree): tells whether a scores file, curves file or progress file belongs to a model.
 

@@ -1,53 +1,45 @@
-"""Models already in memory: a transformers model in (:func:`from_hf`), a transformers ``GPT2LMHeadModel`` out
-(:func:`to_hf`), without a checkpoint on disk.
+"""Models already in memory: a transformers model in (:func:`from_hf`), a transformers model out (:func:`to_hf`).
 
 ``from_hf`` reads the model the way :func:`headprune.io.loading.load_model` reads its saved copy: the config
-through ``ModelConfig.from_hf`` (a family's ``read_config``) on ``config.to_dict()``, the weights renamed by
-:func:`~headprune.io.hf_keys.convert_state_dict` (a family's ``our_key``), so scoring the two gives the same
-numbers. ``to_hf`` builds the state ``export_hf`` writes (:func:`~headprune.io.export.dense_state`: original
-shapes, every removed head's Q/K/V columns, biases and W_O rows zero).
+through its family's ``read_config`` on ``config.to_dict()``, the weights renamed by the family's ``our_key``, so
+scoring the two gives the same numbers. ``to_hf`` is what ``export_hf`` writes, loaded back by transformers (a
+pruned model at its original shapes with the removed heads zeroed where the family cannot hold fewer).
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from headprune.errors import HeadpruneError, config_error
-from headprune.io.export import dense_state
-from headprune.io.hf_keys import convert_state_dict, hf_key
+from headprune.io.loading import zero_filled
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, Family
-from headprune.models.gpt2 import GPT2, ModelConfig
 from headprune.models.head_config import Origin
-from headprune.models.hf_families import zero_filled
 from headprune.models.meta import on_meta
 
 if TYPE_CHECKING:
-    from transformers import GPT2LMHeadModel, PreTrainedModel
+    from transformers import PreTrainedModel
 
 #: The transformers classes :func:`from_hf` takes.
-FROM_HF_CLASSES = ("GPT2LMHeadModel", *(f.architecture for f in REGISTRY.values()))
-GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # GELU's tanh approximation, as models.gpt2.MLP computes it
+FROM_HF_CLASSES = tuple(f.architecture for f in REGISTRY.values())
 
 
-def from_hf(hf_model: PreTrainedModel) -> GPT2:
+def from_hf(hf_model: PreTrainedModel) -> HeadModel:
     """headprune's model with the weights of an in-memory transformers model (copies, on its device and dtype,
-    in eval mode): a ``GPT2LMHeadModel`` gives a :class:`GPT2`, a ``*ForCausalLM`` of :data:`FROM_HF_CLASSES`
-    its family's model (same per-head interface).
+    in eval mode): a transformers model of :data:`FROM_HF_CLASSES` gives its family's :class:`HeadModel`.
 
     An LM head that does not share the embedding's tensor is kept as its own weight, whatever the config says
     (``tie_word_embeddings``), so a model fine-tuned in memory computes what it computed there."""
     import transformers
 
     config = hf_model.config.to_dict() if isinstance(hf_model, transformers.PreTrainedModel) else {}
-    if isinstance(hf_model, transformers.GPT2LMHeadModel):
-        model: GPT2 | HeadModel = _from_gpt2(hf_model, config)
-    elif (family := REGISTRY.get(config.get("model_type", ""))) is not None and isinstance(
+    if (family := REGISTRY.get(config.get("model_type", ""))) is not None and isinstance(
             hf_model, getattr(transformers, family.architecture)):
         model = _from_family(hf_model, family, config)
     else:
@@ -56,24 +48,13 @@ def from_hf(hf_model: PreTrainedModel) -> GPT2:
     name = config.get("_name_or_path") or ""
     folder = Path(name).expanduser() if name and Path(name).expanduser().is_dir() else None  # its tokenizer
     model.origin = Origin(f"in-memory {type(hf_model).__name__}" + (f" from {name}" if name else ""), folder)
-    return cast(GPT2, model.eval().requires_grad_(False))  # every family has GPT-2's per-head interface
+    return model.eval().requires_grad_(False)
 
 
 def _tied(hf_model: PreTrainedModel) -> bool:
     """Whether the LM head is the embedding's tensor (not merely configured to be)."""
     out, emb = hf_model.get_output_embeddings(), hf_model.get_input_embeddings()
     return out is not None and cast(Tensor, out.weight).data_ptr() == cast(Tensor, emb.weight).data_ptr()
-
-
-def _from_gpt2(hf_model: GPT2LMHeadModel, config: dict) -> GPT2:
-    if config.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
-        raise HeadpruneError(f"the model's activation_function is {config['activation_function']!r}; headprune's "
-                             f"GPT-2 computes {GPT2_ACTIVATIONS[0]}")
-    try:
-        cfg = ModelConfig.from_hf({**config, "tie_word_embeddings": _tied(hf_model)})
-    except (KeyError, ValueError, TypeError) as err:
-        raise config_error("the model's config", "GPT-2", err) from None
-    return cast(GPT2, _assign(GPT2, cfg, convert_state_dict(hf_model.state_dict(), cfg)))
 
 
 def _from_family(hf_model: PreTrainedModel, family: Family, config: dict) -> HeadModel:
@@ -88,11 +69,11 @@ def _from_family(hf_model: PreTrainedModel, family: Family, config: dict) -> Hea
     state = {our: v for k, v in state.items() if (our := family.our_key(k)) is not None}
     if cfg.tie_word_embeddings:
         state = {k: v for k, v in state.items() if not k.startswith(family.lm_head + ".")}
-    return cast(HeadModel, _assign(family.model_class, cfg, state, lambda key: zero_filled(cfg, key)))
+    return _assign(family.model_class, cfg, state, lambda key: zero_filled(cfg, key))
 
 
-def _assign(model_class: Any, cfg: Any, state: dict[str, Tensor],
-            zero: Callable[[str], bool] = lambda key: False) -> nn.Module:
+def _assign(model_class: type[HeadModel], cfg: Any, state: dict[str, Tensor],
+            zero: Callable[[str], bool] = lambda key: False) -> HeadModel:
     """``model_class(cfg)`` built on the meta device, then owning copies of ``state`` (checked against its
     keys and shapes, and finite); a missing key that ``zero(key)`` allows (b_O of a family without an o_proj
     bias) is zeros, on the device and dtype of the state's first weight."""
@@ -118,20 +99,17 @@ def _assign(model_class: Any, cfg: Any, state: dict[str, Tensor],
     return model
 
 
-def to_hf(model: GPT2) -> GPT2LMHeadModel:
-    """A transformers ``GPT2LMHeadModel`` (eval mode, on the model's device and dtype) computing what ``model``
-    computes: a pruned model at its original shapes with the removed heads zero-filled (as ``export_hf``
-    writes it; a mean or optimal compensation is already in b_O)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def to_hf(model: HeadModel) -> PreTrainedModel:
+    """A transformers ``*ForCausalLM`` (eval mode, on the model's device and dtype) computing what ``model``
+    computes: :func:`headprune.io.export.export_hf` loaded back (a mean or optimal compensation is in b_O)."""
+    from transformers import AutoModelForCausalLM
 
-    if not isinstance(model, GPT2):
-        raise HeadpruneError(f"to_hf converts headprune's GPT2 into a GPT2LMHeadModel; got {type(model).__name__}")
-    full, state = dense_state(model)
-    config = GPT2Config(**full.to_hf(), dtype=model.dtype)
-    with on_meta():
-        hf = GPT2LMHeadModel(config)
-    result = hf.load_state_dict({hf_key(k): v for k, v in state.items()}, strict=False, assign=True)
-    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}, result
-    if full.tie_word_embeddings:
-        hf.tie_weights()
+    from headprune.io.export import export_hf
+
+    if not isinstance(model, HeadModel):
+        raise HeadpruneError(f"to_hf converts a headprune model; got {type(model).__name__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = export_hf(model, Path(tmp) / "model", dtype=model.dtype)
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=model.dtype)
+    hf.to(model.device)  # type: ignore[arg-type]  # transformers types .to() for its own arguments
     return hf.eval()

@@ -1,28 +1,27 @@
-"""Load checkpoints (hub id, HF cache, local directory, shipped zoo model) of every supported family.
+"""Load checkpoints (hub id, HF cache, local directory, GGUF file, shipped or packaged model) of every family.
 
-Loading checks the config against every weight's name, shape and dtype (from the file headers), then streams the
-tensors one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the
-meta device: no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one
-tensor. Keys are renamed by :func:`headprune.io.hf_keys.convert_state_dict`; the model records where it came
+One loader for every family of :data:`~headprune.models.families.REGISTRY`: the config is read by the family's
+reader and checked against every weight's name, shape and dtype (from the file headers); then the tensors stream
+one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the meta device:
+no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one tensor. Keys are
+renamed by the family record (:meth:`~headprune.models.families.Family.our_key`); the model records where it came
 from in ``model.origin``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import cast
 
 import torch
 
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
-from headprune.io.hf_keys import convert_state_dict
-from headprune.models.families import SUPPORTED
+from headprune.models.base import HeadModel
+from headprune.models.families import REGISTRY, SUPPORTED, Family
 from headprune.models.folding import fold_value_biases_
-from headprune.models.gpt2 import GPT2
-from headprune.models.gpt2_config import ModelConfig
-from headprune.models.head_config import Origin
+from headprune.models.head_config import HeadConfig, Origin
 from headprune.models.meta import on_meta
 from headprune.schema import DEFAULT_MODEL
 
@@ -61,7 +60,8 @@ def resolve_source(source: str | os.PathLike) -> Path:
         raise HeadpruneError(f"model {source!r} is a file; pass a GGUF file or the directory holding config.json "
                              "and weights")
     if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source:
-        raise HeadpruneError(f"model directory {source!r} does not exist; pass a GPT-2 directory or hub id")
+        raise HeadpruneError(f"model directory {source!r} does not exist; pass a model directory, GGUF file or "
+                             "hub id")
     return _snapshot(source)
 
 
@@ -97,24 +97,24 @@ def parse_config_json(folder: Path) -> dict:
     return hf
 
 
-def read_config_json(folder: Path) -> dict:
-    """:func:`parse_config_json`, refused unless its ``model_type`` is one headprune supports."""
+def read_model_config(folder: Path) -> tuple[Family, HeadConfig]:
+    """(registry entry, config) of a model directory; a model type headprune does not support, or a config that
+    cannot build its model, is refused."""
     hf = parse_config_json(folder)
-    if hf.get("model_type") not in SUPPORTED:
-        raise HeadpruneError(f"{folder} holds a {hf.get('model_type')!r} model; headprune analyses the model types "
-                             f"{', '.join(SUPPORTED)}")
-    return hf
-
-
-def read_config(folder: Path) -> ModelConfig:
-    """The GPT-2 config of ``folder``."""
-    hf = read_config_json(folder)
-    if hf.get("model_type") != "gpt2":
-        raise HeadpruneError(f"{folder} holds a {hf.get('model_type')!r} model, not GPT-2 (model_type 'gpt2')")
+    model_type = hf.get("model_type")
+    if model_type not in REGISTRY:
+        raise HeadpruneError(f"{folder} holds a {model_type!r} model; headprune supports model_type "
+                             f"{', '.join(repr(t) for t in SUPPORTED)}")
+    family = REGISTRY[model_type]
     try:
-        return ModelConfig.from_hf(hf)
+        return family, family.read_config(hf)
     except (KeyError, ValueError, TypeError) as err:
-        raise config_error(str(folder / "config.json"), "GPT-2", err) from None
+        raise config_error(str(folder / "config.json"), model_type, err) from None
+
+
+def zero_filled(cfg: HeadConfig, key: str) -> bool:
+    """Whether our ``key`` may be absent from the checkpoint: b_O of a family without an o_proj bias."""
+    return not cfg.o_bias and key.endswith((".attn.o_proj.bias", ".attn.dense.bias"))
 
 
 def load_model(
@@ -123,57 +123,48 @@ def load_model(
     dtype: str | torch.dtype = torch.float32,
     check_finite: bool = True,
     fold_value_bias: bool = False,
-) -> GPT2:
-    """Load a checkpoint into its model (:class:`GPT2`, or a :class:`~headprune.models.base.HeadModel` for the other
-    families of :data:`~headprune.models.families.SUPPORTED`), on ``device`` in ``dtype``, in eval mode.
+) -> HeadModel:
+    """Load a checkpoint of any family of :data:`~headprune.models.families.REGISTRY` into its
+    :class:`~headprune.models.base.HeadModel`, on ``device`` in ``dtype``, in eval mode.
 
     ``fold_value_bias``: fold every head's value bias into b_O (:func:`headprune.models.folding.fold_value_biases`),
     done in float32 before the cast to ``dtype``."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
     check_device_dtype(device, dtype)
     folder = resolve_source(source)
-    if read_config_json(folder).get("model_type") != "gpt2":
-        from headprune.models.hf_families import load_family_model
-
-        # typed as GPT2: every family has GPT-2's per-head interface (tests/oracles/test_families.py)
-        family = cast(GPT2, load_family_model(folder, device, torch.float32 if fold_value_bias else dtype,
-                                              check_finite))
-        family.origin = Origin(str(source), folder)
-        if fold_value_bias:
-            fold_value_biases_(family)
-            family.to(dtype=dtype)
-        return family.eval().requires_grad_(False)
-    cfg = read_config(folder)
+    family, cfg = read_model_config(folder)
     reader = CheckpointReader(folder)
-    cfg = untie_if_distinct(cfg, reader)
-    names = convert_state_dict({k: k for k in reader.specs}, cfg)  # our key -> the checkpoint's key
-    specs = {key: reader.specs[raw] for key, raw in names.items()}
+    cfg = untie_if_distinct(cfg, family, reader)
     with on_meta():  # shapes only: nothing is allocated, an absurd config included
-        model = GPT2(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(specs))
-    unexpected = sorted(set(specs) - set(expected))
+        model = family.model_class(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    ours = {k: our for k in reader.specs if (our := family.our_key(k)) is not None}  # HF key -> ours
+    if cfg.tie_word_embeddings:  # a tied checkpoint storing the embedding's copy as its LM head: the embedding
+        ours = {k: v for k, v in ours.items() if not v.startswith(family.lm_head + ".")}
+    names = {our: hf for hf, our in ours.items()}  # ours -> HF key
+    missing = sorted(k for k in expected if k not in names and not zero_filled(cfg, k))
+    unexpected = sorted(hf for hf, our in ours.items() if our not in expected)
     if missing or unexpected:
-        raise HeadpruneError(
-            f"{folder} is not a GPT-2 checkpoint matching its config: missing {missing[:3]}, unexpected "
-            f"{unexpected[:3]}"
-        )
-    for key, (shape, _) in specs.items():
-        if shape != tuple(expected[key].shape):
-            raise HeadpruneError(
-                f"{folder}: weight {key} has shape {shape}, config implies {tuple(expected[key].shape)}"
-            )
-    if bad := [k for k, (_, is_float) in specs.items() if not is_float]:  # never cast integers silently
-        raise HeadpruneError(f"{folder}: {len(bad)} weight(s) are not floating point (first: {bad[0]}); a GPT-2 "
-                             "checkpoint holds float weights")
+        raise HeadpruneError(f"{folder} is not a {family.architecture} checkpoint matching its config: missing "
+                             f"{[family.hf_key(k) for k in missing[:3]]}, unexpected {unexpected[:3]}")
+    for key, hf_key in names.items():
+        shape, is_float = reader.specs[hf_key]
+        if shape != expected[key]:
+            raise HeadpruneError(f"{folder}: weight {hf_key} has shape {shape}, config implies {expected[key]}")
+        if not is_float:  # never cast integers silently
+            raise HeadpruneError(f"{folder}: weight {hf_key} is not floating point; checkpoints hold float weights")
     # One tensor at a time: read, check, cast and move it, then let the model own it (assign=True: no copy into
     # randomly initialised parameters). Peak memory is the model plus one tensor. Folding runs in float32.
     load_dtype = torch.float32 if fold_value_bias else dtype
     state = {}
-    for key, raw in names.items():
-        tensor = reader.get(raw)
+    for key, shape in expected.items():
+        if key not in names:  # an o_proj bias the family does not have: zero
+            state[key] = torch.zeros(shape, device=device, dtype=load_dtype)
+            continue
+        tensor = reader.get(names[key])
         if check_finite and not all_finite(tensor):
-            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {key}); the checkpoint is broken")
+            raise HeadpruneError(f"{folder}: weights contain NaN or inf (first: {names[key]}); the checkpoint is "
+                                 "broken")
         state[key] = tensor.to(device=device, dtype=load_dtype)
         del tensor
     del reader
@@ -186,15 +177,14 @@ def load_model(
     return model.eval().requires_grad_(False)
 
 
-def untie_if_distinct(cfg, reader, head: str = "lm_head.weight", embedding: str = "transformer.wte.weight"):
+def untie_if_distinct(cfg: HeadConfig, family: Family, reader: CheckpointReader) -> HeadConfig:
     """``cfg`` untied where a tied config's checkpoint stores its own LM head with other values than the
     embedding, as transformers loads it (both present and different: it does not tie them)."""
-    import dataclasses
-
+    head = family.lm_head + ".weight"
     if not cfg.tie_word_embeddings or head not in reader.specs:
         return cfg
-    embedding = embedding if embedding in reader.specs else embedding.removeprefix("transformer.")
-    if embedding not in reader.specs or reader.specs[head] != reader.specs[embedding]:
+    embedding = next((k for k in reader.specs if family.our_key(k) == f"{family.embedding}.weight"), None)
+    if embedding is None or reader.specs[head] != reader.specs[embedding]:
         return cfg
     if torch.equal(reader.get(head), reader.get(embedding)):
         return cfg

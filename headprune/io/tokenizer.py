@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from headprune.data.tokens import corpus_ids
 from headprune.errors import HeadpruneError
 from headprune.io.loading import resolve_source
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
+from headprune.models.families import REGISTRY, model_type
 from headprune.schema import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -42,14 +43,31 @@ def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size:
     return tok
 
 
-def model_tokenizer(model):
-    """The tokenizer of a loaded model (a GPT-2's folder's own, else GPT-2's BPE; another family's own
-    tokenizer.json or SentencePiece model), checked against its vocabulary."""
-    if not isinstance(model, GPT2):
-        from headprune.models.hf_families import load_family_tokenizer
+def model_tokenizer(model: HeadModel):
+    """The tokenizer of a loaded model, checked against its vocabulary: its folder's own; a family whose record
+    allows it (GPT-2) falls back to GPT-2's BPE where the folder has none."""
+    if REGISTRY[model_type(model)].bpe_fallback:
+        return load_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
+    return load_family_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
 
-        return load_family_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
-    return load_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
+
+def load_family_tokenizer(folder: Path | None, vocab_size: int | None = None):
+    """The model directory's own tokenizer (tokenizer.json, or a SentencePiece model) via AutoTokenizer, checked
+    to fit the embedding (``vocab_size`` rows)."""
+    from transformers import AutoTokenizer
+
+    if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        raise HeadpruneError(f"{folder} has no tokenizer.json or tokenizer.model; a non-GPT-2 model needs its own "
+                             "tokenizer files")
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001 - tokenizers and transformers raise many kinds on damaged files
+        raise HeadpruneError(f"cannot read the tokenizer of {folder} ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
+    if vocab_size is not None and len(tok) > vocab_size:
+        raise HeadpruneError(f"the tokenizer has {len(tok)} tokens but the model embeds only {vocab_size}; use the "
+                             "model's own tokenizer files")
+    return tok
 
 
 @lru_cache(maxsize=1)

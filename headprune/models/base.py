@@ -24,7 +24,7 @@ a bias to go into; ``cfg.o_bias`` says whether the checkpoint stores one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,32 @@ from headprune.errors import HeadpruneError
 from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
 from headprune.models.head_config import Head, HeadConfig, Origin
 from headprune.models.hooks import AttentionHook, Capture
+
+
+def head_rows(heads: list[int], width: int, device: torch.device) -> Tensor:
+    """Indices of ``width`` consecutive rows per head: head·width + 0..width−1, in the order of ``heads``."""
+    return (torch.tensor(heads, dtype=torch.long, device=device).view(-1, 1) * width
+            + torch.arange(width, device=device)).reshape(-1)
+
+
+def widened(t: Tensor, dim: int, index: Tensor, size: int) -> Tensor:
+    """``t`` placed at ``index`` along ``dim`` of a zero tensor ``size`` long there."""
+    shape = list(t.shape)
+    shape[dim] = size
+    return t.detach().new_zeros(shape).index_copy_(dim, index, t.detach())
+
+
+def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
+    """HeadpruneError unless ``tokens`` is an integer tensor of ids in [0, vocab_size) (an id outside would be an
+    index error deep in the embedding, or on a GPU a device-side assert)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (
+        torch.long, torch.int32, torch.int16, torch.uint8
+    ):
+        raise HeadpruneError("token ids must be an integer tensor, "
+                             f"got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) "
+                             f"(min {int(tokens.min())}, max {int(tokens.max())}); use the model's own tokenizer")
 
 
 class HeadAttention(nn.Module):
@@ -51,6 +77,7 @@ class HeadAttention(nn.Module):
     scale: float  # of q kᵀ
     window: int | None = None  # sliding window of this layer (Mistral, Qwen2), None: causal only
     hook: AttentionHook | None = None  # set by :func:`hooked`
+    PARAM_ROLES: ClassVar[dict[str, str]] = {}  # submodule -> its role in the ledger ("o_proj" -> "W_O")
 
     def set_groups(self, cfg: HeadConfig, layer: int) -> None:
         kept, kv = cfg.kept_heads[layer], cfg.kept_kv_heads(layer)
@@ -134,6 +161,12 @@ class HeadAttention(nn.Module):
         ``keep`` and the KV heads they read, with output bias ``b_O``."""
         raise NotImplementedError
 
+    def full_width_state(self, prefix: str, cfg: HeadConfig) -> dict[str, Tensor]:
+        """This layer's attention tensors (keys under ``prefix``) at the original head counts ``cfg.n_heads`` /
+        ``cfg.n_kv_heads``: each head the layer no longer holds has zero q/k/v rows (and biases) and zero W_O
+        columns, so it adds exactly 0 (what an hf export writes where transformers cannot hold fewer heads)."""
+        raise NotImplementedError
+
     def attend(
         self,
         q: Tensor,  # (B,h,T,d_k), rotated
@@ -193,11 +226,12 @@ class HeadBlocks(nn.ModuleList):
 
 
 class HeadModel(nn.Module):
-    """The interface of every family (GPT-2's :class:`headprune.models.gpt2.GPT2` has the same one):
+    """The interface of every family (GPT-2, the Llama-like decoders, Gemma 3, GPT-NeoX):
 
     ``embed`` (tokens -> residual), ``run_blocks`` (layers start..stop-1 from a cached residual, with per-layer gates
     and fills), ``unembed`` (final norm and LM head), ``forward`` (all three). A family implements ``embed``,
-    ``unembed``, ``block_inputs`` (what every block needs besides the residual, e.g. rotary tables) and ``h``."""
+    ``unembed``, ``block_inputs`` (what every block needs besides the residual, e.g. rotary tables), ``h``, the
+    effective embedding and unembedding ``W_E`` / ``W_U`` and ``final_norm``."""
 
     cfg: HeadConfig
     h: HeadBlocks
@@ -229,6 +263,18 @@ class HeadModel(nn.Module):
     def active_layers(self) -> list[int]:
         """Layers that hold at least one head, in order."""
         return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
+
+    @property
+    def W_E(self) -> Tensor:
+        """[vocab, d]: the token embedding as the first block reads it (scaled where the family scales it)."""
+        raise NotImplementedError
+
+    @property
+    def W_U(self) -> Tensor:
+        """[vocab, d]: the LM head's rows (the token embedding when tied)."""
+        raise NotImplementedError
+
+    final_norm: nn.Module  # the norm before the LM head
 
     def embed(self, tokens: Tensor) -> Tensor:
         raise NotImplementedError
@@ -278,8 +324,6 @@ class HeadModel(nn.Module):
         need_weights: bool = False,
     ) -> Tensor:
         """tokens (B,T) -> logits (B,T,vocab)."""
-        from headprune.models.gpt2 import check_token_tensor
-
         check_token_tensor(tokens, self.cfg.vocab_size)
         return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
 

@@ -1,4 +1,4 @@
-"""The registry of model families beyond GPT-2: HF ``model_type`` -> config reader, model class, key mapping.
+"""The registry of model families: HF ``model_type`` -> config reader, model class, key mapping.
 
 A new family is one module (a :class:`~.base.HeadModel` subclass and its config) plus one :data:`REGISTRY` entry.
 Config readers accept both transformers 5's ``rope_parameters`` and the 4.x keys (``rope_theta``, ``rope_scaling``,
@@ -11,19 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.gemma3 import LAYER_TYPES, Gemma3, Gemma3Config
+from headprune.models.gpt2 import GPT2
+from headprune.models.gpt2_config import GPT2Config
 from headprune.models.head_config import HeadConfig
 from headprune.models.llama import Decoder, DecoderConfig
 from headprune.models.neox import NeoX, NeoXConfig
 from headprune.models.rotary import SCALINGS
-
-
-def loadable_head_count(kind: str, d_model: int, n_heads: int) -> bool:
-    """Whether stock transformers builds a ``kind`` config with ``n_heads`` query heads of width ``d_model``:
-    transformers 5's LlamaConfig requires hidden_size to be a multiple of num_attention_heads even when head_dim is
-    given (2048 / 24 is refused); Mistral's, Qwen2's and Qwen3's do not."""
-    return kind != "llama" or d_model % n_heads == 0
 
 
 def _kept(hf: dict) -> dict:
@@ -154,23 +150,39 @@ def read_neox_config(hf: dict) -> NeoXConfig:
 class Family:
     """How one HF ``model_type`` maps onto headprune: its config reader, model class and weight names.
 
-    HF keys are ours with ``prefix`` before the embedding, the blocks (``layers.{l}`` for our ``h.{l}``) and the
-    final norm, and ``.{attn}.`` for our ``.attn.``; keys ending in one of ``ignored`` are buffers, not weights."""
+    HF keys are ours with ``prefix`` before the embedding, the blocks (``{blocks}.{l}`` for our ``h.{l}``) and the
+    final norm, and ``.{attn}.`` for our ``.attn.``; keys ending in one of ``ignored`` are buffers, not weights.
+    A checkpoint's key without the prefix is read as well (GPT-2 checkpoints saved from the bare ``GPT2Model``)."""
 
     read_config: Callable[[dict], HeadConfig]
     model_class: type[HeadModel]
-    prefix: str  # "model." / "gpt_neox."
-    attn: str  # the attention module's name in a block: "self_attn" / "attention"
+    prefix: str  # "model." / "gpt_neox." / "transformer."
+    attn: str  # the attention module's name in a block: "self_attn" / "attention" / "attn"
     lm_head: str  # the untied LM head: "lm_head" / "embed_out"
     architecture: str  # config.json "architectures" entry
     ignored: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    blocks: str = "layers"  # the block list's name: "layers" / "h" (GPT-2)
+    embedding: str = "embed_tokens"  # our name of the token embedding, which a tied LM head reads
+    bpe_fallback: bool = False  # a folder without tokenizer files is read with GPT-2's BPE (GPT-2 only)
+    o_bias_switch: str | None = None  # the config key that gives attention an o_proj bias (and q/k/v biases)
+    o_bias_default: bool = False  # that key's default in transformers (or the bias always exists: GPT-2)
+    compact_export: bool = True  # stock transformers reads head_dim, so a uniform prune exports at smaller shapes
+    heads_divide_width: bool = False  # transformers' config refuses hidden_size % num_attention_heads != 0
+    config_writer: Callable[[Any], dict] | None = None  # writes config.json from the model's config (else the
+    # source folder's config.json is the export's)
+
+    def native_o_bias(self, hf: dict) -> bool:
+        """Whether the HF config ``hf`` as it stands gives the attention output projection a bias."""
+        if self.o_bias_switch is None:
+            return self.o_bias_default
+        return bool(hf.get(self.o_bias_switch, self.o_bias_default))
 
     def hf_key(self, key: str) -> str:
         """Our state-dict key -> the HF checkpoint's."""
         if key.startswith(self.lm_head + "."):
             return key
         if key.startswith("h."):
-            key = "layers." + key[2:].replace(".attn.", f".{self.attn}.", 1)
+            key = f"{self.blocks}." + key[2:].replace(".attn.", f".{self.attn}.", 1)
         return self.prefix + key
 
     def our_key(self, hf_key: str) -> str | None:
@@ -180,25 +192,42 @@ class Family:
         if hf_key.startswith(self.lm_head + "."):
             return hf_key
         key = hf_key.removeprefix(self.prefix)
-        if key.startswith("layers."):
-            key = "h." + key[len("layers."):].replace(f".{self.attn}.", ".attn.", 1)
+        if key.startswith(f"{self.blocks}."):
+            key = "h." + key[len(self.blocks) + 1:].replace(f".{self.attn}.", ".attn.", 1)
         return key
 
 
-def _decoder(architecture: str) -> Family:
-    return Family(read_decoder_config, Decoder, "model.", "self_attn", "lm_head", architecture)
+def _decoder(architecture: str, **facts: Any) -> Family:
+    return Family(read_decoder_config, Decoder, "model.", "self_attn", "lm_head", architecture, **facts)
 
 
 REGISTRY: dict[str, Family] = {
-    "llama": _decoder("LlamaForCausalLM"),
+    "gpt2": Family(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
+                   (".attn.bias", ".attn.masked_bias"), blocks="h", embedding="wte", bpe_fallback=True,
+                   o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf),
+    # transformers 5's LlamaConfig requires hidden_size to be a multiple of num_attention_heads even when head_dim
+    # is given (2048 / 24 is refused); Mistral's, Qwen2's and Qwen3's do not
+    "llama": _decoder("LlamaForCausalLM", o_bias_switch="attention_bias", heads_divide_width=True),
     "mistral": _decoder("MistralForCausalLM"),
     "qwen2": _decoder("Qwen2ForCausalLM"),
-    "qwen3": _decoder("Qwen3ForCausalLM"),
-    "gemma3_text": Family(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM"),
+    "qwen3": _decoder("Qwen3ForCausalLM", o_bias_switch="attention_bias"),
+    "gemma3_text": Family(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
+                          o_bias_switch="attention_bias"),
     "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
-                       ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")),
+                       ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"), embedding="embed_in",
+                       o_bias_switch="attention_bias", o_bias_default=True, compact_export=False),
 }
-SUPPORTED = ("gpt2", *REGISTRY)  # every model_type headprune loads (gpt2: headprune.models.gpt2.GPT2)
+SUPPORTED = tuple(REGISTRY)  # every model_type headprune loads
+
+
+def loadable_head_count(kind: str, d_model: int, n_heads: int) -> bool:
+    """Whether stock transformers builds a ``kind`` config with ``n_heads`` query heads of width ``d_model``."""
+    return not REGISTRY[kind].heads_divide_width or d_model % n_heads == 0
+
+
+def family_of(model: Any) -> Family:
+    """The registry entry of a loaded model."""
+    return REGISTRY[model_type(model)]
 
 
 def model_type(model: Any) -> str:
@@ -206,7 +235,10 @@ def model_type(model: Any) -> str:
     family = getattr(model.cfg, "family", None)
     if isinstance(family, str):  # the Llama-like decoders share one class
         return family
-    return next((kind for kind, entry in REGISTRY.items() if type(model) is entry.model_class), "gpt2")
+    kind = next((kind for kind, entry in REGISTRY.items() if type(model) is entry.model_class), None)
+    if kind is None:
+        raise HeadpruneError(f"{type(model).__name__} is not a model of a headprune family ({', '.join(REGISTRY)})")
+    return kind
 
 
 def layout_text(model: Any) -> str:

@@ -19,18 +19,17 @@ import copy
 
 import torch
 
-from headprune.models.base import HeadAttention
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadAttention, HeadModel
 
 
 @torch.no_grad()
-def fold_value_biases(model: GPT2) -> GPT2:
+def fold_value_biases(model: HeadModel) -> HeadModel:
     """A copy of ``model`` with every head's value bias folded into its layer's b_O (the input is not changed)."""
     return fold_value_biases_(copy.deepcopy(model))
 
 
 @torch.no_grad()
-def fold_value_biases_(model: GPT2) -> GPT2:
+def fold_value_biases_(model: HeadModel) -> HeadModel:
     """:func:`fold_value_biases` in place (no second copy of the model): returns ``model`` itself."""
     folded, moved = model, False
     for layer in folded.active_layers:
@@ -46,6 +45,6 @@ def fold_value_biases_(model: GPT2) -> GPT2:
     return folded
 
 
-def has_value_biases(model: GPT2) -> bool:
+def has_value_biases(model: HeadModel) -> bool:
     """Whether any head still has a non-zero value bias (False after :func:`fold_value_biases`)."""
     return any(bool(model.h[layer].attn.b_V.any()) for layer in model.active_layers)

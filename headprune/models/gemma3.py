@@ -168,6 +168,10 @@ class Gemma3(HeadModel):
                           for kind, p in cfg.rope.items()}  # [d_k/2] float32 per layer type
 
     @property
+    def final_norm(self) -> nn.Module:  # type: ignore[override]
+        return self.norm
+
+    @property
     def W_U(self) -> Tensor:
         """[vocab, d]: the LM head's weights (the embedding when tied)."""
         return self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight

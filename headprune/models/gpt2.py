@@ -17,32 +17,16 @@ original indices, and W_attn / W_O hold only their columns / rows. A layer that 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import cast, overload
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.errors import HeadpruneError
-from headprune.models.attention_ops import causal_probs, gated
-from headprune.models.gpt2_config import ModelConfig
-from headprune.models.head_config import Origin
-from headprune.models.hooks import AttentionHook, Capture
-
-
-def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
-    """HeadpruneError unless ``tokens`` is an integer tensor of ids in [0, vocab_size) (an id outside would be an
-    index error deep in the embedding, or on a GPU a device-side assert)."""
-    if not isinstance(tokens, Tensor) or tokens.dtype not in (
-        torch.long, torch.int32, torch.int16, torch.uint8
-    ):
-        raise HeadpruneError("token ids must be an integer tensor, "
-                             f"got {getattr(tokens, 'dtype', type(tokens).__name__)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) "
-                             f"(min {int(tokens.min())}, max {int(tokens.max())}); use the model's own tokenizer")
-
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, check_token_tensor, widened
+from headprune.models.gpt2_config import GPT2Config
+from headprune.models.head_config import HeadConfig
+from headprune.models.hooks import Capture
 
 
 class Conv1D(nn.Module):
@@ -58,16 +42,15 @@ class Conv1D(nn.Module):
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
 
 
-class Attention(nn.Module):
-    """Multi-head causal self-attention; every head in one batched call, gates and fills per head."""
+class Attention(HeadAttention):
+    """Multi-head causal self-attention: c_attn [d, 3·h·d_k] (Q block, K block, V block, head-major inside each)
+    and c_proj [h·d_k, d] (Conv1D: in × out); every head in one batched call, gates and fills per head."""
 
-    hook: AttentionHook | None = None  # set by headprune.models.hooks.hooked
+    PARAM_ROLES: ClassVar[dict[str, str]] = {"c_attn": "W_QKV", "c_proj": "W_O"}
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: GPT2Config, layer: int):
         super().__init__()
-        self.layer = layer
-        self.n_heads = len(cfg.kept_heads[layer])  # heads this layer keeps
-        self.d_head = cfg.d_head
+        self.set_groups(cfg, layer)  # multi-head: one KV head per query head
         self.c_attn = Conv1D(cfg.d_model, 3 * self.n_heads * self.d_head)
         self.c_proj = Conv1D(self.n_heads * self.d_head, cfg.d_model)
         self.scale = (self.d_head**-0.5 if cfg.scale_attn_weights else 1.0) / (
@@ -87,11 +70,11 @@ class Attention(nn.Module):
         return self._qkv_view(self.c_attn.weight, 0)
 
     @property
-    def W_K(self) -> Tensor:
+    def W_K_kv(self) -> Tensor:
         return self._qkv_view(self.c_attn.weight, 1)
 
     @property
-    def W_V(self) -> Tensor:
+    def W_V_kv(self) -> Tensor:
         return self._qkv_view(self.c_attn.weight, 2)
 
     @property
@@ -99,11 +82,11 @@ class Attention(nn.Module):
         return self._qkv_view(self.c_attn.bias, 0)
 
     @property
-    def b_K(self) -> Tensor:
+    def b_K_kv(self) -> Tensor:
         return self._qkv_view(self.c_attn.bias, 1)
 
     @property
-    def b_V(self) -> Tensor:
+    def b_V_kv(self) -> Tensor:
         return self._qkv_view(self.c_attn.bias, 2)
 
     @property
@@ -127,15 +110,30 @@ class Attention(nn.Module):
         """c_proj input rows (W_O row blocks) of the heads at ``positions``: p·d_k + k."""
         return (positions.view(-1, 1) * d_head + torch.arange(d_head, device=positions.device)).reshape(-1)
 
-    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v (each (B,h,T,d_k)) of the normed input x (B,T,d)."""
-        B, T, _ = x.shape
+    def pruned_state(self, prefix: str, keep: list[int], b_O: Tensor) -> dict[str, Tensor]:
+        positions = torch.tensor(keep, dtype=torch.long, device=self.c_attn.weight.device)
+        cols, rows = self.qkv_columns(positions, self.n_heads, self.d_head), self.wo_rows(positions, self.d_head)
+        return {
+            prefix + "c_attn.weight": self.c_attn.weight.detach().index_select(1, cols),  # [d, 3·h'·d_k]
+            prefix + "c_attn.bias": self.c_attn.bias.detach().index_select(0, cols),  # [3·h'·d_k]
+            prefix + "c_proj.weight": self.c_proj.weight.detach().index_select(0, rows),  # [h'·d_k, d]
+            prefix + "c_proj.bias": b_O.detach().clone(),  # [d]
+        }
+
+    def full_width_state(self, prefix: str, cfg: HeadConfig) -> dict[str, Tensor]:
+        H, dk = cfg.n_heads, self.d_head
+        pos = torch.tensor(cfg.kept_heads[self.layer], dtype=torch.long, device=self.c_attn.weight.device)
+        cols, rows = self.qkv_columns(pos, H, dk), self.wo_rows(pos, dk)
+        return {prefix + "c_attn.weight": widened(self.c_attn.weight, 1, cols, 3 * H * dk),  # [d, 3·H·d_k]
+                prefix + "c_attn.bias": widened(self.c_attn.bias, 0, cols, 3 * H * dk),
+                prefix + "c_proj.weight": widened(self.c_proj.weight, 0, rows, H * dk),  # [H·d_k, d]
+                prefix + "c_proj.bias": self.c_proj.bias.detach().clone()}
+
+    def qkv(self, x: Tensor, *tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (each (B,h,T,d_k)) of the normed input x (B,T,d) (no rotary ``tables``: learned positions)."""
+        B, T = x.shape[:2]
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         return q, k, v
-
-    def probs(self, q: Tensor, k: Tensor) -> Tensor:
-        """Attention probabilities (B,h,T,T) of q and k (each (B,h,T,d_k)), as the forward computes them."""
-        return causal_probs(q, k, self.scale)
 
     def forward(
         self,
@@ -149,27 +147,12 @@ class Attention(nn.Module):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.c_proj.bias.expand(B, T, d)
-        q, k, v = self.qkv(x)
-        hook = self.hook
-        if hook is not None:
-            q, k, v = hook.qkv(q, k, v)
-        if need_weights or (hook is not None and hook.needs_pattern):
-            probs = self.probs(q, k)  # (B,h,T,T)
-            if hook is not None:
-                probs = hook.pattern(probs)
-            z = probs @ v  # (B,h,T,d_k)
-            if capture is not None and need_weights:
-                capture.attn[self.layer] = probs
-        else:
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B,h,T,d_k)
-        if capture is not None:
-            capture.z[self.layer] = z
-        z = gated(z, gate, fill).transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # concat_i z_i
+        z = self.attend(*self.qkv(x), self.scale, None, gate, fill, capture, need_weights)  # (B,T,h·d_k)
         return self.c_proj(z)  # (B,T,d)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPT2Config):
         super().__init__()
         self.c_fc = Conv1D(cfg.d_model, cfg.d_mlp)
         self.c_proj = Conv1D(cfg.d_mlp, cfg.d_model)
@@ -178,54 +161,44 @@ class MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
-class Block(nn.Module):
+class Block(HeadBlock):
     """Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·))."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    attn: Attention
+
+    def __init__(self, cfg: GPT2Config, layer: int):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.attn = Attention(cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
+    @property
+    def input_layernorm(self) -> nn.Module:  # type: ignore[override]  # GPT-2's name for it is ln_1
+        return self.ln_1
+
     def forward(self, x: Tensor, gate: Tensor | None = None, fill: Tensor | None = None,
                 capture: Capture | None = None, need_weights: bool = False) -> Tensor:
         x = x + self.attn(self.ln_1(x), gate, fill, capture, need_weights)
         return x + self.mlp(self.ln_2(x))
 
-    def qkv(self, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, resid: Tensor, *tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v (each (B,h,T,d_k)) of this block's attention on the residual resid (B,T,d)."""
         return self.attn.qkv(self.ln_1(resid))
 
 
-class Blocks(nn.ModuleList):
-    """The ``nn.ModuleList`` of a GPT2's Blocks, typed so ``model.h[l]`` and ``for blk in model.h`` give a Block."""
-
-    @overload
-    def __getitem__(self, idx: slice) -> Blocks: ...
-
-    @overload
-    def __getitem__(self, idx: int) -> Block: ...
-
-    def __getitem__(self, idx: int | slice) -> Block | Blocks:
-        return cast("Block | Blocks", super().__getitem__(idx))  # only Blocks are ever stored
-
-    def __iter__(self) -> Iterator[Block]:
-        return cast("Iterator[Block]", super().__iter__())
-
-
-class GPT2(nn.Module):
+class GPT2(HeadModel):
     """GPT-2 language model: token + position embeddings, pre-LN blocks, final LayerNorm, tied LM head."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
+    cfg: GPT2Config
+
+    def __init__(self, cfg: GPT2Config):
+        super().__init__(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.d_model)
-        self.h = Blocks(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.h = HeadBlocks(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.origin = Origin()  # set by the loader; kept by pruning
 
     @property
     def device(self) -> torch.device:
@@ -236,98 +209,27 @@ class GPT2(nn.Module):
         return self.wte.weight.dtype
 
     @property
-    def head_ids(self) -> list[tuple[int, int]]:
-        """(layer, original head index) of every head the model holds, in weight order."""
-        return [(layer, head) for layer, kept in enumerate(self.cfg.kept_heads) for head in kept]
-
-    def require_heads(self, what: str) -> None:
-        """Refuse head-level work (``what``) on a model that has no heads left (fully pruned)."""
-        if not self.head_ids:
-            raise HeadpruneError(f"the model has no attention heads left (fully pruned); {what} needs at least one")
+    def final_norm(self) -> nn.Module:  # type: ignore[override]
+        return self.ln_f
 
     @property
-    def active_layers(self) -> list[int]:
-        """Layers that hold at least one head, in order (layer-major head order skips the others)."""
-        return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
+    def W_U(self) -> Tensor:
+        """[vocab, d]: the LM head's weights (the token embedding when tied)."""
+        return self.lm_head.weight if self.lm_head is not None else self.wte.weight
+
+    @property
+    def W_E(self) -> Tensor:
+        """[vocab, d]: the token embedding (the position embedding is a separate residual component)."""
+        return self.wte.weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d)."""
         T = tokens.shape[1]
-        if T > self.cfg.n_positions:
-            raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+        self.check_length(T)
         check_token_tensor(tokens, self.cfg.vocab_size)
         return self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
-
-    def run_blocks(
-        self,
-        resid: Tensor,  # (B,T,d), the residual stream entering layer `start`
-        start: int = 0,
-        stop: int | None = None,
-        gates: Sequence[Tensor | None] | None = None,
-        fills: Sequence[Tensor | None] | None = None,
-        capture: Capture | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
-        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
-        for layer in range(start, self.cfg.n_layers if stop is None else stop):
-            if capture is not None:
-                capture.resid_pre[layer] = resid
-            gate = gates[layer] if gates is not None else None
-            fill = fills[layer] if fills is not None else None
-            resid = self.h[layer](resid, gate, fill, capture, need_weights)
-        return resid
-
-    def qkv(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v (each (B,h,T,d_k)) of layer ``layer`` on the residual (B,T,d) entering it."""
-        return self.h[layer].qkv(resid)
 
     def unembed(self, resid: Tensor) -> Tensor:
         """Final LayerNorm and LM head: (B,T,d) -> logits (B,T,vocab)."""
         x = self.ln_f(resid)
         return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
-
-    def forward(
-        self,
-        tokens: Tensor,  # (B,T) int64
-        gates: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l], [B, n_heads_l] or [B, n_heads_l, T]
-        fills: Sequence[Tensor | None] | None = None,  # per layer: [n_heads_l, d_head] or [B, n_heads_l, T, d_head]
-        capture: Capture | None = None,
-        need_weights: bool = False,
-    ) -> Tensor:
-        """tokens (B,T) -> logits (B,T,vocab)."""
-        return self.unembed(self.run_blocks(self.embed(tokens), 0, None, gates, fills, capture, need_weights))
-
-    def ones_gates(self, requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> list[Tensor]:
-        """One gate tensor per layer, all ones: [n_heads_l]."""
-        return [torch.ones(blk.attn.n_heads, device=self.device, dtype=dtype, requires_grad=requires_grad)
-                for blk in self.h]
-
-
-def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Per-position next-token NLL: logits (B,T,V), tokens (B,T) -> (B,T-1), in fp32 or wider.
-
-    The last position (no next token) gets target -100 (ignored) instead of being sliced off, so fp32 logits
-    are used in place rather than copied (a batch's logits are tens of MB)."""
-    B, T, V = logits.shape
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    targets = F.pad(tokens[:, 1:], (0, 1), value=-100)  # (B,T)
-    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1), reduction="none").view(B, T)[:, :-1]
-
-
-NLL_CHUNK_TOKENS = 1024  # positions whose logits unembed_nll holds at once
-
-
-def unembed_nll(model: nn.Module, resid: Tensor, tokens: Tensor, chunk_tokens: int = NLL_CHUNK_TOKENS) -> Tensor:
-    """``token_nll(model.unembed(resid), tokens)`` (B,T-1) from the final residual stream (B,T,d), the LM head
-    applied to ⌊chunk_tokens / T⌋ windows (at least one) at a time.
-
-    The LM head and the softmax act per position, so each window's NLLs are those of the whole batch (bit for bit
-    on the CPUs measured); the logits held at once are chunk × vocab floats instead of B·T × vocab (10% faster
-    here at vocab 8192, and 0.5 instead of 1 GiB per batch of 8 × 256 at Llama-3's 128,256)."""
-    rows = max(1, chunk_tokens // resid.shape[1])
-    unembed = cast(Callable[[Tensor], Tensor], model.unembed)
-    return torch.cat([token_nll(unembed(r), t) for r, t in zip(resid.split(rows), tokens.split(rows))])
-
-
-def count_params(model: GPT2) -> int:
-    return sum(p.numel() for p in model.parameters())

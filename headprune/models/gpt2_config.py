@@ -1,31 +1,43 @@
-"""GPT-2's hyper-parameters (Hugging Face's ``GPT2Config`` fields headprune uses) and the heads each layer keeps
-after pruning; read from and written to ``config.json``."""
+"""GPT-2's hyper-parameters (Hugging Face's ``GPT2Config`` fields headprune uses) on the shared
+:class:`~.head_config.HeadConfig`, and the heads each layer keeps after pruning; read from and written to
+``config.json``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from headprune.models.head_config import check_sizes, checked_kept_heads
+from headprune.models.head_config import HeadConfig
+
+#: The fields a GPT-2 config.json determines; n_kv_heads (= n_heads), d_head (= d_model / n_heads) and o_bias
+#: (always) follow from them.
+_OWN_FIELDS = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp", "layer_norm_eps",
+               "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings", "kept_heads")
+
+
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # GELU's tanh approximation, as models.gpt2.MLP computes it
 
 
 @dataclass
-class ModelConfig:
-    """GPT-2 hyper-parameters, plus the heads each layer keeps (original indices) after pruning."""
+class GPT2Config(HeadConfig):
+    """GPT-2 hyper-parameters: multi-head attention (n_kv_heads = n_heads), d_head = d_model / n_heads, biases on
+    every projection (c_proj's is b_O), plus the heads each layer keeps (original indices) after pruning."""
 
     vocab_size: int = 50257
     n_positions: int = 1024
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12  # heads per layer before pruning
+    n_kv_heads: int = 0  # = n_heads (set in __post_init__)
+    d_head: int = 0  # = d_model / n_heads (set in __post_init__)
     d_mlp: int = 3072
+    tie_word_embeddings: bool = True
+    o_bias: bool = True
+    kept_heads: list[list[int]] = field(default_factory=list)
     layer_norm_eps: float = 1e-5
     scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
-    tie_word_embeddings: bool = True
-    kept_heads: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        check_sizes(self, ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "d_mlp"))
         eps = self.layer_norm_eps
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
             raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
@@ -37,21 +49,21 @@ class ModelConfig:
             for k in self.kept_heads
         ):
             raise ValueError(f"kept_heads must be a list of lists of head indices, got {self.kept_heads!r}")
+        for name in ("d_model", "n_heads"):  # checked again with the rest below; needed for the division first
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-        self.kept_heads = checked_kept_heads(self.kept_heads, self.n_heads, self.n_layers)
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def is_pruned(self) -> bool:
-        return any(len(k) != self.n_heads for k in self.kept_heads)
+        self.n_kv_heads, self.d_head, self.o_bias = self.n_heads, self.d_model // self.n_heads, True
+        super().__post_init__()
 
     @classmethod
-    def from_hf(cls, hf: dict) -> ModelConfig:
+    def from_hf(cls, hf: dict) -> GPT2Config:
         """Build from a Hugging Face GPT-2 ``config.json`` dict (plus headprune's ``kept_heads`` if any)."""
+        if hf.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+            raise ValueError(f"activation_function {hf['activation_function']!r}: headprune's GPT-2 computes GELU's "
+                             f"tanh approximation ({', '.join(GPT2_ACTIVATIONS)})")
         d_model = hf["n_embd"]
         return cls(
             vocab_size=hf["vocab_size"],
@@ -93,4 +105,5 @@ class ModelConfig:
         return hf
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields config.json determines (the derived ones left out)."""
+        return {k: v for k, v in asdict(self).items() if k in _OWN_FIELDS}

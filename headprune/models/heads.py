@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from headprune.errors import HeadpruneError
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
-    from headprune.models.gpt2 import GPT2
-    from headprune.models.gpt2_config import ModelConfig
+    from headprune.models.base import HeadModel
+    from headprune.models.head_config import HeadConfig
 
 # One id: L <int> H <int>, signs allowed so that "L0H-1" gets a precise message instead of "garbage".
 _ID = re.compile(r"\s*[lL]\s*([+-]?[0-9]+)\s*[hH]\s*([+-]?[0-9]+)\s*", re.ASCII)
@@ -39,10 +39,10 @@ def format_heads(heads: Iterable[tuple[int, int]]) -> str:
     return ",".join(head_id(layer, head) for layer, head in heads)
 
 
-def _config(model_or_cfg: GPT2 | ModelConfig) -> ModelConfig:
+def _config(model_or_cfg: HeadModel | HeadConfig) -> HeadConfig:
     import torch
 
-    # any model family (GPT2, headprune.models.base.HeadModel) is an nn.Module holding its config as .cfg
+    # any model family (HeadModel, headprune.models.base.HeadModel) is an nn.Module holding its config as .cfg
     return model_or_cfg.cfg if isinstance(model_or_cfg, torch.nn.Module) else model_or_cfg
 
 
@@ -58,7 +58,7 @@ def parse_head_id(item: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def check_head(model_or_cfg: GPT2 | ModelConfig, layer: int, head: int) -> None:
+def check_head(model_or_cfg: HeadModel | HeadConfig, layer: int, head: int) -> None:
     """HeadpruneError unless the model holds head (layer, head): layer in range, head in range and kept."""
     cfg = _config(model_or_cfg)
     name = head_id(layer, head)
@@ -72,7 +72,7 @@ def check_head(model_or_cfg: GPT2 | ModelConfig, layer: int, head: int) -> None:
         )
 
 
-def check_heads(model_or_cfg: GPT2 | ModelConfig, heads: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+def check_heads(model_or_cfg: HeadModel | HeadConfig, heads: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Validate (layer, head) pairs against the model; return them deduplicated and sorted. Each index must be a
     whole number (an int, or a numpy/torch integer): 1.5 or True is refused, never rounded."""
     import numbers
@@ -93,7 +93,7 @@ def check_heads(model_or_cfg: GPT2 | ModelConfig, heads: Iterable[tuple[int, int
     return out
 
 
-def parse_head_spec(spec: str, model_or_cfg: GPT2 | ModelConfig) -> list[tuple[int, int]]:
+def parse_head_spec(spec: str, model_or_cfg: HeadModel | HeadConfig) -> list[tuple[int, int]]:
     """``"L0H1, L3H2"`` -> [(0, 1), (3, 2)]: sorted, deduplicated, every head present in the model.
 
     Empty items (``"L0H1,,L1H0,"``) are skipped; a spec naming no head at all is an error.

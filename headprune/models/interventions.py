@@ -1,4 +1,4 @@
-"""Interventions on a model's heads that change no weight: gates and fills for ``GPT2.forward``.
+"""Interventions on a model's heads that change no weight: gates and fills for ``HeadModel.forward``.
 
 Head i of layer l outputs z_i; with gate g_i and fill f_i the layer uses
 
@@ -17,18 +17,18 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 
 Head = tuple[int, int]
 
 
-def position(model: GPT2, layer: int, head: int) -> int:
+def position(model: HeadModel, layer: int, head: int) -> int:
     """Index of original head ``head`` in layer ``layer``'s weights (its gate / W_O row block)."""
     return model.cfg.kept_heads[layer].index(head)
 
 
-def mask_gates(model: GPT2, heads: Iterable[Head]) -> list[Tensor]:
+def mask_gates(model: HeadModel, heads: Iterable[Head]) -> list[Tensor]:
     """Gates per layer ([n_heads_l], float32): 1, and 0 at the positions of ``heads``."""
     gates = model.ones_gates()
     for layer, head in check_heads(model, heads):
@@ -36,7 +36,7 @@ def mask_gates(model: GPT2, heads: Iterable[Head]) -> list[Tensor]:
     return gates
 
 
-def check_fills(model: GPT2, heads: list[Head], fills: Mapping[Head, Tensor] | None) -> dict[Head, Tensor]:
+def check_fills(model: HeadModel, heads: list[Head], fills: Mapping[Head, Tensor] | None) -> dict[Head, Tensor]:
     """The fills of ``heads`` (each [d_head]); extra keys are ignored, a missing one is an error."""
     if fills is None:
         return {}
@@ -58,7 +58,7 @@ def check_fills(model: GPT2, heads: list[Head], fills: Mapping[Head, Tensor] | N
     return out
 
 
-def fill_tensors(model: GPT2, fills: Mapping[Head, Tensor]) -> list[Tensor]:
+def fill_tensors(model: HeadModel, fills: Mapping[Head, Tensor]) -> list[Tensor]:
     """The ``fills`` argument of ``model.forward``: per layer [n_heads_l, d_head], z̄_i at head i's position,
     0 elsewhere. Heads of ``fills`` the model lacks are an error."""
     out = [torch.zeros(blk.attn.n_heads, model.cfg.d_head, device=model.device, dtype=model.dtype) for blk in model.h]

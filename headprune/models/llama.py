@@ -20,12 +20,13 @@ checkpoint loads by renaming keys (:mod:`.families`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, head_rows, widened
 from headprune.models.head_config import HeadConfig
 from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
@@ -72,6 +73,8 @@ class RMSNorm(nn.Module):
 class Attention(HeadAttention):
     """Grouped-query attention with rotary embeddings: q_proj [h·d_k, d], k_proj and v_proj [h_kv·d_k, d],
     o_proj [d, h·d_k] (nn.Linear layout: out × in); query head i at q rows / o columns i·d_k..(i+1)·d_k."""
+
+    PARAM_ROLES: ClassVar[dict[str, str]] = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "o_proj": "W_O"}
 
     def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
@@ -132,9 +135,7 @@ class Attention(HeadAttention):
     def pruned_state(self, prefix: str, keep: list[int], b_O: Tensor) -> dict[str, Tensor]:
         dk, dev = self.d_head, self.o_proj.weight.device
         kv_keep = sorted({self.kv_positions[p] for p in keep})
-        rows = lambda heads: (torch.tensor(heads, dtype=torch.long, device=dev).view(-1, 1) * dk
-                              + torch.arange(dk, device=dev)).reshape(-1)  # d_k rows per head
-        q_rows, kv_rows = rows(keep), rows(kv_keep)
+        q_rows, kv_rows = head_rows(keep, dk, dev), head_rows(kv_keep, dk, dev)
         state = {prefix + "q_proj.weight": self.q_proj.weight.detach().index_select(0, q_rows),  # [h'·d_k, d]
                  prefix + "k_proj.weight": self.k_proj.weight.detach().index_select(0, kv_rows),  # [h_kv'·d_k, d]
                  prefix + "v_proj.weight": self.v_proj.weight.detach().index_select(0, kv_rows),
@@ -144,6 +145,20 @@ class Attention(HeadAttention):
             bias = getattr(self, name).bias
             if bias is not None:
                 state[prefix + name + ".bias"] = bias.detach().index_select(0, sel)
+        return state
+
+    def full_width_state(self, prefix: str, cfg: HeadConfig) -> dict[str, Tensor]:
+        dk, dev = self.d_head, self.o_proj.weight.device
+        q = head_rows(cfg.kept_heads[self.layer], dk, dev)
+        kv = head_rows(cfg.kept_kv_heads(self.layer), dk, dev)
+        state = {prefix + "o_proj.weight": widened(self.o_proj.weight, 1, q, cfg.n_heads * dk),
+                 prefix + "o_proj.bias": self.o_proj.bias.detach().clone()}
+        for name, index, n in (("q_proj", q, cfg.n_heads), ("k_proj", kv, cfg.n_kv_heads),
+                               ("v_proj", kv, cfg.n_kv_heads)):
+            lin = getattr(self, name)
+            state[prefix + name + ".weight"] = widened(lin.weight, 0, index, n * dk)
+            if lin.bias is not None:
+                state[prefix + name + ".bias"] = widened(lin.bias, 0, index, n * dk)
         return state
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -217,9 +232,17 @@ class Decoder(HeadModel):
         self._inv_freq = inv_frequencies(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)  # [d_k/2], float32
 
     @property
+    def final_norm(self) -> nn.Module:  # type: ignore[override]
+        return self.norm
+
+    @property
     def W_U(self) -> Tensor:
         """[vocab, d]: the LM head's weights (the embedding when tied)."""
         return self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
+
+    @property
+    def W_E(self) -> Tensor:
+        return self.embed_tokens.weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d): no position embedding (rotary acts inside attention)."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, head_rows, widened
 from headprune.models.head_config import HeadConfig
 from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
@@ -60,6 +61,8 @@ class NeoXConfig(HeadConfig):
 
 class Attention(HeadAttention):
     """Multi-head attention with partial rotary: one fused, per-head interleaved query_key_value projection."""
+
+    PARAM_ROLES: ClassVar[dict[str, str]] = {"query_key_value": "W_QKV", "dense": "W_O"}
 
     def __init__(self, cfg: NeoXConfig, layer: int):
         super().__init__()
@@ -123,6 +126,18 @@ class Attention(HeadAttention):
             state[prefix + "query_key_value.bias"] = self.query_key_value.bias.detach().index_select(0, qkv_rows)
         return state
 
+    def full_width_state(self, prefix: str, cfg: HeadConfig) -> dict[str, Tensor]:
+        dk, dev, kept = self.d_head, self.dense.weight.device, cfg.kept_heads[self.layer]
+        qkv_rows, o_cols = head_rows(kept, 3 * dk, dev), head_rows(kept, dk, dev)
+        state = {prefix + "query_key_value.weight": widened(self.query_key_value.weight, 0, qkv_rows,
+                                                            3 * cfg.n_heads * dk),
+                 prefix + "dense.weight": widened(self.dense.weight, 1, o_cols, cfg.n_heads * dk),
+                 prefix + "dense.bias": self.dense.bias.detach().clone()}
+        if self.query_key_value.bias is not None:
+            state[prefix + "query_key_value.bias"] = widened(self.query_key_value.bias, 0, qkv_rows,
+                                                             3 * cfg.n_heads * dk)
+        return state
+
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.n_heads, 3 * self.d_head).transpose(1, 2)  # (B,h,T,3d_k)
@@ -181,8 +196,16 @@ class NeoX(HeadModel):
         self._inv_freq = inv_frequencies(cfg.rotary_dims, cfg.rope_theta)  # [r/2], float32
 
     @property
+    def final_norm(self) -> nn.Module:  # type: ignore[override]
+        return self.final_layer_norm
+
+    @property
     def W_U(self) -> Tensor:
         return self.embed_out.weight if self.embed_out is not None else self.embed_in.weight
+
+    @property
+    def W_E(self) -> Tensor:
+        return self.embed_in.weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         self.check_length(tokens.shape[1])

@@ -1,4 +1,4 @@
-"""Physical pruning of query heads for every family of :mod:`headprune.models` (GPT-2's is headprune.pruning).
+"""Physical pruning of query heads for every family of :mod:`headprune.models`.
 
 Removing query heads P of a layer drops their W_Q rows and W_O columns; a KV head whose query heads all go loses its
 k/v rows too. With fills z̄_i (mean or optimal compensation) the constant Σ_{i∈P} z̄_i W_O^(i) moves into b_O, so the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+import torch
 from torch import Tensor
 
 from headprune.models.base import HeadModel
@@ -26,21 +27,25 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
     from headprune.models.heads import check_heads
     from headprune.models.interventions import check_fills
 
-    heads = check_heads(model, heads)  # type: ignore[arg-type]  # any HeadModel has GPT2's interface
-    checked = check_fills(model, heads, fills)  # type: ignore[arg-type]
+    heads = check_heads(model, heads)
+    checked = check_fills(model, heads, fills)
     drop: dict[int, set[int]] = {}
     for layer, head in heads:
         drop.setdefault(layer, set()).add(head)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for layer, gone in drop.items():
         attn, kept = model.h[layer].attn, model.cfg.kept_heads[layer]
-        b_O = attn.b_O.detach().double()
-        W_O = attn.W_O.detach().double()  # [h, d_k, d]
-        for p, head in enumerate(kept):
-            if head in gone and (layer, head) in checked:
-                b_O = b_O + checked[(layer, head)].to(W_O) @ W_O[p]  # z̄_i W_O^(i)
+        filled = [(p, checked[(layer, head)]) for p, head in enumerate(kept)
+                  if head in gone and (layer, head) in checked]
+        b_O = attn.b_O.detach()
+        if filled:
+            W_O = attn.W_O.detach().double()  # [h, d_k, d]
+            compensation = torch.zeros(W_O.shape[-1], dtype=torch.float64, device=W_O.device)
+            for p, fill in filled:
+                compensation += fill.to(W_O) @ W_O[p]  # z̄_i W_O^(i)
+            b_O = (b_O.double() + compensation).to(b_O.dtype)
         keep = [p for p, head in enumerate(kept) if head not in gone]
-        state.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O.to(attn.b_O.dtype)))
+        state.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O))
     kept_heads = [[h for h in k if h not in drop.get(layer, ())] for layer, k in enumerate(model.cfg.kept_heads)]
     cfg = dataclasses.replace(model.cfg, kept_heads=kept_heads)
     if checked:

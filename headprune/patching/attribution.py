@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
 from headprune.patching.exact import Patching, Runs, run_pairs
 from headprune.patching.metrics import DEFAULT_METRIC, last_logits, metric_values
@@ -45,7 +45,7 @@ class _DropBranch(torch.autograd.Function):
         return None, grad, None, None
 
 
-def _base_forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+def _base_forward(model: HeadModel, runs: Runs, holder: list | None = None) -> tuple[Tensor, dict[int, Tensor]]:
     """The base run with autograd: its metric (P,) and every active layer's z (P,h,T,d_k) in the graph.
     ``holder``: route each block through :class:`_DropBranch` (GradDrop)."""
     pairs = runs.pairs
@@ -60,7 +60,7 @@ def _base_forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[
     return m, {l: capture.z[l] for l in model.active_layers}
 
 
-def _dot(model: GPT2, runs: Runs, z: dict[int, Tensor], grads: tuple[Tensor, ...]) -> Tensor:
+def _dot(model: HeadModel, runs: Runs, z: dict[int, Tensor], grads: tuple[Tensor, ...]) -> Tensor:
     """Σ_{t,k} (z_source − z_base) · grad per pair and head: [P, H] float64, layer-major."""
     return torch.cat([torch.einsum("phtk,phtk->ph", (runs.source_z[l] - z[l].detach()).double(), g.double())
                       for l, g in zip(model.active_layers, grads)], dim=1).cpu()
@@ -71,7 +71,7 @@ def _result(method: str, runs: Runs, estimate: Tensor, kv_heads: bool = False) -
                     runs.m_corrupt.double().cpu(), direction=runs.direction, kv_heads=kv_heads)
 
 
-def atp_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+def atp_z(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
           runs: Runs | None = None) -> Patching:
     """AtP of every head's z (see the module docstring): the base run's forward and one backward."""
     model.require_heads("atp_z")
@@ -82,7 +82,7 @@ def atp_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, directi
     return _result("atp_z", runs, _dot(model, runs, z, grads))
 
 
-def atp_star_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+def atp_star_z(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
                runs: Runs | None = None) -> Patching:
     """AtP* GradDrop of every head's z (see the module docstring): one forward, a backward per layer."""
     model.require_heads("atp_star_z")

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.hooks import AttentionHook, Capture, hooked
 from headprune.patching.attribution import _DropBranch, _result
 from headprune.patching.exact import Patching, Runs, patch_units, per_kv_head, run_pairs
@@ -55,7 +55,7 @@ class _Record(AttentionHook):
         return q, k, v
 
 
-def _forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[Tensor, dict[int, _Record], Capture]:
+def _forward(model: HeadModel, runs: Runs, holder: list | None = None) -> tuple[Tensor, dict[int, _Record], Capture]:
     """The base run with autograd and explicit attention probabilities: its metric (P,), every active layer's
     q and k (:class:`_Record`) and a Capture whose attn[l] (P,h,T,T) is the pattern z is computed from.
     ``holder``: route each block through :class:`_DropBranch` (GradDrop)."""
@@ -71,13 +71,13 @@ def _forward(model: GPT2, runs: Runs, holder: list | None = None) -> tuple[Tenso
     return metric_values(runs.metric, logits, pairs.answer, pairs.wrong, runs.clean_logprobs), records, capture
 
 
-def _check(model: GPT2, activation: str, method: str) -> None:
+def _check(model: HeadModel, activation: str, method: str) -> None:
     if activation not in QK:
         raise HeadpruneError(f"{method} patches q or k, not {activation!r}")
     model.require_heads(method)
 
 
-def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+def atp_qk(model: HeadModel, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
            direction: str = "denoise", runs: Runs | None = None) -> Patching:
     """Plain AtP of every head's q or k (``activation``; the module docstring's atp_x; k per KV group under GQA)."""
     _check(model, activation, f"atp_{activation}")
@@ -95,7 +95,7 @@ def atp_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAU
     return _result(f"atp_{activation}", runs, torch.cat(parts, dim=1).cpu(), per_kv_head(model, activation))
 
 
-def _pattern_change(model: GPT2, runs: Runs, rec: dict[int, _Record], activation: str) -> dict[int, Tensor]:
+def _pattern_change(model: HeadModel, runs: Runs, rec: dict[int, _Record], activation: str) -> dict[int, Tensor]:
     """A' − A (P,h,T,T) per active layer: the base run's pattern against the one with every head's q (or every
     KV head's k) from the source run, both from the attention's own ``probs`` (heads are independent in the
     softmax, so one call patches them all)."""
@@ -110,7 +110,7 @@ def _pattern_change(model: GPT2, runs: Runs, rec: dict[int, _Record], activation
     return change
 
 
-def _dot(model: GPT2, change: dict[int, Tensor], grads: tuple[Tensor | None, ...], activation: str) -> Tensor:
+def _dot(model: HeadModel, change: dict[int, Tensor], grads: tuple[Tensor | None, ...], activation: str) -> Tensor:
     """Σ_{t,s} (A' − A) · grad per pair and unit: [P, U] float64, layer-major (a missing grad is 0). For k under
     GQA a KV group's value sums its query heads' (patching k_g moves every pattern of the group)."""
     parts = []
@@ -125,7 +125,7 @@ def _dot(model: GPT2, change: dict[int, Tensor], grads: tuple[Tensor | None, ...
     return torch.cat(parts, dim=1).cpu()
 
 
-def atp_qkfix(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+def atp_qkfix(model: HeadModel, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
               direction: str = "denoise", runs: Runs | None = None) -> Patching:
     """AtP with the QK-fix of every head's q or k (the module docstring's atp_qkfix_x): one forward, one backward."""
     _check(model, activation, f"atp_qkfix_{activation}")
@@ -137,7 +137,7 @@ def atp_qkfix(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DE
     return _result(f"atp_qkfix_{activation}", runs, estimate, per_kv_head(model, activation))
 
 
-def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
+def atp_star_qk(model: HeadModel, pairs: PromptPairs, activation: str, metric: str = DEFAULT_METRIC,
                 direction: str = "denoise", runs: Runs | None = None) -> Patching:
     """AtP* of every head's q or k: the QK-fix with GradDrop (the module docstring's atp_star_x)."""
     _check(model, activation, f"atp_star_{activation}")
@@ -157,11 +157,11 @@ def atp_star_qk(model: GPT2, pairs: PromptPairs, activation: str, metric: str = 
     return _result(f"atp_star_{activation}", runs, sign * total / max(L - 1, 1), per_kv_head(model, activation))
 
 
-def atp_q(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+def atp_q(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
           runs: Runs | None = None) -> Patching:
     return atp_qk(model, pairs, "q", metric, direction, runs)
 
 
-def atp_k(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+def atp_k(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
           runs: Runs | None = None) -> Patching:
     return atp_qk(model, pairs, "k", metric, direction, runs)

@@ -34,7 +34,7 @@ from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import group_id, head_id
 from headprune.models.hooks import AttentionHook, Capture, hooked
 from headprune.patching.metrics import DEFAULT_METRIC, check_metric, last_logits, metric_values
@@ -63,7 +63,7 @@ class Runs:
         """(P,) the metric of the unpatched run that is patched (corrupt denoising, clean noising)."""
         return self.m_corrupt if self.direction == "denoise" else self.m_clean
 
-    def evaluate(self, model: GPT2, resid: Tensor, rows: Tensor) -> Tensor:
+    def evaluate(self, model: HeadModel, resid: Tensor, rows: Tensor) -> Tensor:
         """The metric (N,) of final residual streams resid (N,T,d) of the pairs ``rows`` (N,)."""
         pairs = self.pairs
         logits = last_logits(model, resid, pairs.last[rows])
@@ -104,7 +104,7 @@ def check_direction(direction: str) -> str:
 
 
 @torch.no_grad()
-def run_pairs(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise") -> Runs:
+def run_pairs(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise") -> Runs:
     """Both unpatched runs (one forward each): their metrics, and the caches the patched runs start from."""
     check_metric(metric), check_direction(direction)
     pairs = pairs.check(model.cfg.vocab_size, model.cfg.n_positions).to(model.device)
@@ -149,7 +149,7 @@ def source_activation(model, runs: Runs, layer: int, activation: str, rows: slic
 
 
 @torch.no_grad()
-def patch_layer(model: GPT2, runs: Runs, layer: int, activation: str = "z", by_position: bool = False,
+def patch_layer(model: HeadModel, runs: Runs, layer: int, activation: str = "z", by_position: bool = False,
                 rows: int = 64) -> list:
     """The metric of every pair with each unit of ``layer`` (:func:`layer_units`) patched, one unit (and position)
     at a time: [P][U] (or [P][U][T] with ``by_position``), as lists."""
@@ -233,7 +233,7 @@ DEFAULT_PATCHING = PatchOptions()
 
 
 def patch(
-    model: GPT2,
+    model: HeadModel,
     pairs: PromptPairs,
     activation: str = "z",
     options: PatchOptions = DEFAULT_PATCHING,
@@ -264,7 +264,7 @@ def patch(
                     direction, per_kv_head(model, activation))
 
 
-def patch_z(model: GPT2, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
+def patch_z(model: HeadModel, pairs: PromptPairs, metric: str = DEFAULT_METRIC, direction: str = "denoise",
             by_position: bool = False, rows: int | None = None, **kwargs) -> Patching:
     """Exact patching of every head's output z_i (all positions, or each position with ``by_position``)."""
     options = PatchOptions(metric=metric, direction=direction, by_position=by_position, rows=rows)

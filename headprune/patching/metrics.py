@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 
 METRICS = ("logit_diff", "logprob", "kl")
 DEFAULT_METRIC = "logit_diff"
@@ -27,7 +27,7 @@ def check_metric(metric: str) -> str:
     return metric
 
 
-def last_logits(model: GPT2, resid: Tensor, last: Tensor) -> Tensor:
+def last_logits(model: HeadModel, resid: Tensor, last: Tensor) -> Tensor:
     """The logits (N, V) at position last[n] of each row of the final residual stream resid (N, T, d).
     LayerNorm and the LM head act per position, so only N positions are unembedded."""
     return model.unembed(resid[torch.arange(len(last), device=resid.device), last].unsqueeze(1))[:, 0]

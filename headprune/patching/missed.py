@@ -29,7 +29,7 @@ from scipy.stats import norm
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.interventions import Head, mask_gates
 from headprune.patching.exact import Patching, Runs, patch_rows
@@ -72,7 +72,7 @@ class MissedBound:
 
 
 @torch.no_grad()
-def subset_changes(model: GPT2, runs: Runs, subsets: list[list[Head]], rows: int = 16) -> Tensor:
+def subset_changes(model: HeadModel, runs: Runs, subsets: list[list[Head]], rows: int = 16) -> Tensor:
     """[R] normalised change of the mean metric with the heads of each subset patched together (z from the
     source run, all positions): each subset a list of (layer, head)."""
     P = len(runs.pairs.clean)
@@ -126,7 +126,7 @@ def split_verified(estimate: Patching, verified: int | None = None) -> tuple[np.
     return order[:verified], np.sort(order[verified:])
 
 
-def missed_bound(model: GPT2, runs: Runs, estimate: Patching, verified: int | None = None,
+def missed_bound(model: HeadModel, runs: Runs, estimate: Patching, verified: int | None = None,
                  subsampling: Subsampling = DEFAULT_SUBSAMPLING, rows: int | None = None) -> MissedBound:
     """The bound above for the heads ``estimate`` (an approximation of z patching on ``runs``' pairs) leaves
     unverified after its ``verified`` best (:func:`split_verified`), from the subsets ``subsampling`` draws;

@@ -19,7 +19,7 @@ import pandas as pd
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.errors import HeadpruneError
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.patching.attribution import atp_star_z, atp_z
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix, atp_star_qk
@@ -76,7 +76,7 @@ class Study:
     summary: dict = field(default_factory=dict)
 
 
-def _approximations(model: GPT2, pairs: PromptPairs, options: StudyOptions, runs, exact: dict) -> dict[str, list]:
+def _approximations(model: HeadModel, pairs: PromptPairs, options: StudyOptions, runs, exact: dict) -> dict[str, list]:
     """{activation: [Patching]}: z's approximations always, q's and k's where q or k is patched exactly."""
     args = (options.metric, options.direction)
     approx: dict[str, list[Patching]] = {"z": [_Z_METHODS[n](model, pairs, *args, runs=runs)
@@ -86,7 +86,7 @@ def _approximations(model: GPT2, pairs: PromptPairs, options: StudyOptions, runs
     return approx
 
 
-def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching], exact: Patching | None
+def _missed(model: HeadModel, runs, options: StudyOptions, estimates: list[Patching], exact: Patching | None
             ) -> tuple[pd.DataFrame, list[dict]]:
     parts, bounds = [], []
     ids = [head_id(*h) for h in model.head_ids]
@@ -111,7 +111,7 @@ def _missed(model: GPT2, runs, options: StudyOptions, estimates: list[Patching],
     return pd.DataFrame(pd.concat(parts, ignore_index=True), columns=list(MISSED_COLUMNS)), bounds
 
 
-def patch_study(model: GPT2, pairs: PromptPairs, options: StudyOptions,
+def patch_study(model: HeadModel, pairs: PromptPairs, options: StudyOptions,
                 progress: Progress | NoProgress | None = None) -> Study:
     """The study of ``pairs`` (see the module docstring); ``progress`` records the exact sweeps per layer."""
     options = options.check()

@@ -23,7 +23,7 @@ from scipy.stats import spearmanr
 
 from headprune.bootstrap import DEFAULT_REPLICATES, interval, window_counts
 from headprune.io.fingerprint import model_fingerprint
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.patching.exact import Patching, patch_units, unit_ids
 
 
@@ -31,7 +31,7 @@ def _counts(n_pairs: int, bootstrap: int, seed: int) -> torch.Tensor:
     return window_counts(n_pairs, bootstrap, seed)
 
 
-def _units(model: GPT2, kv_heads: bool) -> pd.DataFrame:
+def _units(model: HeadModel, kv_heads: bool) -> pd.DataFrame:
     """One row per query head (layer, head, head_id), or per KV group (layer, kv_head, head_id ``L{l}G{g}``)."""
     units = patch_units(model, kv_heads)
     frame = pd.DataFrame({"layer": [l for l, _ in units], ("kv_head" if kv_heads else "head"): [u for _, u in units],
@@ -39,7 +39,7 @@ def _units(model: GPT2, kv_heads: bool) -> pd.DataFrame:
     return frame.assign(unit="kv_group" if kv_heads else "head")
 
 
-def _joined(model: GPT2, frames: dict[bool, pd.DataFrame]) -> pd.DataFrame:
+def _joined(model: HeadModel, frames: dict[bool, pd.DataFrame]) -> pd.DataFrame:
     """The query heads' rows, then the KV groups' where some result is per group, with columns ``unit`` and
     ``kv_head`` (the group a head reads, or the group itself) and ``head`` empty on group rows."""
     if set(frames) == {False}:
@@ -52,7 +52,7 @@ def _joined(model: GPT2, frames: dict[bool, pd.DataFrame]) -> pd.DataFrame:
     return table[front + [c for c in table.columns if c not in front]]
 
 
-def patch_table(model: GPT2, results: list[Patching], bootstrap: int = DEFAULT_REPLICATES, seed: int = 0
+def patch_table(model: HeadModel, results: list[Patching], bootstrap: int = DEFAULT_REPLICATES, seed: int = 0
                 ) -> pd.DataFrame:
     """layer, head, head_id, model_fingerprint, then per result its method's normalised effect [and interval];
     results per KV group (k, v under GQA) add one row per group (:func:`_joined`)."""
@@ -70,7 +70,7 @@ def patch_table(model: GPT2, results: list[Patching], bootstrap: int = DEFAULT_R
     return table
 
 
-def position_table(model: GPT2, results: list[Patching]) -> pd.DataFrame:
+def position_table(model: HeadModel, results: list[Patching]) -> pd.DataFrame:
     """By-position results as a long table: layer, head, head_id, position, then per result its method's
     normalised effect (each result [U, T] on the same pairs; rows per KV group as in :func:`patch_table`)."""
     T = results[0].values.shape[2]

@@ -33,9 +33,10 @@ from headprune.bootstrap import interval, window_counts
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2, unembed_nll
+from headprune.models.base import HeadModel
 from headprune.models.head_config import Head
 from headprune.models.ledger import param_table
+from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery
 from headprune.pruning.prune import prune_model
@@ -76,7 +77,7 @@ class Evaluator:
     model's is that of every layer before its first pruned one. The same layers on the same input give the same
     bits, so where a model starts changes no value."""
 
-    def __init__(self, model: GPT2, batches: list[Batch]):
+    def __init__(self, model: HeadModel, batches: list[Batch]):
         self.batches = batches
         per_batch = [cache_batch(model, b) for b in batches]
         self.base = [s for _, sums in per_batch for s in sums]  # [W] unpruned NLL sums
@@ -99,7 +100,7 @@ class Evaluator:
                 return layer, found
         return first, self.unpruned[first]
 
-    def __call__(self, pruned: GPT2, keys: tuple[LayerKey, ...] | None) -> list[float]:
+    def __call__(self, pruned: HeadModel, keys: tuple[LayerKey, ...] | None) -> list[float]:
         """[W] NLL sums of ``pruned``, whose layers are ``keys`` (:func:`layer_keys`; None: any weight may differ
         from the unpruned model's, so from the embeddings)."""
         if keys is None or self.unpruned is None:
@@ -115,7 +116,7 @@ class Evaluator:
 
 
 @torch.no_grad()
-def pruned_window_sums(pruned: GPT2, batches: list[Batch], start: int = 0, streams: list[Tensor] | None = None,
+def pruned_window_sums(pruned: HeadModel, batches: list[Batch], start: int = 0, streams: list[Tensor] | None = None,
                        keep: dict[int, list[Tensor]] | None = None) -> list[float]:
     """[W] NLL sums of ``pruned`` on ``batches``, from ``streams[k]``, the residual stream entering layer ``start``
     of batch k (None: from the embeddings). ``keep`` receives, per layer after ``start``, the stream entering it
@@ -152,7 +153,7 @@ def bar_label(variants: list[tuple[str, str]]) -> str:
 
 
 def pruning_curves(
-    model: GPT2,
+    model: HeadModel,
     ids: torch.Tensor,
     scores: pd.DataFrame,
     # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from headprune.errors import HeadpruneError
 from headprune.io.files import atomic_path
 from headprune.io.progress import fingerprint
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 
 #: For tests only: SIGKILL the process right after this many optimiser steps (a deterministic kill).
@@ -121,7 +121,7 @@ def recovery_loss(logits: Tensor, tokens: Tensor, teacher_logits: Tensor | None 
     return (1 - alpha) * ce + alpha * temperature**2 * kl, ce, kl
 
 
-def make_optimizer(model: GPT2, recipe: Recipe) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+def make_optimizer(model: HeadModel, recipe: Recipe) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (weight decay on the ≥2-D tensors only: not on biases or LayerNorms) and its LambdaLR schedule."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -140,7 +140,7 @@ class FinetuneResult:
     resumed_from: int = 0  # the step a checkpoint resumed at (0: a fresh start)
 
 
-def _check_inputs(model: GPT2, ids: Tensor, recipe: Recipe, teacher: GPT2 | None) -> None:
+def _check_inputs(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadModel | None) -> None:
     if len(ids) < recipe.seq_len + 1:  # type: ignore[operator]
         raise HeadpruneError(f"the training data has {len(ids)} tokens, fewer than one window of seq_len "
                              f"{recipe.seq_len} (+1); give more text or a shorter --seq-len")
@@ -155,7 +155,7 @@ def _check_inputs(model: GPT2, ids: Tensor, recipe: Recipe, teacher: GPT2 | None
                                  f"{recipe.seq_len}")
 
 
-def run_key(model: GPT2, ids: Tensor, recipe: Recipe, teacher: GPT2 | None) -> str:
+def run_key(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadModel | None) -> str:
     """What a checkpoint must match to be resumed: the starting model, the data, the recipe, the teacher."""
     from headprune.data.tokens import token_digest
     from headprune.io.fingerprint import model_fingerprint
@@ -165,7 +165,7 @@ def run_key(model: GPT2, ids: Tensor, recipe: Recipe, teacher: GPT2 | None) -> s
                        dtype=str(model.dtype), device=model.device.type)
 
 
-def _save_checkpoint(path: Path, key: str, model: GPT2, opt, sched, step: int, losses: list[float]) -> None:
+def _save_checkpoint(path: Path, key: str, model: HeadModel, opt, sched, step: int, losses: list[float]) -> None:
     state = {"key": key, "step": step, "data_position": step, "losses": list(losses),
              "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
              "rng": torch.get_rng_state()}
@@ -173,7 +173,7 @@ def _save_checkpoint(path: Path, key: str, model: GPT2, opt, sched, step: int, l
         torch.save(state, tmp)
 
 
-def _load_checkpoint(path: Path, key: str, model: GPT2, opt, sched, overwrite: bool) -> tuple[int, list[float]]:
+def _load_checkpoint(path: Path, key: str, model: HeadModel, opt, sched, overwrite: bool) -> tuple[int, list[float]]:
     """Restore a checkpoint of the same run into model/opt/sched; (step, losses). (0, []) when there is none."""
     if not path.exists():
         return 0, []
@@ -200,10 +200,10 @@ def _load_checkpoint(path: Path, key: str, model: GPT2, opt, sched, overwrite: b
 
 
 def finetune(
-    model: GPT2,
+    model: HeadModel,
     ids: Tensor,  # 1-D training token ids
     recipe: Recipe,
-    teacher: GPT2 | None = None,
+    teacher: HeadModel | None = None,
     checkpoint: str | os.PathLike | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
@@ -259,7 +259,7 @@ def read_marker(folder: str | os.PathLike) -> dict:
     """The ``headprune_export.json`` of an export folder ({} for a plain GPT-2 folder)."""
     import json
 
-    from headprune.io.export import EXPORT_MARKER
+    from headprune.io.export_folder import EXPORT_MARKER
     from headprune.io.loading import resolve_source
 
     path = resolve_source(folder) / EXPORT_MARKER
@@ -284,12 +284,13 @@ def _unstored_biases(model) -> list[torch.Tensor]:
 
 
 def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fold_value_bias: bool = False
-                ) -> tuple[GPT2, dict]:
+                ) -> tuple[HeadModel, dict]:
     """A pruned export (``headprune prune --out``) as a physically pruned model, and its export record.
 
-    ``native`` exports load at their smaller shapes. ``hf`` exports hold the original shapes with the removed
-    heads zeroed: those heads are removed again (exactly: they contribute 0, checked), so training cannot revive
-    them. ``fold_value_bias``: fold the value biases of the heads left into b_O (logits unchanged)."""
+    ``native`` and compact ``hf`` exports load at their smaller shapes. Zeroed ``hf`` exports hold the original
+    shapes with the removed heads zeroed: those heads are removed again (exactly: they contribute 0, checked), so
+    training cannot revive them. ``fold_value_bias``: fold the value biases of the heads left into b_O (logits
+    unchanged)."""
     from headprune.io.loading import load_model
     from headprune.models.heads import parse_head_id
     from headprune.pruning.provenance import check_removed_heads_zero
@@ -297,7 +298,7 @@ def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fo
 
     marker = read_marker(folder)
     model = load_model(folder, device=device, dtype=dtype, fold_value_bias=fold_value_bias)
-    if marker.get("format") == "hf" and marker.get("removed_heads"):
+    if marker.get("format") == "hf" and marker.get("layout") != "compact" and marker.get("removed_heads"):
         try:
             heads = [parse_head_id(h) for h in marker["removed_heads"]]
         except (HeadpruneError, TypeError, AttributeError):
@@ -308,7 +309,7 @@ def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fo
     return model, marker
 
 
-def export_recovered(model: GPT2, folder: str | os.PathLike, fmt: str, marker: dict, info: dict,
+def export_recovered(model: HeadModel, folder: str | os.PathLike, fmt: str, marker: dict, info: dict,
                      overwrite: bool = False) -> Path:
     """Write the fine-tuned model like the pruned export it came from (``fmt``: native or hf, shapes kept),
     its record carrying the pruning metadata plus ``finetune`` = ``info``; in the dtype it was trained in."""

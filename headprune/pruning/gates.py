@@ -47,9 +47,10 @@ from tqdm.auto import tqdm
 
 from headprune.errors import HeadpruneError
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.interventions import Head
+from headprune.models.nll import token_nll
 from headprune.perplexity import Batch
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # Louizos et al.'s temperature and stretch interval
@@ -125,7 +126,7 @@ class GateResult:
         return gates_html(self)
 
 
-def _split(flat: Tensor, model: GPT2) -> list[Tensor | None]:
+def _split(flat: Tensor, model: HeadModel) -> list[Tensor | None]:
     """[B, N] layer-major gates -> per layer [B, n_heads_l] (None for a layer without heads)."""
     out: list[Tensor | None] = []
     start = 0
@@ -193,7 +194,7 @@ def check_gate_settings(steps: int, sparsity: float | None, penalty: float | Non
 
 
 def learn_gates(
-    model: GPT2,
+    model: HeadModel,
     batches: list[Batch],  # the scoring split's windows (Windowing.batches); step k uses batch k mod len
     options: GateOptions,
     progress: Progress | NoProgress | None = None,
@@ -283,7 +284,7 @@ def learn_gates(
                       if sparsity is not None else [float(penalty or 0.0)], history, steps - start)
 
 
-def gate_objective(model: GPT2, batches: list[Batch], log_alpha: Tensor, penalty: float, samples: int = 4,
+def gate_objective(model: HeadModel, batches: list[Batch], log_alpha: Tensor, penalty: float, samples: int = 4,
                    seed: int = 1234) -> float:
     """NLL + λ·E‖z‖₀ averaged over ``batches`` and ``samples`` fixed gate draws each (for comparing log α's)."""
     gen = torch.Generator().manual_seed(seed)
@@ -301,7 +302,7 @@ def gate_objective(model: GPT2, batches: list[Batch], log_alpha: Tensor, penalty
 
 
 def gate_head_sets(
-    model: GPT2,
+    model: HeadModel,
     batches: list[Batch],
     fractions: list[float],
     steps: int,

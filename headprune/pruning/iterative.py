@@ -14,7 +14,7 @@ from collections import Counter
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.interventions import Head
 from headprune.pruning.options import ONE_SHOT, PruningOptions, ScoringData
 from headprune.pruning.prune import prune_model
@@ -31,7 +31,7 @@ def needs_score_data(method: str, steps: int, compensate: str) -> bool:
 
 
 def prune_iteratively(
-    model: GPT2,
+    model: HeadModel,
     scores: pd.DataFrame,  # the unpruned model's scores (used for the first step)
     method: str,
     fraction: float | None = None,
@@ -40,7 +40,7 @@ def prune_iteratively(
     options: PruningOptions = ONE_SHOT,
     data: ScoringData | None = None,  # re-scoring and fills: see needs_score_data
     show_progress: bool = True,
-) -> tuple[GPT2, list[Head]]:
+) -> tuple[HeadModel, list[Head]]:
     """The pruned model and the removed heads in removal order; ``options.steps == 1`` is one-shot pruning."""
     model.require_heads("pruning by scores")
     steps, selection, compensate = options.steps, options.selection, options.compensate
@@ -53,7 +53,7 @@ def prune_iteratively(
         raise HeadpruneError(f"re-scoring by {method} or compensation needs scoring data")
     score_ids, windowing = (data.ids, data.windowing) if data is not None else (None, None)
 
-    def rescore(m: GPT2) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
+    def rescore(m: HeadModel) -> pd.DataFrame:  # the remaining heads, judged without the ones already gone
         if method == RANDOM:
             return pd.DataFrame(m.head_ids, columns=["layer", "head"])
         return score_heads(m, score_ids, [method], windowing=windowing, show_progress=show_progress).table

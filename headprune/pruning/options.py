@@ -20,7 +20,7 @@ from headprune.schema import COMPENSATIONS, DEFAULT_SEEDS
 if TYPE_CHECKING:
     import torch
 
-    from headprune.models.gpt2 import GPT2
+    from headprune.models.base import HeadModel
     from headprune.perplexity import Windowing
 
 Head = tuple[int, int]
@@ -104,7 +104,7 @@ class Recovery:
     evaluated."""
 
     steps: int
-    train: Callable[[GPT2], object]
+    train: Callable[[HeadModel], object]
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from headprune.errors import HeadpruneError, warn
 
 
@@ -35,21 +33,14 @@ def check_teacher(teacher, student, marker: dict, teacher_source: str) -> None:
 
 
 def check_removed_heads_zero(model, heads: list[tuple[int, int]], folder) -> None:
-    """HeadpruneError unless every listed head of the full-width (hf export) ``model`` contributes exactly 0."""
-    from headprune.models.gpt2 import GPT2, Attention
-
-    if not isinstance(model, GPT2):  # the other families' exports: their own layout (not checked here)
-        return
+    """HeadpruneError unless every listed head of the full-width (zeroed hf export) ``model`` contributes exactly 0:
+    its W_Q^(i), b_Q^(i) and W_O^(i) are zero (z_i W_O^(i) = 0 whatever it attends to)."""
     cfg = model.cfg
-    H, dk = cfg.n_heads, cfg.d_head
     for layer, head in heads:
-        if not (0 <= layer < cfg.n_layers and 0 <= head < H):
+        if not (0 <= layer < cfg.n_layers and 0 <= head < cfg.n_heads):
             raise HeadpruneError(f"{folder}: the export record lists L{layer}H{head}, which the model does not have; "
                                  "the export is damaged")
         attn = model.h[layer].attn
-        pos = torch.tensor([head], dtype=torch.long, device=model.device)
-        cols, rows = Attention.qkv_columns(pos, H, dk), Attention.wo_rows(pos, dk)
-        parts = (attn.c_attn.weight[:, cols], attn.c_attn.bias[cols], attn.c_proj.weight[rows])
-        if any(bool(p.abs().max() > 0) for p in parts):
+        if any(bool(p[head].abs().max() > 0) for p in (attn.W_Q, attn.b_Q, attn.W_O)):
             raise HeadpruneError(f"{folder}: the export record says L{layer}H{head} was removed, but its weights are "
                                  "not zero; the export was edited or damaged: re-export it with headprune prune")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery, RecoveryData
 
 
 def recovered_curves(
-    model: GPT2,
+    model: HeadModel,
     data: RecoveryData,
     scores: pd.DataFrame,
     variants: list[tuple[str, str]],

@@ -27,7 +27,7 @@ from headprune.pruning.options import DEFAULT_SELECTION, Selection
 from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
-    from headprune.models.gpt2 import GPT2
+    from headprune.models.base import HeadModel
 
 
 
@@ -163,7 +163,7 @@ def select_heads(
     return [h for h in ranked if h in chosen]
 
 
-def check_scores_match(scores: pd.DataFrame, model: GPT2, source: str | None = None) -> None:
+def check_scores_match(scores: pd.DataFrame, model: HeadModel, source: str | None = None) -> None:
     """HeadpruneError unless the table's heads are exactly the model's heads, its scores finite, and its
     ``model_fingerprint`` column (required) equals :func:`headprune.io.fingerprint.model_fingerprint` of the model."""
     from headprune.io.fingerprint import model_fingerprint

@@ -94,8 +94,7 @@ def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tenso
     """One row per fraction (:data:`SERVING_COLUMNS`): the uniform prune by ``method`` nearest it, exported and
     served in stock transformers, with headprune's perplexity of it on ``eval_ids`` (each distinct prune once).
     ``model``: a :class:`~headprune.models.base.HeadModel` of a Llama-like family."""
-    from headprune.io.export import export_hf
-    from headprune.io.family_export import is_compact
+    from headprune.io.export import export_hf, is_compact
     from headprune.models.prune import prune_heads
     from headprune.pruning.uniform import uniform_heads
 

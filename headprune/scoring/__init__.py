@@ -30,7 +30,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.distributed import run_units
 from headprune.io.fingerprint import model_fingerprint
 from headprune.io.progress import NoProgress, Progress
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
@@ -94,7 +94,7 @@ DEFAULT_SCORING = ScoringOptions()
 
 
 def score_heads(
-    model: GPT2,
+    model: HeadModel,
     ids: torch.Tensor | None,  # None only when every method reads the weights alone
     methods: str | Sequence[str] = "all",
     windowing: Windowing | None = None,
@@ -157,7 +157,7 @@ def score_heads(
 
 
 def head_means(
-    model: GPT2,
+    model: HeadModel,
     ids: torch.Tensor,
     windowing: Windowing | None = None,
     progress: Progress | NoProgress | None = None,
@@ -174,7 +174,7 @@ def head_means(
 
 
 def optimal_constants(
-    model: GPT2,
+    model: HeadModel,
     ids: torch.Tensor,
     heads: Iterable[Head] | None = None,
     windowing: Windowing | None = None,
@@ -208,7 +208,7 @@ def optimal_constants(
 
 
 def joint_constants(
-    model: GPT2,
+    model: HeadModel,
     ids: torch.Tensor,
     heads: Iterable[Head],
     windowing: Windowing | None = None,

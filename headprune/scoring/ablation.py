@@ -20,16 +20,17 @@ import torch
 from torch import Tensor
 
 from headprune.bootstrap import ratio
-from headprune.models.gpt2 import GPT2, unembed_nll
+from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors
+from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch, window_sums
 from headprune.schema import ABLATION_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
 
 @torch.no_grad()
-def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], list[float]]:
+def cache_batch(model: HeadModel, batch: Batch) -> tuple[dict[int, Tensor], list[float]]:
     """resid_pre of every layer and the baseline NLL sum of each window of the batch."""
     batch = batch.to(model.device)
     capture = Capture()
@@ -39,7 +40,7 @@ def cache_batch(model: GPT2, batch: Batch) -> tuple[dict[int, Tensor], list[floa
 
 @torch.no_grad()
 def ablate_layer(
-    model: GPT2,
+    model: HeadModel,
     batch: Batch,
     resid_pre: Tensor,  # (b, T, d) entering `layer`
     layer: int,

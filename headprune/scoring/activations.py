@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from headprune.bootstrap import ratio
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
 from headprune.perplexity import Batch
 from headprune.schema import ACTIVATION_METHODS
@@ -37,7 +37,7 @@ def _per_window(t: Tensor, mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
+def batch_sums(model: HeadModel, batch: Batch, entropy: bool = True) -> dict:
     """Per window of the batch and head: n, Σz, Σz², Σ‖z W_O‖, Σ entropy over its scored tokens (lists [b][H...])."""
     batch = batch.to(model.device)
     mask = batch.mask
@@ -60,7 +60,7 @@ def batch_sums(model: GPT2, batch: Batch, entropy: bool = True) -> dict:
     return out
 
 
-def combine(model: GPT2, units: list[dict]) -> FamilyScores:
+def combine(model: HeadModel, units: list[dict]) -> FamilyScores:
     """Scores from the per-window sums: out_norm, fluct, entropy [H], mean_z [H, d_k] and their bootstrap replicates.
 
     Over windows w with n_w scored tokens, S1 = Σ_w Σz, S2 = Σ_w Σz², N = Σ_w n_w:

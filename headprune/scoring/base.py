@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from headprune.bootstrap import Replicate
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.perplexity import Batch
 
 Unit = tuple[str, Callable[[], Any]]  # (progress key, the work)
@@ -53,7 +53,7 @@ class FamilyScores:
 class ScoringContext:
     """What a scoring run gives every family: the model, the scoring batches, the methods asked for."""
 
-    model: GPT2
+    model: HeadModel
     batches: list[Batch]
     methods: list[str]
     ablation_rows: int = 8  # ablated copies × windows per forward
@@ -88,6 +88,6 @@ class Family:
         raise NotImplementedError
 
 
-def by_head(model: GPT2, flat: Tensor) -> dict[tuple[int, int], Tensor]:
+def by_head(model: HeadModel, flat: Tensor) -> dict[tuple[int, int], Tensor]:
     """A layer-major [H, ...] tensor -> {(layer, head): row}, in ``model.head_ids`` order."""
     return {head: flat[i] for i, head in enumerate(model.head_ids)}

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from headprune.bootstrap import ratio
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.base import HeadModel
+from headprune.models.nll import token_nll
 from headprune.perplexity import Batch
 from headprune.schema import GRADIENT_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 
-def batch_gate_grad(model: GPT2, batch: Batch) -> dict:
+def batch_gate_grad(model: HeadModel, batch: Batch) -> dict:
     """Per window of the batch: n_w and ∂L_w/∂g for every head (layer-major), as lists."""
     batch = batch.to(model.device)
     mask = batch.mask  # (b, L-1)

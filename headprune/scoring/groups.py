@@ -13,8 +13,6 @@ The joint ablation is exact: from the cached residual entering the group's layer
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import pandas as pd
 import torch
@@ -23,8 +21,8 @@ from torch import Tensor
 from headprune.bootstrap import interval, window_counts
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
-from headprune.models.gpt2 import GPT2, token_nll
 from headprune.models.heads import group_id, head_id
+from headprune.models.nll import token_nll
 from headprune.perplexity import Windowing, window_batches, window_sums
 from headprune.schema import DESCRIPTIVE, method_columns
 from headprune.scoring.ablation import ablate_layer, cache_batch
@@ -70,13 +68,13 @@ def group_ablation(model: HeadModel, ids: Tensor, windowing: Windowing, rows: in
     base, tokens, single, joint = [], [], [], []
     for batch in window_batches(ids, windowing.seq_len, windowing.stride, windowing.batch_size):
         batch = batch.to(model.device)
-        resid_pre, sums = cache_batch(cast(GPT2, model), batch)
+        resid_pre, sums = cache_batch(model, batch)
         base += sums
         tokens += batch.mask.sum(1).tolist()
         heads_b, groups_b = [], []
         for layer in range(model.cfg.n_layers):
             if model.h[layer].attn.n_heads:
-                heads_b += ablate_layer(cast(GPT2, model), batch, resid_pre[layer], layer, rows=rows)
+                heads_b += ablate_layer(model, batch, resid_pre[layer], layer, rows=rows)
                 groups_b += _group_sums(model, batch, resid_pre[layer], layer)
         single.append(np.array(heads_b))
         joint.append(np.array(groups_b))

@@ -39,8 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2, token_nll
+from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
+from headprune.models.nll import token_nll
 from headprune.perplexity import Batch
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
@@ -54,7 +55,7 @@ def scored_positions(t: Tensor, mask: Tensor) -> Tensor:
     return t[:, :, : mask.shape[1]].transpose(1, 2)[mask]
 
 
-def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer: int, positions: list[int],
+def _layer_losses(model: HeadModel, batches: list[Batch], resid: list[Tensor], layer: int, positions: list[int],
                   fill: Tensor, rows: int, grad: bool) -> tuple[Tensor, Tensor | None]:
     """NLL sums [p] (float64) of the copies ablating ``positions`` of ``layer`` with ``fill`` [n_heads, d_k]
     over all batches, and (``grad``) their gradient with respect to ``fill``."""
@@ -84,7 +85,7 @@ def _layer_losses(model: GPT2, batches: list[Batch], resid: list[Tensor], layer:
     return sums, total_grad
 
 
-def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
+def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
               steps: int = STEPS, lr: float = FIRST_STEP, rows: int = 8) -> dict[str, Any]:
     """Optimal constants of the heads at ``positions`` of ``layer`` (default: all), starting at ``init``
     ([n_heads, d_k], the mean outputs z̄), by per-head BFGS with backtracking (``steps`` passes over the fit
@@ -153,7 +154,7 @@ def fit_layer(model: GPT2, batches: list[Batch], layer: int, init: Tensor, posit
     return {"c": x.tolist(), "nll_init": nll_init.tolist(), "nll_best": f.tolist(), "best_step": best_step}
 
 
-def fit_set(model: GPT2, batches: list[Batch], heads: list[tuple[int, int]], init: Tensor, steps: int = STEPS
+def fit_set(model: HeadModel, batches: list[Batch], heads: list[tuple[int, int]], init: Tensor, steps: int = STEPS
             ) -> dict[str, Any]:
     """Jointly optimal constants for ablating the set ``heads`` together (what pruning them with compensation
     does): argmin over c_S of L(z_i := c_i for every i in S), from ``init`` [|S|, d_k] (their z̄), by L-BFGS

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
 from headprune.perplexity import Batch
 from headprune.schema import RESAMPLE_METHODS
@@ -51,14 +51,14 @@ def resample_sources(lengths: list[int], draws: int, seed: int) -> list[list[int
 
 
 @torch.no_grad()
-def source_z(model: GPT2, tokens: Tensor) -> dict[int, Tensor]:
+def source_z(model: HeadModel, tokens: Tensor) -> dict[int, Tensor]:
     """z[l] (b,h,T,d_k) of the unablated model on source tokens (b, T)."""
     capture = Capture()
     model.run_blocks(model.embed(tokens.to(model.device)), capture=capture)
     return capture.z
 
 
-def resample_layer(model: GPT2, batch: Batch, resid_pre: Tensor, layer: int, z_source: Tensor,
+def resample_layer(model: HeadModel, batch: Batch, resid_pre: Tensor, layer: int, z_source: Tensor,
                    rows: int = 8) -> list[list[float]]:
     """Ablated NLL sum of each window of the batch with each head of ``layer`` resampled from z_source
     (b,h,T,d_k), one head at a time: [h][b] (:func:`~.ablation.ablate_layer` with a per-window fill)."""

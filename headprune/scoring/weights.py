@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headprune.models.gpt2 import GPT2
+from headprune.models.base import HeadModel
 from headprune.schema import WEIGHT_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
@@ -30,7 +30,7 @@ def ov_core(W_V: Tensor, W_O: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def weight_scores(model: GPT2) -> dict[str, list[float]]:
+def weight_scores(model: HeadModel) -> dict[str, list[float]]:
     """Each weight method's score for every head, in ``model.head_ids`` order."""
     out: dict[str, list[float]] = {m: [] for m in WEIGHT_METHODS}
     for layer in model.active_layers:

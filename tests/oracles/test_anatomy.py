@@ -25,7 +25,7 @@ from headprune.anatomy import (
 from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
 from headprune.models.gpt2 import GPT2
-from headprune.models.gpt2_config import ModelConfig
+from headprune.models.gpt2_config import GPT2Config
 from headprune.pruning.prune import prune_model
 
 from helpers import TINY, random_tokens, save_hf_gpt2
@@ -34,9 +34,9 @@ SMALL_VOCAB = TINY | {"vocab_size": 40}
 
 
 def built_model(**config) -> GPT2:
-    """A GPT2 from a ModelConfig with every parameter drawn from N(0, 0.1²), seeded."""
+    """A GPT2 from a GPT2Config with every parameter drawn from N(0, 0.1²), seeded."""
     torch.manual_seed(0)
-    model = GPT2(ModelConfig(**config)).eval()
+    model = GPT2(GPT2Config(**config)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)

@@ -26,7 +26,8 @@ from transformers import (
 )
 
 from headprune.errors import HeadpruneError
-from headprune.models.hf_families import load_family_model, load_family_tokenizer
+from headprune.io.loading import load_model
+from headprune.io.tokenizer import load_family_tokenizer
 from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.models.prune import prune_heads
@@ -92,7 +93,7 @@ def build(case: str, tmp_path_factory):
         perturb(hf)
         folder = tmp_path_factory.mktemp(case)
         hf.save_pretrained(folder)
-        _BUILT[case] = (hf, folder, load_family_model(folder))
+        _BUILT[case] = (hf, folder, load_model(folder))
     return _BUILT[case]
 
 
@@ -295,11 +296,11 @@ def test_sharded_bf16_checkpoint_loads(tmp_path):
     hf.to(torch.bfloat16).save_pretrained(tmp_path, max_shard_size="20KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    ours = load_family_model(tmp_path, dtype="fp32")
+    ours = load_model(tmp_path, dtype="fp32")
     x = tokens(7)
     with torch.no_grad():
         assert (ours(x) - ref(x).logits).abs().max() <= TOL
-    assert load_family_model(tmp_path, dtype="bf16").dtype == torch.bfloat16
+    assert load_model(tmp_path, dtype="bf16").dtype == torch.bfloat16
 
 
 def test_bad_checkpoints_are_refused(tmp_path_factory, tmp_path):
@@ -309,13 +310,13 @@ def test_bad_checkpoints_are_refused(tmp_path_factory, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "bert"}))
     with pytest.raises(HeadpruneError,
                        match="'bert' model.*'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', 'gpt_neox'"):
-        load_family_model(tmp_path)
+        load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config | {"intermediate_size": 50}))
     with pytest.raises(HeadpruneError, match="has shape .*config implies"):
-        load_family_model(tmp_path)
+        load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config | {"num_key_value_heads": 3}))
     with pytest.raises(HeadpruneError, match="not a usable llama config"):
-        load_family_model(tmp_path)
+        load_model(tmp_path)
 
 
 def test_tokenizer_from_tokenizer_json(tmp_path):

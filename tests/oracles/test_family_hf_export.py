@@ -65,7 +65,7 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
     from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
-    from headprune.io.family_export import hf_layout, is_compact
+    from headprune.io.export import hf_layout, is_compact
     from headprune.models.families import loadable_head_count
     from headprune.pruning.uniform import uniform_heads
 

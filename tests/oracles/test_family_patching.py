@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprune.models.hf_families import load_family_model
+from headprune.io.loading import load_model
 from headprune.patching import PatchOptions, atp_z, patch, patch_z, run_pairs
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix
 from headprune.patching.exact import unit_ids
@@ -25,7 +25,7 @@ VOCAB = 97
 def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_gqa_family(request.param, folder, VOCAB, seed=5)
-    return hf, load_family_model(folder)
+    return hf, load_model(folder)
 
 
 def _o_proj_inputs(hf, ids):

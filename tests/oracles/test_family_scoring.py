@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from headprune.io.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
-from headprune.models.hf_families import load_family_model
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, score_heads
 
@@ -23,7 +23,7 @@ VOCAB, SEQ, WINDOWS = 131, 16, 6
 def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_gqa_family(request.param, folder, VOCAB, seed=3)
-    return hf, load_family_model(folder)
+    return hf, load_model(folder)
 
 
 IDS = torch.randint(0, VOCAB, (SEQ * WINDOWS,), generator=torch.Generator().manual_seed(0))
@@ -113,7 +113,7 @@ def test_weight_and_activation_scores_per_query_head(models):
 
 
 def test_ledger_counts_the_checkpoint_parameters(models):
-    from headprune.models.family_ledger import attention_table, format_info, param_table
+    from headprune.models.ledger import attention_table, format_info, param_table
     from headprune.models.prune import prune_heads
 
     hf, ours = models
@@ -126,4 +126,4 @@ def test_ledger_counts_the_checkpoint_parameters(models):
     t = attention_table(pruned, SEQ)
     assert t.kv_heads.tolist() == [cfg.n_kv_heads - 1, cfg.n_kv_heads]
     assert t.shared_by[1] == [r - 1] + [r] * (cfg.n_kv_heads - 1)
-    assert "grouped-query" in format_info(ours, SEQ)
+    assert "grouped-query" in format_info(ours, 1, SEQ)

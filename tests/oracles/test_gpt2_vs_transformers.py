@@ -11,7 +11,7 @@ from transformers import GPT2LMHeadModel
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
 from headprune.models.gpt2 import Attention
-from headprune.models.gpt2_config import ModelConfig
+from headprune.models.gpt2_config import GPT2Config
 from headprune.models.hooks import Capture
 
 from helpers import TINY, random_tokens, save_hf_gpt2
@@ -84,7 +84,7 @@ def test_per_head_weights_are_views(tiny_dir):
 
 def test_lesson_worked_example():
     """wo-projection-lesson: head1=[1,2], head2=[3,4] through its W_O give [0.8, 1.1, 2.1, 2.0]."""
-    attn = Attention(ModelConfig(vocab_size=8, n_positions=4, d_model=4, n_layers=1, n_heads=2, d_mlp=4), 0)
+    attn = Attention(GPT2Config(vocab_size=8, n_positions=4, d_model=4, n_layers=1, n_heads=2, d_mlp=4), 0)
     W_O = torch.tensor([[0.5, 0.1, 0.0, 0.0], [0.0, 0.5, 0.1, 0.0], [0.1, 0.0, 0.5, 0.0], [0.0, 0.0, 0.1, 0.5]])
     with torch.no_grad():
         attn.c_attn.weight.zero_()

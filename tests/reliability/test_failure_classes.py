@@ -141,7 +141,7 @@ def test_a_previous_export_left_by_a_kill_between_the_swap_renames_is_restored_o
     first = json.loads((out / "headprune_export.json").read_text())
     killed_between = tmp_path / f".out.{dead}.abcd1234.old"
     out.rename(killed_between)  # target missing: the previous export must come back, not be lost
-    from headprune.io.export import clear_stale_old
+    from headprune.io.export_folder import clear_stale_old
 
     clear_stale_old(out)
     assert not killed_between.exists() and json.loads((out / "headprune_export.json").read_text()) == first

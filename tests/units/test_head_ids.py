@@ -5,11 +5,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headprune.errors import HeadpruneError
-from headprune.models.gpt2_config import ModelConfig
+from headprune.models.gpt2_config import GPT2Config
 from headprune.models.heads import check_heads, format_heads, head_id, parse_head_spec
 
-CFG = ModelConfig(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64)
-PRUNED = ModelConfig(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64,
+CFG = GPT2Config(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64)
+PRUNED = GPT2Config(vocab_size=100, n_positions=16, d_model=32, n_layers=3, n_heads=4, d_mlp=64,
                      kept_heads=[[0, 2, 3], [], [0, 1, 2, 3]])
 heads_st = st.tuples(st.integers(0, CFG.n_layers - 1), st.integers(0, CFG.n_heads - 1))
 

@@ -1,11 +1,11 @@
-"""Both configs (GPT-2's ModelConfig and the families' HeadConfig) check the heads each layer keeps the same way."""
+"""Both configs (GPT-2's GPT2Config and the families' HeadConfig) check the heads each layer keeps the same way."""
 
 import pytest
 
-from headprune.models.gpt2_config import ModelConfig
+from headprune.models.gpt2_config import GPT2Config
 from headprune.models.head_config import HeadConfig
 
-CONFIGS = [lambda kept: ModelConfig(d_model=8, n_layers=2, n_heads=4, kept_heads=kept),
+CONFIGS = [lambda kept: GPT2Config(d_model=8, n_layers=2, n_heads=4, kept_heads=kept),
            lambda kept: HeadConfig(d_model=8, n_layers=2, n_heads=4, n_kv_heads=2, kept_heads=kept)]
 
 
@@ -24,7 +24,7 @@ def test_a_bad_list_is_refused(make, kept):
         make(kept)
 
 
-@pytest.mark.parametrize("config", [ModelConfig, HeadConfig])
+@pytest.mark.parametrize("config", [GPT2Config, HeadConfig])
 def test_a_size_below_one_is_refused(config):
     with pytest.raises(ValueError, match="n_layers must be a positive integer, got 0"):
         config(n_layers=0)
