@@ -16,8 +16,9 @@ is logit_t = Σ_c c · (w ⊙ u_t) / ρ (no centring, no bias term: ``ln_bias`` 
 GPT-2 does. u_t is the family's unembedding row (``lm_head`` / ``embed_out``, or the tied embedding); embed is the
 token embedding (rotary adds no residual component). A block's MLP term is what the block adds beyond its attention
 output (resid_post − resid_pre − attn_out), exact up to rounding for sequential and parallel residuals alike.
-Gemma 3 normalises the attention output before adding it (x ← x + N(attn_out), N(a) = a ⊙ s(a)): with s frozen at the forward's value, each head's and b_O's term is read along direction ⊙ s, and
-its final norm multiplies by 1 + w (the norm's ``gain``).
+Gemma 3 normalises the attention output before adding it (x ← x + N(attn_out), N(a) = a ⊙ s(a)): with s frozen
+at the forward's value, each head's and b_O's term is read along direction ⊙ s, and its final norm multiplies by
+1 + w (the norm's ``gain``).
 """
 
 from __future__ import annotations
