@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -26,14 +26,45 @@ from headprune.schema import (
     method_columns,
 )
 
-if TYPE_CHECKING:
-    from headprune.anatomy import Anatomy
-    from headprune.pruning.gates import GateResult
-    from headprune.scoring import HeadScores
-
 #: The anatomy columns listed, with what a high value means.
 ANATOMY_ROLES = {"induction": "induction", "previous_token": "previous token", "duplicate_token": "duplicate token",
                  "dla": "direct logit attribution", "copying": "copying"}
+
+
+class ScoredHeads(Protocol):
+    """What :func:`scores_html` reads (``headprune.scoring.HeadScores`` has it)."""
+
+    @property
+    def table(self) -> pd.DataFrame: ...
+
+    @property
+    def baseline(self) -> dict | None: ...
+
+    @property
+    def seconds(self) -> dict[str, float]: ...
+
+
+class HeadAnatomy(Protocol):
+    """What :func:`anatomy_html` reads (``headprune.anatomy.Anatomy`` has it)."""
+
+    @property
+    def heads(self) -> pd.DataFrame: ...
+
+    @property
+    def composition(self) -> pd.DataFrame: ...
+
+
+class LearnedGates(Protocol):
+    """What :func:`gates_html` reads (``headprune.pruning.gates.GateResult`` has it)."""
+
+    @property
+    def table(self) -> pd.DataFrame: ...
+
+    @property
+    def closed(self) -> list[tuple[int, int]]: ...
+
+    @property
+    def history(self) -> list[dict]: ...
 
 
 def _cell(value: Any) -> str:
@@ -77,7 +108,7 @@ def _fingerprint(table: pd.DataFrame) -> str:
     return str(table["model_fingerprint"].iloc[0])[:12] if "model_fingerprint" in table and len(table) else "?"
 
 
-def scores_html(scores: HeadScores, top: int = 10) -> str:
+def scores_html(scores: ScoredHeads, top: int = 10) -> str:
     """The model's fingerprint, heads, methods, tokens and baseline NLL / perplexity (where ablation ran), then the
     ``top`` heads by :func:`main_method` with their 95% intervals."""
     table = scores.table
@@ -102,7 +133,7 @@ def scores_html(scores: HeadScores, top: int = 10) -> str:
     return _page("headprune scores", facts, [(caption, _table(header, rows))])
 
 
-def anatomy_html(anatomy: Anatomy, top: int = 3) -> str:
+def anatomy_html(anatomy: HeadAnatomy, top: int = 3) -> str:
     """Per role (induction, previous token, duplicate token, DLA, copying): the ``top`` heads with the highest
     score; then the strongest composition of each kind."""
     heads = anatomy.heads
@@ -123,7 +154,7 @@ def anatomy_html(anatomy: Anatomy, top: int = 3) -> str:
     return _page("headprune anatomy", facts, sections)
 
 
-def gates_html(result: GateResult, top: int = 10) -> str:
+def gates_html(result: LearnedGates, top: int = 10) -> str:
     """Steps, the last logged loss / NLL / open fraction, the closed heads, and the ``top`` heads least likely
     to stay open."""
     facts: list[tuple[str, Any]] = [("model", _fingerprint(result.table)), ("heads", len(result.table)),

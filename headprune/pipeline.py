@@ -109,12 +109,12 @@ def _patching(model, s: RunSettings, progress: Progress):
 def _serving(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, windowing: Windowing
              ) -> tuple[pd.DataFrame, dict] | None:
     """The exports of the best ranking among the score columns, uniformly pruned at 0/25/50% and served in stock
-    transformers (None for GPT-2 and GPT-NeoX, whose hf exports keep the original shapes)."""
-    from headprune.models.families import model_type
+    transformers (None for a family whose hf exports keep the original shapes: GPT-2, GPT-NeoX)."""
+    from headprune.models.families import family_of
     from headprune.pruning.serving import Workload, serving_table
     from headprune.schema import split_ranking
 
-    if model_type(model) in ("gpt2", "gpt_neox"):
+    if not family_of(model).compact_export:
         return None
     scored = curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)]
     method = split_ranking(best_method(scored))[0]
@@ -228,8 +228,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
     from headprune.models.families import layout_text, model_type
 
-    if model_type(model) != "gpt2":  # another family: name it, its GQA layout and the unit heads are scored in
-        settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
+    settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
     t0 = time.perf_counter()
     served = _serving(model, curves, scores, eval_ids, windowing)
     if served is not None:

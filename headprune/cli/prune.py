@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.export_source import dtype_name, export_dtype
     from headprune.io.files import check_writable, read_scores
     from headprune.io.fingerprint import model_fingerprint
-    from headprune.models.base import HeadModel
     from headprune.models.heads import format_heads, parse_head_spec
     from headprune.models.ledger import pruning_stats
     from headprune.perplexity import evaluate
@@ -121,8 +120,7 @@ def run(args: argparse.Namespace) -> None:
     if args.format == "hf":
         from headprune.io.export import hf_layout
 
-        print(hf_layout(pruned) if not isinstance(pruned, HeadModel) else
-              "hf export: original shapes with the removed heads zeroed (GPT-2 derives its head size from d/h)")
+        print(hf_layout(pruned))
     if args.format == "native":
         print("native checkpoint: reloads in headprune (--model OUT, load_model), not in stock transformers; "
               "for transformers' from_pretrained export with --format hf")

@@ -19,7 +19,7 @@ import copy
 
 import torch
 
-from headprune.models.base import HeadAttention, HeadModel
+from headprune.models.base import HeadModel
 
 
 @torch.no_grad()
@@ -37,11 +37,11 @@ def fold_value_biases_(model: HeadModel) -> HeadModel:
         shift = torch.einsum("hk,hkd->d", attn.b_V.double(), attn.W_O.double())  # Σ_i b_V^(i) W_O^(i)  [d]
         attn.b_O.copy_((attn.b_O.double() + shift).to(attn.b_O.dtype))
         moved |= bool(shift.any())
-        # the stored value biases: a view into c_attn.bias (GPT-2), or per KV head (headprune.models, where b_V
-        # gives each query head its KV head's b_V^(g(i)), a copy under grouped-query attention)
-        (attn.b_V_kv if isinstance(attn, HeadAttention) else attn.b_V).zero_()
-    if moved and hasattr(folded.cfg, "o_bias"):
-        folded.cfg.o_bias = True  # headprune.models: the family stores an o_proj bias now
+        # the stored value biases, per KV head (b_V gives each query head its KV head's b_V^(g(i)), a copy under
+        # grouped-query attention; b_V_kv is a view of the stored bias)
+        attn.b_V_kv.zero_()
+    if moved:
+        folded.cfg.o_bias = True  # the model stores an o_proj bias now
     return folded
 
 

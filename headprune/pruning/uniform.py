@@ -37,10 +37,10 @@ def _layer_choice(values: dict[int, float], groups: list[list[int]], n_groups: i
 def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction: float | None = None,
                   count: int | None = None, selection: Selection = DEFAULT_SELECTION) -> list[Head]:
     """The heads to remove (least important first) for the best uniform prune near the asked amount."""
-    from headprune.models.families import loadable_head_count, model_type
+    from headprune.models.families import family_of, loadable_head_count, model_type
 
     kind = model_type(model)
-    if kind in ("gpt2", "gpt_neox"):
+    if not family_of(model).compact_export:
         raise HeadpruneError(f"--uniform shapes a grouped-query prune for a smaller hf export; {kind} derives its "
                              "head size from d/h, so its hf export always keeps the original shapes (use --per-layer "
                              "for the same count in every layer)")

@@ -24,7 +24,7 @@ from headprune.data.tokens import tokenize_corpus
 from headprune.io.files import read_scores
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
-from headprune.models.gpt2 import token_nll
+from headprune.models.nll import token_nll
 from headprune.perplexity import evaluate
 from headprune.schema import DEFAULT_MODEL
 

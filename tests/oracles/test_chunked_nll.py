@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from transformers import GPT2LMHeadModel
 
 from headprune.io.loading import load_model
-from headprune.models.gpt2 import token_nll, unembed_nll
+from headprune.models.nll import token_nll, unembed_nll
 
 from helpers import TINY
 

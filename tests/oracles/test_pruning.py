@@ -10,7 +10,7 @@ from transformers import GPT2LMHeadModel
 from headprune.errors import HeadpruneError
 from headprune.io.export_folder import EXPORT_MARKER, export_hf, export_native
 from headprune.io.loading import load_model
-from headprune.models.gpt2 import count_params
+from headprune.models.nll import count_params
 from headprune.models.head_config import Origin
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
