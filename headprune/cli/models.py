@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "list the models loadable by name (shipped, and real models fetched from the Python package index)"
+HELP = "list the models loadable by name, and fetch the real ones"
 
 
 def configure(p: argparse.ArgumentParser) -> None:

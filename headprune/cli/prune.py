@@ -48,64 +48,73 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from headprune.io.export import export_hf, export_native
-    from headprune.io.export_source import dtype_name, export_dtype
-    from headprune.io.files import check_writable, read_scores
+    from headprune.io.export_source import export_dtype
+    from headprune.io.files import check_writable
     from headprune.io.fingerprint import model_fingerprint
-    from headprune.models.heads import format_heads, parse_head_spec
+    from headprune.models.heads import format_heads
     from headprune.models.ledger import pruning_stats
-    from headprune.perplexity import evaluate
-    from headprune.pruning.iterative import needs_score_data, prune_iteratively
-    from headprune.pruning.options import PruningOptions, ScoringData
-    from headprune.pruning.prune import prune_model
-    from headprune.pruning.selection import check_scores_match
-    from headprune.scoring import head_means, joint_constants
+    from headprune.pruning.iterative import needs_score_data
 
     if (args.heads is None) == (args.scores is None):
         raise HeadpruneError("give either --heads L0H1,... or --scores FILE --method M (--fraction F | --count K)")
     if args.scores is not None and (args.method is None or (args.fraction is None) == (args.count is None)):
         raise HeadpruneError("--scores needs --method and exactly one of --fraction and --count")
+    if args.uniform and (args.scores is None or args.steps != 1 or args.per_layer):
+        raise HeadpruneError("--uniform needs --scores and --method, and no --iterative or --per-layer")
     layer_ranking_from_args(args)
     check_writable(args.out)
     model = load_from_args(args, args.dtype or "fp32")  # --dtype not given: fp32, the export in the source's
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
-    compensate = args.compensate
     score_ids = None
-    if compensate != "none" or (args.scores is not None and needs_score_data(args.method, args.steps, compensate)):
+    if args.compensate != "none" or (args.scores is not None and
+                                     needs_score_data(args.method, args.steps, args.compensate)):
         score_ids = data_from_args(args, model, args.score_data, "validation")
-    uniform = None
-    if args.uniform:
-        from headprune.pruning.uniform import uniform_heads
-
-        if args.scores is None or args.steps != 1 or args.per_layer:
-            raise HeadpruneError("--uniform needs --scores and --method, and no --iterative or --per-layer")
-        scores = read_scores(args.scores)
-        check_scores_match(scores, model, args.scores)
-        uniform = uniform_heads(model, scores, args.method, args.fraction, args.count, selection_from_args(args))
-        print(f"uniform prune: {len(uniform)} heads removed, the nearest loadable shape to the "
-              f"{round(args.fraction * len(model.head_ids)) if args.fraction is not None else args.count} asked")
-    if args.heads is not None or uniform is not None:
-        heads = parse_head_spec(args.heads, model) if uniform is None else uniform
-        fills = None
-        if compensate == "mean" and score_ids is not None:
-            fills = head_means(model, score_ids, w, show_progress=not args.quiet)
-        elif compensate == "optimal" and score_ids is not None:
-            fills = joint_constants(model, score_ids, heads, w, show_progress=not args.quiet)
-        pruned = prune_model(model, heads, fills)
-    else:
-        scores = read_scores(args.scores)
-        check_scores_match(scores, model, args.scores)
-        data = ScoringData(score_ids, w) if score_ids is not None else None
-        options = PruningOptions(steps=args.steps, selection=selection_from_args(args), compensate=compensate)
-        pruned, heads = prune_iteratively(model, scores, args.method, fraction=args.fraction, count=args.count,
-                                          options=options, data=data, show_progress=not args.quiet)
+    pruned, heads = _prune(args, model, w, score_ids)
     stats = pruning_stats(model, pruned, w.seq_len)
-    fill_data = fill_source(args, score_ids if compensate != "none" else None)
+    fill_data = fill_source(args, score_ids if args.compensate != "none" else None)
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats,
             "source_fingerprint": model_fingerprint(model), "fold_value_bias": args.fold_value_bias}
     export = export_native if args.format == "native" else export_hf
     saved = export_dtype(pruned, args.dtype)
     export(pruned, args.out, overwrite=args.overwrite, metadata=meta, dtype=saved)
+    _report(args, model, pruned, heads, stats, fill_data, ids, w, saved)
+
+
+def _prune(args: argparse.Namespace, model, w, score_ids) -> tuple:
+    """(pruned model, heads removed): the heads given, the uniform prune nearest the amount, or the ranking's."""
+    from headprune.io.files import read_scores
+    from headprune.models.heads import parse_head_spec
+    from headprune.pruning.apply import compensated_prune
+    from headprune.pruning.iterative import prune_iteratively
+    from headprune.pruning.options import PruningOptions, ScoringData
+    from headprune.pruning.selection import check_scores_match
+
+    if args.heads is not None:
+        heads = parse_head_spec(args.heads, model)
+    else:
+        scores = read_scores(args.scores)
+        check_scores_match(scores, model, args.scores)
+        if not args.uniform:
+            data = ScoringData(score_ids, w) if score_ids is not None else None
+            options = PruningOptions(steps=args.steps, selection=selection_from_args(args), compensate=args.compensate)
+            return prune_iteratively(model, scores, args.method, fraction=args.fraction, count=args.count,
+                                     options=options, data=data, show_progress=not args.quiet)
+        from headprune.pruning.uniform import uniform_heads
+
+        heads = uniform_heads(model, scores, args.method, args.fraction, args.count, selection_from_args(args))
+        print(f"uniform prune: {len(heads)} heads removed, the nearest loadable shape to the "
+              f"{round(args.fraction * len(model.head_ids)) if args.fraction is not None else args.count} asked")
+    return compensated_prune(model, heads, args.compensate, score_ids, w, show_progress=not args.quiet), heads
+
+
+def _report(args: argparse.Namespace, model, pruned, heads, stats: dict, fill_data, ids, w, saved) -> None:
+    """What the prune removed and cost, and what was written."""
+    from headprune.io.export import hf_layout
+    from headprune.io.export_source import dtype_name
+    from headprune.models.heads import format_heads
+    from headprune.pruning.apply import DRASTIC, before_after
+
     print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
@@ -113,13 +122,14 @@ def run(args: argparse.Namespace) -> None:
     print(f"attention FLOPs/token at T={w.seq_len}: {stats['attention_flops_per_token_before']:,} -> "
           f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
     if ids is not None:
-        before = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
-        after = evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=not args.quiet)
+        measured = before_after(model, pruned, ids, w, progress=not args.quiet)
+        before, after = measured.before, measured.after
         print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
-              f"(delta NLL {after.nll - before.nll:+.4f} nats/token)")
+              f"(delta NLL {measured.delta_nll:+.4f} nats/token)")
+        if measured.drastic:
+            print(f"perplexity rose more than {DRASTIC:g}x: a short fine-tune wins much of it back "
+                  f"(headprune finetune {args.out} --steps 200 --teacher {args.model} --out {args.out}-recovered)")
     if args.format == "hf":
-        from headprune.io.export import hf_layout
-
         print(hf_layout(pruned))
     if args.format == "native":
         print("native checkpoint: reloads in headprune (--model OUT, load_model), not in stock transformers; "

@@ -203,8 +203,10 @@ def safe_open_metadata(file: Path) -> dict:
 
 def check_ids(ids: torch.Tensor, vocab_size: int, source: str) -> torch.Tensor:
     """``ids`` if every one indexes the model's embedding, else one clear error (not an index crash mid-run)."""
-    if ids.dtype != torch.long or ids.dim() != 1:
-        raise HeadpruneError(f"token ids of {source} must be a 1-D integer tensor")
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.dim() != 1:
+        raise HeadpruneError(f"token ids of {source} must be a 1-D int64 tensor, got "
+                             f"{type(ids).__name__ if not isinstance(ids, torch.Tensor) else tuple(ids.shape)}; use "
+                             "headprune.tokens(...) or torch.tensor(ids)")
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise HeadpruneError(f"token ids of {source} lie outside the model's vocabulary [0, {vocab_size}); use the "
                              "model's own tokenizer")

@@ -108,6 +108,8 @@ def all_finite(tensor: torch.Tensor, chunk: int = 1 << 22) -> bool:
     """No NaN or inf in ``tensor``, checked ``chunk`` elements at a time: a whole-tensor ``isfinite`` would hold a
     bool per element, a quarter of an fp32 embedding (262 MB for Llama-3's 128256 × 2048) on top of the model."""
     flat = tensor.reshape(-1)
+    if flat.element_size() == 1:  # fp8 (e4m3, e5m2): torch has no isfinite for it; a chunk in fp16 holds it exactly
+        return all(bool(torch.isfinite(part.to(torch.float16)).all()) for part in flat.split(chunk))
     return all(bool(torch.isfinite(part).all()) for part in flat.split(chunk))
 
 

@@ -57,6 +57,9 @@ def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
     ):
         raise HeadpruneError("token ids must be an integer tensor, "
                              f"got {getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if tokens.dim() != 2:
+        raise HeadpruneError(f"token ids must be a (batch, T) tensor, got shape {tuple(tokens.shape)}; use "
+                             "ids[None] for one sequence")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) "
                              f"(min {int(tokens.min())}, max {int(tokens.max())}); use the model's own tokenizer")
@@ -293,7 +296,8 @@ class HeadModel(nn.Module):
 
     def check_length(self, T: int) -> None:
         if T > self.cfg.n_positions:
-            raise ValueError(f"sequence length {T} exceeds n_positions {self.cfg.n_positions}")
+            raise HeadpruneError(f"sequence length {T} exceeds the model's n_positions {self.cfg.n_positions}; use "
+                                 "shorter windows (--seq-len)")
 
     def run_blocks(
         self,

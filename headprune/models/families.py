@@ -26,29 +26,58 @@ def _kept(hf: dict) -> dict:
     return {"kept_heads": [list(k) for k in hf.get("headprune_kept_heads", [])]}
 
 
+def _checked_rope(params: dict, hf: dict) -> dict:
+    """One rope parameter set, checked as transformers' rope validation checks it (a type it knows, a positive
+    θ, a positive factor, llama3's frequency band), its llama3 context filled in."""
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] not in SCALINGS:
+        raise ValueError(f"rope type {params['rope_type']!r} is not supported (supported: {', '.join(SCALINGS)})")
+    theta = params.get("rope_theta")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ValueError(f"rope_theta must be a positive number, got {theta!r}")
+    if params["rope_type"] != "default":
+        factor = params.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(f"the {params['rope_type']} rope scaling needs a positive factor, got {factor!r}")
+    if params["rope_type"] == "llama3":
+        missing = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
+        if missing:
+            raise ValueError(f"the llama3 rope scaling needs {' and '.join(missing)}")
+        if not 0 < params["low_freq_factor"] < params["high_freq_factor"]:
+            raise ValueError("the llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor")
+        params.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+    return params
+
+
 def _rope(hf: dict) -> dict:
     """The global rope parameters (rope_type, rope_theta, ...) of either config generation."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     if any(isinstance(v, dict) for v in params.values()):
         raise ValueError("per-layer-type rope parameters are not supported")
-    params.setdefault("rope_type", params.get("type", "default"))
     params.setdefault("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
-    if params["rope_type"] not in SCALINGS:
-        raise ValueError(f"rope type {params['rope_type']!r} is not supported (supported: {', '.join(SCALINGS)})")
-    if params["rope_type"] == "llama3":
-        params.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
-    return params
+    return _checked_rope(params, hf)
+
+
+#: transformers' MistralConfig default window, used where a config has no sliding_window key
+MISTRAL_WINDOW = 4096
 
 
 def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
-    """Sliding window per layer: Mistral's on every layer; Qwen's on the layers ``layer_types`` marks."""
-    window = hf.get("sliding_window")
+    """Sliding window per layer, as transformers reads it: Mistral's on every layer (its default window where the
+    key is absent; only on the layers ``layer_types`` marks where it has one); Qwen's on the layers ``layer_types``
+    (or ``max_window_layers``) marks."""
+    window = hf.get("sliding_window", MISTRAL_WINDOW if family == "mistral" else None)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window must be a positive integer or null, got {window!r}")
+    types = hf.get("layer_types")
+    if types is not None and (len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}):
+        raise ValueError(f"layer_types must give sliding_attention or full_attention for each of {n_layers} layers")
     if family == "mistral":
-        return [window] * n_layers
+        return [window if t == "sliding_attention" else None for t in types] if types else [window] * n_layers
     if family not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False) or window is None:
         return [None] * n_layers
-    types = hf.get("layer_types") or ["sliding_attention" if i >= hf.get("max_window_layers", 28) else
-                                      "full_attention" for i in range(n_layers)]
+    types = types or ["sliding_attention" if i >= hf.get("max_window_layers", 28) else "full_attention"
+                      for i in range(n_layers)]
     return [window if t == "sliding_attention" else None for t in types]
 
 
@@ -87,14 +116,8 @@ def _gemma3_rope(hf: dict) -> dict[str, dict]:
         p = dict(params.get(kind) or {})
         if kind == "full_attention" and not params and hf.get("rope_scaling"):
             p.update(hf["rope_scaling"])
-        p.setdefault("rope_type", p.get("type", "default"))
         p.setdefault("rope_theta", hf.get(theta_key, default))
-        if p["rope_type"] not in SCALINGS:
-            raise ValueError(f"rope type {p['rope_type']!r} is not supported (supported: {', '.join(SCALINGS)})")
-        if p["rope_type"] == "llama3":
-            p.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
-        if not float(p["rope_theta"]) > 0:
-            raise ValueError(f"rope_theta must be positive, got {p['rope_theta']!r}")
+        _checked_rope(p, hf)
         rope[kind] = p
     return rope
 

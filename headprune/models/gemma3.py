@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.models.base import HeadBlock, HeadBlocks, HeadModel
-from headprune.models.head_config import HeadConfig
+from headprune.models.head_config import HeadConfig, check_eps
 from headprune.models.hooks import Capture
 from headprune.models.llama import Attention as DecoderAttention
 from headprune.models.rotary import inv_frequencies, rotary_tables
@@ -50,6 +50,7 @@ class Gemma3Config(HeadConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_eps(self, "rms_norm_eps")
         if not self.layer_types:
             self.layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                                 for i in range(self.n_layers)]

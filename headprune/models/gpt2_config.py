@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from headprune.models.head_config import HeadConfig
+from headprune.models.head_config import HeadConfig, check_eps
 
 #: The fields a GPT-2 config.json determines; n_kv_heads (= n_heads), d_head (= d_model / n_heads) and o_bias
 #: (always) follow from them.
@@ -38,9 +38,7 @@ class GPT2Config(HeadConfig):
     scale_attn_by_inverse_layer_idx: bool = False
 
     def __post_init__(self) -> None:
-        eps = self.layer_norm_eps
-        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
-            raise ValueError(f"layer_norm_eps must be a number in (0, 1), got {eps!r}")
+        check_eps(self, "layer_norm_eps")
         for name in ("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")

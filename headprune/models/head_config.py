@@ -62,6 +62,13 @@ class HeadConfig:
         return asdict(self)
 
 
+def check_eps(config: object, name: str) -> None:
+    """``config.name`` is a norm's ε: a number in (0, 1) (a negative ε makes the norm's root NaN)."""
+    eps = getattr(config, name)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+        raise ValueError(f"{name} must be a number in (0, 1), got {eps!r}")
+
+
 def check_sizes(config: object, names: tuple[str, ...]) -> None:
     """Each of ``names`` on ``config`` is a positive integer (a damaged config.json fails here, not as a
     ZeroDivisionError or a 100 GB allocation)."""

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, head_rows, widened
-from headprune.models.head_config import HeadConfig
+from headprune.models.head_config import HeadConfig, check_eps
 from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
@@ -49,6 +49,7 @@ class DecoderConfig(HeadConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_eps(self, "rms_norm_eps")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
         if not self.sliding_windows:

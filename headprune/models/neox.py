@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, head_rows, widened
-from headprune.models.head_config import HeadConfig
+from headprune.models.head_config import HeadConfig, check_eps
 from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
@@ -47,6 +47,7 @@ class NeoXConfig(HeadConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_eps(self, "layer_norm_eps")
         if self.n_kv_heads != self.n_heads or self.d_head * self.n_heads != self.d_model:
             raise ValueError("GPT-NeoX has n_kv_heads = n_heads and d_head = d_model / n_heads")
         if self.hidden_act not in ACTIVATIONS:

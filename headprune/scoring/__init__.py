@@ -34,7 +34,7 @@ from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
-from headprune.schema import LEARNED, METHOD_FAMILIES, check_methods, parse_methods
+from headprune.schema import LEARNED, METHOD_FAMILIES, METHOD_SPECS, check_methods, parse_methods
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head
@@ -110,14 +110,22 @@ def score_heads(
 
     ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
     """
+    if not isinstance(methods, (str, list, tuple)):
+        raise HeadpruneError(f"methods must be a spec like \"wo_fro,grad\" or a list of names, got {methods!r}",
+                             "methods")
     methods = parse_methods(methods) if isinstance(methods, str) else check_methods(methods)
     model.require_heads(f"scoring ({', '.join(methods)})")
     if ids is not None:
         check_ids(ids, model.cfg.vocab_size, "score_heads")
+    if options.bootstrap == 1 or options.bootstrap < 0:
+        raise HeadpruneError(f"bootstrap {options.bootstrap}: give 0 (no intervals) or at least 2 replicates",
+                             "bootstrap")
     windowing = windowing or Windowing.resolve(model.cfg.n_positions)
     families = [f for f in FAMILY_SCORERS.values() if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
-    assert ids is not None or not needs_data, "data-based methods need token ids"
+    if ids is None and needs_data:
+        reading = ", ".join(m for m in methods if METHOD_SPECS[m].data_dependent)
+        raise HeadpruneError(f"the methods {reading} read data: pass token ids (headprune.tokens(...))", "ids")
     batches = windowing.batches(ids) if ids is not None and needs_data else []
     rows = options.ablation_rows or (64 if model.device.type == "cuda" else 8)
     if options.resample_draws < 1:

@@ -8,14 +8,15 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.export_folder import EXPORT_MARKER, export_hf, export_native
+from headprune.io.export import export_hf, export_native
+from headprune.io.export_folder import EXPORT_MARKER
 from headprune.io.loading import load_model
-from headprune.models.nll import count_params
 from headprune.models.head_config import Origin
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.models.ledger import pruning_stats
+from headprune.models.nll import count_params
 from headprune.pruning.prune import prune_model, removed_heads
 
 from helpers import random_tokens

@@ -150,7 +150,7 @@ def test_from_hf_refuses_what_it_cannot_convert():
         from_hf(GPT2Model(GPT2Config(**TINY)))
     with pytest.raises(HeadpruneError, match="got str"):
         from_hf("gpt2")
-    with pytest.raises(HeadpruneError, match="activation_function is 'relu'"):
+    with pytest.raises(HeadpruneError, match="activation_function 'relu'"):
         from_hf(GPT2LMHeadModel(GPT2Config(**TINY, activation_function="relu")))
 
 
@@ -186,9 +186,19 @@ def test_to_hf_of_a_pruned_model_is_the_hf_export(ids, x, tmp_path):
         torch.testing.assert_close(ours[key], exported[key], rtol=0, atol=0, msg=key)
 
 
-def test_to_hf_refuses_another_family():
-    with pytest.raises(HeadpruneError, match="to_hf converts headprune's GPT2"):
-        to_hf(from_hf(LlamaForCausalLM(LlamaConfig(**FAMILY_SIZES)).eval()))
+def test_to_hf_of_another_family_needs_its_folder_then_gives_transformers_logits(tmp_path):
+    """to_hf is export_hf loaded back: a Llama converted in memory has no config.json to export with (refused);
+    loaded from its folder, a uniform GQA prune comes back at smaller shapes, computing what headprune computes."""
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**FAMILY_SIZES, num_key_value_heads=2)).eval()
+    with pytest.raises(HeadpruneError, match="needs the config.json it was loaded from"):
+        to_hf(from_hf(hf))
+    hf.save_pretrained(tmp_path)
+    pruned = prune_model(load_model(tmp_path), [(0, 0), (0, 1), (1, 2), (1, 3)])  # one KV group per layer
+    back = to_hf(pruned)
+    assert back.config.num_attention_heads == 2 and back.config.num_key_value_heads == 1
+    x = torch.randint(0, FAMILY_SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(back, x), _logits(pruned, x), rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------- from_hf: the other families
