@@ -4,7 +4,8 @@ A GGUF holds the weights (any of gguf's quantization types: F32/F16/BF16, Q4_0/Q
 hyper-parameters as ``{arch}.*`` metadata and the tokenizer as ``tokenizer.ggml.*`` metadata. :func:`gguf_folder`
 turns it into ``config.json`` + ``model.safetensors`` (float32, the dequantized values) + the tokenizer files, which
 every headprune command and stock transformers then load as any local model folder. The dequantized model *is* the
-model: its logits equal transformers' ``from_pretrained(folder, gguf_file=...)`` (tests/oracles/test_gguf.py).
+model: its logits equal transformers' ``from_pretrained(folder, gguf_file=...)``
+(tests/oracles/test_real_models.py).
 
 What llama.cpp's converter changed and is undone here:
 
@@ -160,17 +161,29 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantized(tensor: Any) -> np.ndarray:
-    """One GGUF tensor as float32, in transformers' (out, in) layout."""
-    from gguf import dequantize
+#: Rows of a quantized tensor dequantized at once: gguf's dequantization makes float32 temporaries several times
+#: its output, so a 262,144-row embedding is converted in slices into one preallocated array.
+DEQUANT_ROWS = 8192
 
+
+def _dequantized(tensor: Any) -> np.ndarray:
+    """One GGUF tensor as float32, in transformers' (out, in) layout (a new, writable array)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    data = tensor.data
+    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return np.array(data, dtype=np.float32).reshape(shape)  # a copy: the file's memory map is read-only
+    out = np.empty((data.shape[0] if data.ndim > 1 else 1, shape[-1]), dtype=np.float32)
+    rows = data if data.ndim > 1 else data.reshape(1, -1)
     try:
-        values = dequantize(tensor.data, tensor.tensor_type)
+        for start in range(0, len(rows), DEQUANT_ROWS):
+            part = rows[start:start + DEQUANT_ROWS]
+            out[start:start + len(part)] = dequantize(part, tensor.tensor_type).reshape(len(part), -1)
     except NotImplementedError:
         raise HeadpruneError(f"the GGUF tensor {tensor.name} has quantization type {tensor.tensor_type.name}, which "
                              "the gguf package cannot dequantize") from None
-    shape = tuple(int(n) for n in reversed(tensor.shape))
-    return np.array(values, dtype=np.float32).reshape(shape)  # a copy: F32 tensors are read-only memory maps
+    return out.reshape(shape)
 
 
 def _open(path: Path) -> Any:

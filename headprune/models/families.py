@@ -228,14 +228,14 @@ REGISTRY: dict[str, Family] = {
     "gpt2": Family(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
                    (".attn.bias", ".attn.masked_bias"), blocks="h", embedding="wte", bpe_fallback=True,
                    o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf),
-    # transformers 5's LlamaConfig requires hidden_size to be a multiple of num_attention_heads even when head_dim
-    # is given (2048 / 24 is refused); Mistral's, Qwen2's and Qwen3's do not
+    # transformers 5's LlamaConfig and Gemma3TextConfig require hidden_size to be a multiple of num_attention_heads
+    # even when head_dim is given (2048 / 24, 640 / 3 are refused); Mistral's, Qwen2's and Qwen3's do not
     "llama": _decoder("LlamaForCausalLM", o_bias_switch="attention_bias", heads_divide_width=True),
     "mistral": _decoder("MistralForCausalLM"),
     "qwen2": _decoder("Qwen2ForCausalLM"),
     "qwen3": _decoder("Qwen3ForCausalLM", o_bias_switch="attention_bias"),
     "gemma3_text": Family(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
-                          o_bias_switch="attention_bias"),
+                          o_bias_switch="attention_bias", heads_divide_width=True),
     "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"), embedding="embed_in",
                        o_bias_switch="attention_bias", o_bias_default=True, compact_export=False),

@@ -36,6 +36,13 @@ _Z_METHODS: dict[str, Callable[..., Patching]] = {"atp": atp_z, "atp_star": atp_
 _QK_METHODS: dict[str, Callable[..., Patching]] = {"atp": atp_qk, "atp_star": atp_star_qk, "atp_qkfix": atp_qkfix}
 
 
+#: Fewest subsets of the bound: with each head in a subset with probability ½, a head lands in (or out of)
+#: fewer than 2 of 32 subsets with probability 33/2³² (the bound needs 2 each way).
+MIN_BOUND_SUBSETS = 32
+#: A clean-corrupt metric difference at most this, in every pair, is no gap.
+GAP_TOLERANCE = 1e-6
+
+
 @dataclass(frozen=True)
 class StudyOptions:
     """What a study computes. ``verify``: heads each approximation's ranking verifies before the bound
@@ -63,8 +70,9 @@ class StudyOptions:
             raise HeadpruneError("the atp_qkfix approximation needs q or k among the patched activations")
         if not self.activations and not self.approximations:
             raise HeadpruneError("nothing to compute: give activations to patch or approximations")
-        if self.bound_subsets < 0:
-            raise HeadpruneError(f"bound subsets {self.bound_subsets} must be 0 (no bound) or more")
+        if self.bound_subsets < 0 or 0 < self.bound_subsets < MIN_BOUND_SUBSETS:
+            raise HeadpruneError(f"bound subsets {self.bound_subsets} must be 0 (no bound) or at least "
+                                 f"{MIN_BOUND_SUBSETS} (each head in and out of at least 2 subsets)")
         return self
 
 
@@ -118,7 +126,15 @@ def patch_study(model: HeadModel, pairs: PromptPairs, options: StudyOptions,
     if options.by_position and not pairs.same_length:
         raise HeadpruneError("patching by position needs pairs of one length (positions must mean the same in "
                              "every pair)")
+    H = len(model.head_ids)
+    if options.verify is not None and options.bound_subsets and H >= 3 and not 0 < options.verify < H - 1:
+        raise HeadpruneError(f"verifying {options.verify} of {H} heads leaves too few to bound (need 1 to {H - 2})",
+                             "verify")
     runs = run_pairs(model, pairs, options.metric, options.direction)
+    if float((runs.m_clean - runs.m_corrupt).abs().max()) <= GAP_TOLERANCE:
+        raise HeadpruneError(f"the clean and corrupt prompts give the same {options.metric} (gap 0 in every pair): "
+                             "nothing to restore; check the pairs (answer and wrong token the same, or clean = "
+                             "corrupt)")
     patching = PatchOptions(metric=options.metric, direction=options.direction, by_position=options.by_position,
                             rows=options.rows)
     exact = {a: patch(model, pairs, a, options=patching, progress=progress, runs=runs) for a in options.activations}

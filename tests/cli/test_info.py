@@ -131,8 +131,7 @@ def _int_weights(folder):
         (_int_weights, "not floating point"),
         (_corrupt_truncated, "corrupt or truncated"),
         (_corrupt_header, "corrupt or truncated"),
-        (_non_gpt2, "'bert' model; headprune supports model_type 'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text', "
-                    "'gpt_neox'"),
+        (_non_gpt2, "'bert' model; headprune supports model_type 'gpt2', 'llama', 'mistral'"),
         (_nan_weights, "NaN or inf"),
         (_no_weights, "no model.safetensors"),
         (_bad_json, "not valid JSON"),

@@ -105,6 +105,44 @@ def test_uniform_prune_loads_in_stock_transformers_at_smaller_shapes(real, tmp_p
         assert (folder / "NOTICE.md").is_file() and (folder / "GEMMA_TERMS.html").is_file()
 
 
+def test_uniform_prune_picks_only_head_counts_transformers_accepts(real, tmp_path):
+    """Gemma 3's config (as Llama's) refuses hidden_size % num_attention_heads != 0 (640 / 3): a uniform prune of
+    a quarter of Gemma's heads keeps 2 per layer, not 3, and its export loads in stock transformers."""
+    import pandas as pd
+
+    from headprune.pruning.uniform import uniform_heads
+
+    _, ours, _, _ = real
+    scores = pd.DataFrame([{"layer": l, "head": h, "wo_fro": v} for (l, h), v in
+                           zip(ours.head_ids, weight_scores(ours)["wo_fro"])])
+    heads = uniform_heads(ours, scores, "wo_fro", fraction=0.25)
+    pruned = prune_heads(ours, heads)
+    kept = pruned.h[0].attn.n_heads
+    assert ours.cfg.d_model % kept == 0 and {blk.attn.n_heads for blk in pruned.h} == {kept}
+    folder = export_hf(pruned, tmp_path / "pruned", dtype="fp32")
+    assert AutoModelForCausalLM.from_pretrained(folder).config.num_attention_heads == kept
+
+
+def test_chunked_dequantization_equals_gguf_whole_tensors(monkeypatch):
+    """Every quantization type in the two files, dequantized in slices of rows, equals gguf's whole-tensor result."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+
+    from headprune.io import gguf as converter
+
+    monkeypatch.setattr(converter, "DEQUANT_ROWS", 100)  # several slices even for small tensors
+    seen = set()
+    for name in NAMES:
+        for tensor in GGUFReader(fetch(name)).tensors:
+            if tensor.tensor_type in seen:
+                continue
+            seen.add(tensor.tensor_type)
+            want = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            got = converter._dequantized(tensor)
+            assert np.array_equal(got, want.reshape(got.shape)) and got.flags.writeable, tensor.tensor_type.name
+    assert len(seen) >= 5  # F32, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
+
+
 def test_logit_attribution_splits_the_correct_logit_exactly(real):
     """Every component's term (Gemma: through its post-attention norms, frozen) sums to the mean correct logit."""
     _, ours, _, ids = real
