@@ -218,13 +218,16 @@ def _state(reader: Any, arch: Architecture, hf: dict) -> dict[str, torch.Tensor]
     return state
 
 
-def _tokenizer(path: Path, out: Path, meta: Metadata) -> None:
-    """The GGUF's own tokenizer (from its ``tokenizer.ggml.*`` metadata, by transformers' converter), saved."""
-    from transformers import AutoTokenizer
-
+def _check_tokenizer(path: Path, meta: Metadata) -> None:
     if meta.get("tokenizer.ggml.model") is None or "tokenizer.ggml.tokens" not in meta.fields:
         raise HeadpruneError(f"{path} has no tokenizer metadata (tokenizer.ggml.*); headprune needs the model's own "
                              "tokenizer")
+
+
+def _tokenizer(path: Path, out: Path) -> None:
+    """The GGUF's own tokenizer (from its ``tokenizer.ggml.*`` metadata, by transformers' converter), saved."""
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as err:  # noqa: BLE001 - transformers' converters raise many kinds
@@ -247,9 +250,10 @@ def convert(path: Path, out: Path) -> Path:
         raise HeadpruneError(f"{path} has no token_embd.weight tensor; the file is incomplete")
     hf = hf_config(meta, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
+    _check_tokenizer(path, meta)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _tokenizer(path, tmp, meta)
+        _tokenizer(path, tmp)
         state = _state(reader, ARCHITECTURES[meta.arch], hf)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state
