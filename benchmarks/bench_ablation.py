@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.common import gpt2_small_checkpoint
 from headprune.io.loading import load_model
-from headprune.models.llama import DecoderConfig
+from headprune.models.llama import LlamaLikeConfig
 from headprune.perplexity import Windowing, evaluate, window_batches
 from headprune.scoring import score_heads
 
@@ -103,7 +103,7 @@ def bound(model, seq_len) -> float:
     d, L, V, T = cfg.d_model, cfg.n_layers, cfg.vocab_size, seq_len
     h, dk = cfg.n_heads, cfg.d_head
     h_kv = getattr(cfg, "n_kv_heads", h)
-    mlp = (3 if isinstance(cfg, DecoderConfig) else 2) * d * cfg.d_mlp  # SwiGLU: three matrices; GPT-2, NeoX: two
+    mlp = (3 if isinstance(cfg, LlamaLikeConfig) else 2) * d * cfg.d_mlp  # SwiGLU: three matrices; GPT-2, NeoX: two
     layer = 2 * (2 * d * h * dk + 2 * d * h_kv * dk + mlp) + 4 * h * dk * T  # attention + MLP FLOPs per token
     head = 2 * d * V
     forward = L * layer + head

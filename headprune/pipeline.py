@@ -11,8 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
+from torch import Tensor
 
 from headprune import __version__
 from headprune.bootstrap import DEFAULT_REPLICATES
@@ -24,6 +27,7 @@ from headprune.io.fingerprint import model_fingerprint
 from headprune.io.loading import load_model
 from headprune.io.progress import Progress
 from headprune.io.tokenizer import model_tokenizer
+from headprune.models.base import HeadModel
 from headprune.models.ledger import format_info
 from headprune.perplexity import Windowing, scored_bytes
 from headprune.pruning.curves import pruning_curves
@@ -44,7 +48,7 @@ from headprune.schema import (
     WEIGHT_METHODS,
     parse_methods,
 )
-from headprune.scoring import ScoringOptions, head_means, joint_constants, score_heads
+from headprune.scoring import HeadScores, ScoringOptions, head_means, joint_constants, score_heads
 
 
 @dataclass
@@ -71,9 +75,9 @@ class RunSettings:
     gate_steps: int = 200  # training steps per fraction
     patch_task: str = "brackets"  # the built-in task of the patching section ("none": no patching)
     patch_pairs: int = 32
-    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the costly abl_opt; abl_opt with
-    #                                      `optimal`); those that rank heads also get curves. Parsed once, here:
-    #                                      afterwards the method names in canonical order
+    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the opt-in abl_zero_folded, abl_opt,
+    #                                      abl_resample; abl_opt with `optimal`); those that rank heads also get
+    #                                      curves. Parsed once, here: afterwards the method names in canonical order
 
     def __post_init__(self) -> None:
         from headprune.patching.tasks import TASKS
@@ -123,6 +127,119 @@ def _serving(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, window
     return table, {"method": method, "workload": asdict(work)}
 
 
+@dataclass
+class RunInputs:
+    """What every stage of a run reads: the model, its windows and tokenizer, the two token streams, and how long
+    loading and tokenizing took."""
+
+    model: HeadModel
+    windowing: Windowing
+    tokenizer: Any
+    eval_ids: Tensor  # test split of ``data``: the curves judge heads here
+    score_ids: Tensor  # validation split of ``score_data``: heads are scored here
+    seconds_load: float
+    seconds_tokenize: float
+
+    def fingerprint(self, s: RunSettings, methods: list[str]) -> dict:
+        """What the run's progress file is valid for: settings, model, both token streams, windows, device."""
+        return _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(self.model),
+                             "eval_tokens": token_digest(self.eval_ids), "score_tokens": token_digest(self.score_ids),
+                             "seq_len": self.windowing.seq_len, "stride": self.windowing.stride,
+                             "device_type": self.model.device.type, "version": __version__}
+
+
+def load_inputs(s: RunSettings) -> RunInputs:
+    """The model of ``s`` on its device and dtype, its windows, and the tokens of both splits."""
+    t_start = time.perf_counter()
+    model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
+    t_load = time.perf_counter() - t_start
+    windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
+    tokenizer = model_tokenizer(model)
+    eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
+    score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
+    return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
+                     time.perf_counter() - t_start - t_load)
+
+
+def rankings_of(s: RunSettings, ranked: list[str]) -> list[str]:
+    """Every ranking the curves measure: each ranking score, weight and activation scores also normalized per layer
+    (Michel et al.), the learned gates where asked, and random."""
+    return [*ranked, *(m + LAYER_NORMALIZED for m in ranked if m in WEIGHT_METHODS + ACTIVATION_METHODS),
+            *([GATE] if s.learn_gates else []), RANDOM]
+
+
+def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
+                head_sets: dict | None, progress: Progress, quiet: bool) -> tuple[pd.DataFrame, str, dict, float]:
+    """(curves, best ranking, baseline, seconds of the compensated curves): every ranking uncompensated, then the
+    best one with mean (and, with ``s.optimal``, optimal) compensation, fills fitted on the scoring split."""
+    model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
+    fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
+    # the means come with the activation scores; without those (a --methods subset) they are measured here
+    means = scored.means if scored.means is not None else head_means(model, score_ids, windowing, progress, not quiet)
+    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
+    options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
+                           selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
+    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
+
+    def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
+        return pruning_curves(model, inputs.eval_ids, scored.table, variants, options, compensation, progress,
+                              show_progress=not quiet)
+
+    curves = curves_of([(m, "none") for m in rankings])
+    best = best_method(curves)
+    t0 = time.perf_counter()
+    compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
+    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(inputs.tokenizer, inputs.eval_ids, windowing)}
+    return pd.concat([curves, compensated], ignore_index=True), best, baseline, time.perf_counter() - t0
+
+
+STAGE_ORDER = ("scoring", "curves", "compensated_curves", "patching", "gates")  # as settings list their seconds
+
+
+def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerprint: dict, best: str,
+                 seconds: dict[str, float], scored: HeadScores) -> dict:
+    """The settings the report lists: the run's options, its data, the commands that reproduce its headline, and
+    each stage's seconds."""
+    point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
+    score_data = f"{s.score_data} (validation split), {len(inputs.score_ids):,} tokens"
+    return {**_fields(s), "methods": methods,
+            "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
+            "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": inputs.windowing.seq_len,
+            "stride": inputs.windowing.stride, "score_data": score_data,
+            "eval_data": f"{s.data} (test split), {len(inputs.eval_ids):,} tokens", "device": str(inputs.model.device),
+            "compensation_fills": score_data,
+            "seconds_load": round(inputs.seconds_load, 1), "seconds_tokenize": round(inputs.seconds_tokenize, 1),
+            **{f"seconds_{k}": round(seconds[k], 1) for k in STAGE_ORDER if k in seconds},
+            "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
+
+
+def report_stage(s: RunSettings, inputs: RunInputs, scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict,
+                 settings: dict, patching, out: Path, log) -> Path:
+    """The head anatomy, the serving table (families with compact exports), then the report into ``out``."""
+    from headprune.anatomy.for_report import anatomy_report
+    from headprune.models.families import layout_text, model_type
+    from headprune.schema import SCORES_DIGEST, scores_digest
+
+    model, windowing = inputs.model, inputs.windowing
+    t0 = time.perf_counter()
+    anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, s.seed)
+    settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
+    settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
+    t0 = time.perf_counter()
+    served = _serving(model, curves, scores, inputs.eval_ids, windowing)
+    if served is not None:
+        settings |= {"serving": served[1], "seconds_serving": round(time.perf_counter() - t0, 1)}
+    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
+    t0 = time.perf_counter()
+    extra = ReportSections(anatomy=anatomy, patching=patching, serving=served[0] if served is not None else None)
+    report = build_report(scores, curves, out, settings=settings, baseline=baseline, extra=extra)
+    stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
+              if k.startswith("seconds_") and k != "seconds_per_method"}
+    log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
+        + f", report {time.perf_counter() - t0:.1f}")
+    return report
+
+
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
     """Run the whole analysis into ``s.out``; return the summary (paths, baseline, best method, table).
 
@@ -136,113 +253,47 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         raise HeadpruneError(f"methods {', '.join(methods)} rank no heads (a description only); add one of "
                              f"{', '.join(IMPORTANCE_METHODS)}", "methods")
     t_start = time.perf_counter()
-    model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
-    t_load = time.perf_counter() - t_start
-    windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
-    seq_len, stride = windowing.seq_len, windowing.stride
-    tokenizer = model_tokenizer(model)
-    eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
-    score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    t_tokens = time.perf_counter() - t_start - t_load
-    fingerprint = _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(model),
-                               "eval_tokens": token_digest(eval_ids),
-                               "score_tokens": token_digest(score_ids), "seq_len": seq_len, "stride": stride,
-                               "device_type": model.device.type, "version": __version__}
+    inputs = load_inputs(s)
+    model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
+    fingerprint = inputs.fingerprint(s, methods)
     out = ensure_dir(s.out)
     log = log if is_main() else (lambda *a: None)
     mine, others = progress_files(out / ".progress.jsonl")
     progress = Progress(mine, fingerprint, overwrite=overwrite, others=others)
-
-    info = format_info(model, 1, seq_len)
-    write_text(out / "ledger.txt", info + "\n")
+    write_text(out / "ledger.txt", format_info(model, 1, windowing.seq_len) + "\n")
     log(f"[1/4] ledger -> {out / 'ledger.txt'}")
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
+    seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
     scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=progress,
                          show_progress=not quiet)
-    scores = scored.table
-    t_score = time.perf_counter() - t0
-
-    head_sets, t_gates = None, 0.0
+    seconds["scoring"] = time.perf_counter() - t0
+    head_sets = None
     if s.learn_gates:
         log(f"[2/4] learning gates on {s.score_data} (validation split): {s.gate_steps} steps for each fraction")
         t0 = time.perf_counter()
         head_sets = gate_head_sets(model, windowing.batches(score_ids), list(s.fractions), s.gate_steps, seed=s.seed,
                                    progress=progress, show_progress=not quiet)
-        t_gates = time.perf_counter() - t0
+        seconds["gates"] = time.perf_counter() - t0
 
-    # every ranking score, weight and activation scores also normalized per layer (Michel et al.), and random
-    rankings = [*ranked, *(m + LAYER_NORMALIZED for m in ranked if m in WEIGHT_METHODS + ACTIVATION_METHODS),
-                *([GATE] if s.learn_gates else []), RANDOM]
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(eval_ids):,} tokens: {len(rankings) - 1} rankings "
-        f"+ random ({s.seeds} seeds)")
+    rankings = rankings_of(s, ranked)
+    log(f"[3/4] pruning curves on {s.data} (test split), {len(inputs.eval_ids):,} tokens: {len(rankings) - 1} "
+        f"rankings + random ({s.seeds} seeds)")
     t0 = time.perf_counter()
-    fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
-
-    # the means come with the activation scores; without those (a --methods subset) they are measured here
-    means = scored.means if scored.means is not None else head_means(model, score_ids, windowing, progress, not quiet)
-    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
-    options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
-                           selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
-    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
-
-    def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
-        return pruning_curves(model, eval_ids, scores, variants, options, compensation, progress,
-                              show_progress=not quiet)
-
-    curves = curves_of([(m, "none") for m in rankings])
-    best = best_method(curves)
-    t_opt = time.perf_counter()
-    compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
-    t_opt = time.perf_counter() - t_opt
-    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(tokenizer, eval_ids, windowing)}
-    curves = pd.concat([curves, compensated], ignore_index=True)
-    t_curves = time.perf_counter() - t0
-
+    curves, best, baseline, seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
+                                                                        progress, quiet)
+    seconds["curves"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     patching = _patching(model, s, progress)  # every process: its exact sweeps are units like the scores'
-    t_patch = time.perf_counter() - t0
-
-    point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
-    settings = {**_fields(s), "methods": methods,
-                "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
-                "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": seq_len,
-                "stride": stride, "score_data": f"{s.score_data} (validation split), {len(score_ids):,} tokens",
-                "eval_data": f"{s.data} (test split), {len(eval_ids):,} tokens", "device": str(model.device),
-                "compensation_fills": fill_data,
-                "seconds_load": round(t_load, 1), "seconds_tokenize": round(t_tokens, 1),
-                "seconds_scoring": round(t_score, 1), "seconds_curves": round(t_curves, 1),
-                "seconds_compensated_curves": round(t_opt, 1),
-                **({"seconds_patching": round(t_patch, 1)} if patching is not None else {}),
-                **({"seconds_gates": round(t_gates, 1)} if s.learn_gates else {}),
-                "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
+    if patching is not None:
+        seconds["patching"] = time.perf_counter() - t0
+    settings = run_settings(s, methods, inputs, fingerprint, best, seconds, scored)
     if not is_main():
         return None
     log("[4/4] report (with the head anatomy)")
-    from headprune.anatomy.for_report import anatomy_report
-
-    t0 = time.perf_counter()
-    anatomy = anatomy_report(model, score_ids, windowing, scores, tokenizer.decode, s.seed)
-    settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
-    from headprune.models.families import layout_text, model_type
-
-    settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
-    t0 = time.perf_counter()
-    served = _serving(model, curves, scores, eval_ids, windowing)
-    if served is not None:
-        settings |= {"serving": served[1], "seconds_serving": round(time.perf_counter() - t0, 1)}
-    from headprune.schema import SCORES_DIGEST, scores_digest
-
-    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
-    t0 = time.perf_counter()
-    extra = ReportSections(anatomy=anatomy, patching=patching, serving=served[0] if served is not None else None)
-    report = build_report(scores, curves, out, settings=settings, baseline=baseline, extra=extra)
-    stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
-              if k.startswith("seconds_") and k != "seconds_per_method"}
-    log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
-        + f", report {time.perf_counter() - t0:.1f}")
+    report = report_stage(s, inputs, scored.table, curves, baseline, settings, patching, out, log)
     progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
     return {"report": report, "out": out, "best": best, "baseline": baseline,
             "table": summary_table(curves, bpb_factor(baseline)),

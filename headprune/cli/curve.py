@@ -60,13 +60,9 @@ def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
     from headprune.io.files import read_scores
-    from headprune.pruning.curves import pruning_curves
-    from headprune.pruning.gates import GATE, gate_head_sets
-    from headprune.pruning.options import Compensation, CurveOptions, RecoveryData
-    from headprune.pruning.recovered_curves import recovered_curves
+    from headprune.pruning.gates import GATE
     from headprune.pruning.selection import check_scores_match
-    from headprune.schema import IMPORTANCE_METHODS, RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
-    from headprune.scoring import head_means, joint_constants
+    from headprune.schema import RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
 
     check_gate_args(args, "--gate-steps", "--gate-lr")
     out = table_output(args)
@@ -74,13 +70,7 @@ def run(args: argparse.Namespace) -> None:
     model = load_from_args(args)
     scores = read_scores(args.scores)
     check_scores_match(scores, model, args.scores)
-    available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
-    methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in (RANDOM, GATE) and split_layer_ranking(m, args, "--methods") not in available:
-            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
-                                 f"{', '.join([*available, GATE, RANDOM])}")
-    methods = [m for m in methods if m != RANDOM]
+    methods = curve_methods(args, scores)
     learned = GATE in methods
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
@@ -103,6 +93,41 @@ def run(args: argparse.Namespace) -> None:
                               gate_steps=args.gate_steps if learned else None,
                               gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
+    curves, fill_data = _measure(args, model, scores, variants, fractions, ids, score_ids, train_ids, w, progress)
+    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
+    if not finish_sweep(progress, curves, out):
+        return
+    print(curves.drop(columns=["fill_data", SCORES_DIGEST]).to_string(index=False, float_format="%.4f"))
+    if fill_data:
+        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
+    print(f"-> {out}")
+
+
+def curve_methods(args: argparse.Namespace, scores) -> list[str]:
+    """The rankings ``--methods`` names (all importance columns of the scores for ``all``), checked; random is
+    always measured, so it is left out here."""
+    from headprune.pruning.gates import GATE
+    from headprune.schema import IMPORTANCE_METHODS, RANDOM
+
+    available = [m for m in IMPORTANCE_METHODS if m in scores.columns]
+    methods = available if args.methods == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in (RANDOM, GATE) and split_layer_ranking(m, args, "--methods") not in available:
+            raise HeadpruneError(f"method {m!r} is not an importance column of {args.scores}; use "
+                                 f"{', '.join([*available, GATE, RANDOM])}")
+    return [m for m in methods if m != RANDOM]
+
+
+def _measure(args: argparse.Namespace, model, scores, variants, fractions, ids, score_ids, train_ids, w, progress):
+    """(curves, where the fills were fitted): compensation fills and learned gate sets fitted on the score data
+    (resumable), every variant's curve, and with ``--recover`` each point's fine-tuned curve."""
+    from headprune.pruning.curves import pruning_curves
+    from headprune.pruning.gates import GATE, gate_head_sets
+    from headprune.pruning.options import Compensation, CurveOptions, RecoveryData
+    from headprune.pruning.recovered_curves import recovered_curves
+    from headprune.scoring import head_means, joint_constants
+
+    compensate, learned = args.compensate != "none", any(m == GATE for m, _ in variants)
     means = optimal = None
     if score_ids is not None and compensate:
         means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable; optimal fits start here
@@ -127,13 +152,7 @@ def run(args: argparse.Namespace) -> None:
         recovered = recovered_curves(model, data, scores, variants=variants, options=options,
                                      compensation=compensation, progress=progress, show_progress=not args.quiet)
         curves = pd.concat([curves.assign(recover_steps=0), recovered], ignore_index=True)
-    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
-    if not finish_sweep(progress, curves, out):
-        return
-    print(curves.drop(columns=["fill_data", SCORES_DIGEST]).to_string(index=False, float_format="%.4f"))
-    if fill_data:
-        print(f"{args.compensate} compensation: fills fitted on {fill_data}")
-    print(f"-> {out}")
+    return curves, fill_data
 
 
 def curve_train_ids(args: argparse.Namespace, model, eval_ids):

@@ -9,7 +9,7 @@ from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MAX_TOKENS, DEFAULT_MODE
 
 # ``headprune --help``: what the tool is for, in a user's words, then (after the commands) three examples.
 DESCRIPTION = """\
-Which attention heads of a GPT-2 model matter, and what does removing the others cost?
+Which attention heads of a transformer matter, and what does removing the others cost?
 
 headprune scores every head (weight norms, activations, gradients, ablation), measures perplexity as more
 and more heads are removed, compared with removing heads at random, writes a report (report.html and

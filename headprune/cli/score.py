@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_bootstrap_arg, add_data_args, add_model_args, add_run_flags, add_seed_arg
-from headprune.schema import METHODS
+from headprune.schema import METHODS, OPT_IN
 
 HELP = 'score heads: weight norms, activations, gradients, ablation'
 
@@ -15,7 +16,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "validation")
     p.add_argument("--methods", default="all",
-                   help="all (every method but the slow abl_opt: all,abl_opt adds it), or a "
+                   help=f"all (every method but the opt-in {', '.join(OPT_IN)}: all,abl_opt adds one), or a "
                         f"comma-separated list of: {', '.join(METHODS)}")
     add_run_flags(p, "output table, .csv or .parquet")
     p.add_argument("--ablation-rows", type=int, default=None,
@@ -51,15 +52,11 @@ def run(args: argparse.Namespace) -> None:
     options = ScoringOptions(ablation_rows=args.ablation_rows, bootstrap=args.bootstrap, seed=args.seed)
     scored = score_heads(model, ids, methods, windowing=w, options=options, progress=progress,
                          show_progress=not args.quiet)
-    table, extra = scored.table, {}
+    table, extra = scored.table, dict[str, Any]()
     if args.unit == "group":
-        from headprune.scoring.groups import group_ablation, group_table, summed_vs_joint
+        from headprune.scoring.groups import score_groups
 
-        sums = group_ablation(model, ids, w, args.ablation_rows or 8)
-        fit = summed_vs_joint(model, sums, args.bootstrap, args.seed)
-        table = group_table(model, scored.table, fit["joint"])
-        extra = {"groups": fit["groups"], "summed_vs_joint_spearman": fit["spearman"],
-                 "summed_vs_joint_ci": [fit["lo"], fit["hi"]]}
+        table, extra = score_groups(model, ids, scored.table, w, args.ablation_rows or 8, args.bootstrap, args.seed)
     if not finish_sweep(progress, table, out):
         return
     if extra:

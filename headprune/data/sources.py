@@ -67,10 +67,6 @@ class TextFile:
 Source = str | TextFile  # a document: its text, or a file read when needed
 
 
-def _read_txt(path: Path) -> str:
-    return TextFile(path).read()
-
-
 def _read_table(path: Path) -> list[str]:
     import pandas as pd
 

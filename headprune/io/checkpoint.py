@@ -124,12 +124,6 @@ def _read_errors(file: Path):
         raise HeadpruneError(f"cannot read weights {file}: corrupt or truncated, or an unsafe pickle ({msg})") from None
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Every raw tensor of the checkpoint at once (:class:`CheckpointReader` reads them one at a time)."""
-    reader = CheckpointReader(folder)
-    return {name: reader.get(name) for name in reader.specs}
-
-
 def _index_files(index: Path) -> list[Path]:
     """The shard files a ``model.safetensors.index.json`` names, each checked to exist inside the folder."""
     try:

@@ -38,7 +38,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.export_folder import write_checkpoint, write_export
 from headprune.io.export_source import cast_floats, dtype_name, export_dtype, source_token_ids
 from headprune.models.base import HeadModel
-from headprune.models.families import Family, family_of, loadable_head_count, model_type
+from headprune.models.families import ModelFamily, family_of, loadable_head_count, model_type
 from headprune.models.heads import head_id
 from headprune.pruning.prune import removed_heads
 
@@ -71,7 +71,7 @@ def is_uniform(model: HeadModel) -> bool:
     """Every layer the same h' ≥ 1 query heads and h_kv' KV heads, each KV head serving h'/h_kv' consecutive kept
     query heads (``repeat_kv``'s layout)."""
     layouts = {(blk.attn.n_heads, blk.attn.n_kv_heads) for blk in model.h}
-    return len(layouts) == 1 and min(layouts)[0] > 0 and all(blk.attn.one_to_one or blk.attn.repeats
+    return len(layouts) == 1 and min(layouts)[0] > 0 and all(blk.attn.one_to_one or blk.attn.repeat_kv_layout
                                                              for blk in model.h)
 
 
@@ -127,7 +127,7 @@ def _add_o_bias(model: HeadModel, hf: dict, state: dict[str, Tensor]) -> None:
                 state[key.replace(weight, bias)] = t.new_zeros(t.shape[0])
 
 
-def _writer(model: HeadModel, family: Family, hf: dict, state: dict[str, Tensor],
+def _writer(model: HeadModel, family: ModelFamily, hf: dict, state: dict[str, Tensor],
             marker: dict, dtype: torch.dtype) -> Callable[[Path], None]:
     def write(tmp: Path) -> None:
         tensors = {family.hf_key(k): v.cpu() for k, v in cast_floats(state, dtype).items()}

@@ -19,7 +19,7 @@ from torch import Tensor
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.loading import zero_filled
 from headprune.models.base import HeadModel
-from headprune.models.families import REGISTRY, Family
+from headprune.models.families import REGISTRY, ModelFamily
 from headprune.models.head_config import Origin
 from headprune.models.meta import on_meta
 
@@ -57,7 +57,7 @@ def _tied(hf_model: PreTrainedModel) -> bool:
     return out is not None and cast(Tensor, out.weight).data_ptr() == cast(Tensor, emb.weight).data_ptr()
 
 
-def _from_family(hf_model: PreTrainedModel, family: Family, config: dict) -> HeadModel:
+def _from_family(hf_model: PreTrainedModel, family: ModelFamily, config: dict) -> HeadModel:
     try:
         cfg = family.read_config({**config, "tie_word_embeddings": _tied(hf_model)})
     except (KeyError, ValueError, TypeError) as err:

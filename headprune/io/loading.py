@@ -4,7 +4,7 @@ One loader for every family of :data:`~headprune.models.families.REGISTRY`: the 
 reader and checked against every weight's name, shape and dtype (from the file headers); then the tensors stream
 one at a time (safetensors shards, or a memory-mapped ``pytorch_model.bin``) into a model built on the meta device:
 no randomly initialised copy, no second full copy, so GPT-2 XL loads within its own size plus one tensor. Keys are
-renamed by the family record (:meth:`~headprune.models.families.Family.our_key`); the model records where it came
+renamed by the family record (:meth:`~headprune.models.families.ModelFamily.our_key`); the model records where it came
 from in ``model.origin``."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
 from headprune.models.base import HeadModel
-from headprune.models.families import REGISTRY, SUPPORTED, Family
+from headprune.models.families import REGISTRY, SUPPORTED, ModelFamily
 from headprune.models.folding import fold_value_biases_
 from headprune.models.head_config import HeadConfig, Origin
 from headprune.models.meta import on_meta
@@ -97,7 +97,7 @@ def parse_config_json(folder: Path) -> dict:
     return hf
 
 
-def read_model_config(folder: Path) -> tuple[Family, HeadConfig]:
+def read_model_config(folder: Path) -> tuple[ModelFamily, HeadConfig]:
     """(registry entry, config) of a model directory; a model type headprune does not support, or a config that
     cannot build its model, is refused."""
     hf = parse_config_json(folder)
@@ -177,7 +177,7 @@ def load_model(
     return model.eval().requires_grad_(False)
 
 
-def untie_if_distinct(cfg: HeadConfig, family: Family, reader: CheckpointReader) -> HeadConfig:
+def untie_if_distinct(cfg: HeadConfig, family: ModelFamily, reader: CheckpointReader) -> HeadConfig:
     """``cfg`` untied where a tied config's checkpoint stores its own LM head with other values than the
     embedding, as transformers loads it (both present and different: it does not tie them)."""
     head = family.lm_head + ".weight"

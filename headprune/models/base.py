@@ -89,7 +89,7 @@ class HeadAttention(nn.Module):
         self.one_to_one = self.kv_positions == list(range(self.n_heads))  # MHA, or one query head per KV head
         # every KV head serves the same number r of consecutive query heads: repeat_kv's layout (SDPA's enable_gqa)
         r = self.n_heads // max(self.n_kv_heads, 1)
-        self.repeats = r if self.kv_positions == [i // r for i in range(self.n_heads)] else 0
+        self.repeat_kv_layout = r > 0 and self.kv_positions == [i // r for i in range(self.n_heads)]
 
     @property
     def kv_group(self) -> Tensor:
@@ -188,7 +188,7 @@ class HeadAttention(nn.Module):
         if hook is not None:
             q, k, v = hook.qkv(q, k, v)
         explicit = need_weights or (hook is not None and hook.needs_pattern)
-        if explicit or not (self.one_to_one or self.repeats):  # give each query head its own K/V rows
+        if explicit or not (self.one_to_one or self.repeat_kv_layout):  # each query head its own K/V rows
             k, v = k.index_select(1, self.kv_group), v.index_select(1, self.kv_group)
         if explicit:
             probs = causal_probs(q, k, scale, window)  # (B,h,T,T)

@@ -17,7 +17,7 @@ from headprune.models.gemma3 import LAYER_TYPES, Gemma3, Gemma3Config
 from headprune.models.gpt2 import GPT2
 from headprune.models.gpt2_config import GPT2Config
 from headprune.models.head_config import HeadConfig
-from headprune.models.llama import Decoder, DecoderConfig
+from headprune.models.llama import LlamaLike, LlamaLikeConfig
 from headprune.models.neox import NeoX, NeoXConfig
 from headprune.models.rotary import SCALINGS
 
@@ -81,8 +81,8 @@ def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
-def read_decoder_config(hf: dict) -> DecoderConfig:
-    """A Llama / Mistral / Qwen2 / Qwen3 ``config.json`` dict -> :class:`DecoderConfig`."""
+def read_decoder_config(hf: dict) -> LlamaLikeConfig:
+    """A Llama / Mistral / Qwen2 / Qwen3 ``config.json`` dict -> :class:`LlamaLikeConfig`."""
     family = hf["model_type"]
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r}: the {family} MLP is implemented with silu only")
@@ -91,7 +91,7 @@ def read_decoder_config(hf: dict) -> DecoderConfig:
         raise ValueError(f"partial_rotary_factor is not supported for {family}")
     n_heads, n_layers = hf["num_attention_heads"], hf["num_hidden_layers"]
     attention_bias = bool(hf.get("attention_bias", False)) and family in ("llama", "qwen3")
-    return DecoderConfig(
+    return LlamaLikeConfig(
         family=family, vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"],
         d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
@@ -170,7 +170,7 @@ def read_neox_config(hf: dict) -> NeoXConfig:
 
 
 @dataclass(frozen=True)
-class Family:
+class ModelFamily:
     """How one HF ``model_type`` maps onto headprune: its config reader, model class and weight names.
 
     HF keys are ours with ``prefix`` before the embedding, the blocks (``{blocks}.{l}`` for our ``h.{l}``) and the
@@ -220,12 +220,12 @@ class Family:
         return key
 
 
-def _decoder(architecture: str, **facts: Any) -> Family:
-    return Family(read_decoder_config, Decoder, "model.", "self_attn", "lm_head", architecture, **facts)
+def _decoder(architecture: str, **facts: Any) -> ModelFamily:
+    return ModelFamily(read_decoder_config, LlamaLike, "model.", "self_attn", "lm_head", architecture, **facts)
 
 
-REGISTRY: dict[str, Family] = {
-    "gpt2": Family(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
+REGISTRY: dict[str, ModelFamily] = {
+    "gpt2": ModelFamily(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
                    (".attn.bias", ".attn.masked_bias"), blocks="h", embedding="wte", bpe_fallback=True,
                    o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf),
     # transformers 5's LlamaConfig and Gemma3TextConfig require hidden_size to be a multiple of num_attention_heads
@@ -234,9 +234,9 @@ REGISTRY: dict[str, Family] = {
     "mistral": _decoder("MistralForCausalLM"),
     "qwen2": _decoder("Qwen2ForCausalLM"),
     "qwen3": _decoder("Qwen3ForCausalLM", o_bias_switch="attention_bias"),
-    "gemma3_text": Family(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
+    "gemma3_text": ModelFamily(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
                           o_bias_switch="attention_bias", heads_divide_width=True),
-    "gpt_neox": Family(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
+    "gpt_neox": ModelFamily(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"), embedding="embed_in",
                        o_bias_switch="attention_bias", o_bias_default=True, compact_export=False),
 }
@@ -248,7 +248,7 @@ def loadable_head_count(kind: str, d_model: int, n_heads: int) -> bool:
     return not REGISTRY[kind].heads_divide_width or d_model % n_heads == 0
 
 
-def family_of(model: Any) -> Family:
+def family_of(model: Any) -> ModelFamily:
     """The registry entry of a loaded model."""
     return REGISTRY[model_type(model)]
 

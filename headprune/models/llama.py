@@ -35,7 +35,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass
-class DecoderConfig(HeadConfig):
+class LlamaLikeConfig(HeadConfig):
     """Llama / Mistral / Qwen2 / Qwen3 hyper-parameters (see :class:`~.head_config.HeadConfig` for the shared ones)."""
 
     family: str = "llama"
@@ -77,7 +77,7 @@ class Attention(HeadAttention):
 
     PARAM_ROLES: ClassVar[dict[str, str]] = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "o_proj": "W_O"}
 
-    def __init__(self, cfg: DecoderConfig, layer: int):
+    def __init__(self, cfg: LlamaLikeConfig, layer: int):
         super().__init__()
         self.set_groups(cfg, layer)
         self.d_model = cfg.d_model
@@ -195,7 +195,7 @@ class Attention(HeadAttention):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) ⊙ up(x))."""
 
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: LlamaLikeConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
@@ -206,7 +206,7 @@ class MLP(nn.Module):
 
 
 class Block(HeadBlock):
-    def __init__(self, cfg: DecoderConfig, layer: int):
+    def __init__(self, cfg: LlamaLikeConfig, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.attn = Attention(cfg, layer)
@@ -219,12 +219,12 @@ class Block(HeadBlock):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Decoder(HeadModel):
+class LlamaLike(HeadModel):
     """A Llama-family language model: token embedding, pre-norm blocks, final RMSNorm, LM head (tied or not)."""
 
-    cfg: DecoderConfig
+    cfg: LlamaLikeConfig
 
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: LlamaLikeConfig):
         super().__init__(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.h = HeadBlocks(Block(cfg, layer) for layer in range(cfg.n_layers))

@@ -124,3 +124,16 @@ def group_table(model: HeadModel, head_table: pd.DataFrame, joint: np.ndarray) -
         row |= {m: float(np.sum([value_of[(layer, h)][m] for h in heads])) for m in summable}
         rows.append(row | {GROUP_METHOD: float(value)})
     return pd.DataFrame(rows)
+
+
+def score_groups(model: HeadModel, ids: Tensor, head_table: pd.DataFrame, windowing: Windowing, rows: int = 8,
+                 replicates: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """``score --unit group`` from Python: (one row per KV group, the summary) of a head scores table (which must
+    hold ``abl_zero``) on ``ids`` (1-D). The summary: groups, Spearman ρ of summed vs joint ablation and its 95%
+    interval over ``replicates`` window resamples."""
+    require_groups(model)
+    sums = group_ablation(model, ids, windowing, rows)
+    fit = summed_vs_joint(model, sums, replicates, seed)
+    return group_table(model, head_table, fit["joint"]), {"groups": fit["groups"],
+                                                           "summed_vs_joint_spearman": fit["spearman"],
+                                                           "summed_vs_joint_ci": [fit["lo"], fit["hi"]]}

@@ -35,7 +35,7 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
 
 def test_top_help_says_what_it_is_for_lists_commands_and_ends_with_examples(wide):
     text = build_parser().format_help()
-    assert "`" not in text and "Which attention heads of a GPT-2 model matter" in text
+    assert "`" not in text and "Which attention heads of a transformer matter" in text
     lines = text.splitlines()
     for name in COMMANDS:
         help = command_module(name).HELP

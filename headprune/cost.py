@@ -1,0 +1,134 @@
+"""What a command will cost, said before it is spent: FLOPs counted from the model itself, converted to time by one
+timed forward on this machine.
+
+One forward of N tokens in windows of T costs N·F FLOPs, F per token from the model's own shapes (multiply-add = 2):
+
+    F = Σ_l [ 2·d·(h_l + 2·h_kv,l)·d_k + 2·h_l·d_k·d      Q/K/V and W_O (the ledger's attention table)
+            + 4·h_l·d_k·T                                 QKᵀ and A·V over the window
+            + 2·m·d·d_mlp ]                               the MLP: m = 3 matrices (gated: SwiGLU, GeGLU) or 2
+        + 2·d·V                                           the LM head
+
+Each scoring family in forward-equivalents (fe) of the tokens scored: weights ≈ 0, data (activations) 1,
+gradients 2, each ablation method A = 1 + Σ_l h_l·((c_l··c_L) + u) / F: a head of layer l reruns layers l..L−1
+and the LM head from the cached residual stream (u = 2·d·V, c_l the FLOPs of block l); the default ``score``
+runs two ablation sweeps (abl_zero, abl_mean). ``rate`` (FLOP/s) comes from timing one forward of one window
+(:func:`measured_rate`), so the estimate holds for this machine, its threads and this model's kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from headprune.models.base import HeadModel
+from headprune.models.ledger import attention_table
+from headprune.schema import METHOD_SPECS
+
+#: Forward-equivalents of each scoring family, per method family of :data:`~headprune.schema.METHOD_SPECS`
+#: (ablation and resample are per method: see :func:`ablation_fe`).
+FAMILY_FE = {"weights": 0.0, "activations": 1.0, "gradients": 2.0}
+
+#: Estimated CPU time beyond which a command names the option that makes it cheaper.
+WARN_SECONDS = 600.0
+
+
+def block_flops(model: HeadModel, seq_len: int) -> list[float]:
+    """FLOPs per token of each block (attention projections, scores over ``seq_len``, MLP)."""
+    t = attention_table(model, seq_len)
+    d, d_mlp = model.cfg.d_model, model.cfg.d_mlp
+    mlp_mats = 3 if hasattr(model.h[0].mlp, "gate_proj") else 2  # SwiGLU / GeGLU: gate, up, down
+    attn = t.qkv_flops_per_token + t.W_O_flops_per_token + t.score_flops_per_token
+    return [float(a) + 2 * mlp_mats * d * d_mlp for a in attn]
+
+
+def head_flops(model: HeadModel) -> float:
+    """FLOPs per token of the LM head, 2·d·V."""
+    return 2.0 * model.cfg.d_model * model.cfg.vocab_size
+
+
+def forward_flops(model: HeadModel, seq_len: int) -> float:
+    """FLOPs per token of one forward: F = Σ_l c_l + u."""
+    return sum(block_flops(model, seq_len)) + head_flops(model)
+
+
+def ablation_fe(model: HeadModel, seq_len: int) -> float:
+    """Forward-equivalents of one ablation method's sweep: the shared baseline forward, then every head of layer l
+    rerunning layers l..L−1 and the LM head."""
+    blocks, u = block_flops(model, seq_len), head_flops(model)
+    per_head = sum(blk.attn.n_heads * (sum(blocks[layer:]) + u) for layer, blk in enumerate(model.h))
+    return 1.0 + per_head / forward_flops(model, seq_len)
+
+
+def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, float]:
+    """Forward-equivalents per scoring family of ``methods`` (each ablation method its own sweep)."""
+    out: dict[str, float] = {}
+    sweep = ablation_fe(model, seq_len)
+    for method in methods:
+        family = METHOD_SPECS[method].family
+        if family in FAMILY_FE:
+            out[family] = FAMILY_FE[family]
+        else:  # ablation and resample: one sweep per method (abl_opt: ~3·16 sweeps of fitting)
+            out[method] = sweep * (48.0 if method == "abl_opt" else 1.0)
+    return out
+
+
+def measured_rate(model: HeadModel, seq_len: int, repeats: int = 2) -> float:
+    """FLOP/s of this machine on this model: the fastest of ``repeats`` timed forwards of one window (after one
+    untimed warm-up), in the model's dtype and threads."""
+    tokens = torch.zeros(1, seq_len, dtype=torch.long, device=model.device)
+    best = float("inf")
+    with torch.no_grad():
+        model(tokens)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(tokens)
+            best = min(best, time.perf_counter() - start)
+    return forward_flops(model, seq_len) * seq_len / best
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds per scoring family (wall time on this machine) for ``tokens`` tokens."""
+
+    tokens: int
+    seconds: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {duration(v)}" for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])
+                          if v >= 1)
+        return f"estimated time: {duration(self.total)} on {self.tokens:,} tokens" + (f" ({parts})" if parts else "")
+
+
+def estimate_scoring(model: HeadModel, methods: list[str], tokens: int, seq_len: int,
+                     rate: float | None = None) -> Estimate:
+    """Wall seconds of scoring ``methods`` on ``tokens`` tokens in windows of ``seq_len``."""
+    rate = rate or measured_rate(model, seq_len)
+    per_fe = forward_flops(model, seq_len) * tokens / rate
+    return Estimate(tokens, {k: fe * per_fe for k, fe in methods_fe(model, methods, seq_len).items()})
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cheaper_hint(estimate: Estimate, methods: list[str]) -> str | None:
+    """Past :data:`WARN_SECONDS`: the options that make scoring cheaper, with what they cost instead."""
+    if estimate.total <= WARN_SECONDS:
+        return None
+    sweeps = [m for m in methods if METHOD_SPECS[m].family not in FAMILY_FE]
+    cheap = [m for m in methods if m not in sweeps]
+    if sweeps and cheap:
+        rest = sum(v for k, v in estimate.seconds.items() if k in FAMILY_FE)
+        return (f"over {duration(WARN_SECONDS)}: the ablation sweeps ({', '.join(sweeps)}) cost the most; "
+                f"--methods {','.join(cheap)} takes about {duration(rest)}, or lower --max-tokens")
+    return f"over {duration(WARN_SECONDS)}: lower --max-tokens (the time is proportional to it) or name fewer --methods"
