@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
+from headprune.cli.common import data_from_args, data_line, load_from_args, print_estimate, windowing_from_args
 from headprune.cli.options import add_bootstrap_arg, add_data_args, add_model_args, add_run_flags, add_seed_arg
 from headprune.schema import METHODS, OPT_IN
 
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> None:
     ids = data_from_args(args, model)
     if not args.json:
         print(data_line("data", args.data, args.split, ids, w))
+        print_estimate(model, methods, len(ids), w.seq_len)
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
     options = ScoringOptions(ablation_rows=args.ablation_rows, bootstrap=args.bootstrap, seed=args.seed)
     scored = score_heads(model, ids, methods, windowing=w, options=options, progress=progress,
