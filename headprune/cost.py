@@ -79,11 +79,14 @@ def measured_rate(model: HeadModel, seq_len: int, repeats: int = 2) -> float:
     untimed warm-up), in the model's dtype and threads."""
     tokens = torch.zeros(1, seq_len, dtype=torch.long, device=model.device)
     best = float("inf")
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         model(tokens)
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             model(tokens)
+            sync()
             best = min(best, time.perf_counter() - start)
     return forward_flops(model, seq_len) * seq_len / best
 

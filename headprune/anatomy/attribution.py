@@ -104,7 +104,8 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
             written = attn_out.float() * write_scale(attn_out) if write_scale is not None else attn_out.float()
             mlp_out = post.float() - capture.resid_pre[layer].float() - written
             add(f"mlp.{layer}", term(mlp_out))
-        logits = model.unembed(final)[:, :-1].float()  # (b,T-1,V)
+        # the logit the terms split: the final norm and W_U (before any soft-capping, which is not linear)
+        logits = torch.nn.functional.linear(model.final_norm(final), model.W_U)[:, :-1].float()  # (b,T-1,V)
         logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())
     n = tokens.shape[0] * (tokens.shape[1] - 1)
     rows = []

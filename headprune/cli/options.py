@@ -58,9 +58,9 @@ def add_model_args(p: argparse.ArgumentParser, export: bool = False) -> None:
     """``--model``, ``--device``, ``--dtype`` (``export``: :data:`EXPORT_DTYPE_HELP`, default none) and
     ``--fold-value-bias``."""
     p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), "
-                        "a local directory or a "
-                        "Hugging Face hub id such as gpt2")
+                   help=f"the model to study: a zoo name ({DEFAULT_MODEL} ships with headprune), a packaged real "
+                        "model (headprune models), a GGUF file, a local directory or a Hugging Face hub id such "
+                        "as gpt2")
     add_device_args(p, export)
     add_fold_arg(p)
 

@@ -63,7 +63,8 @@ def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:
 
 
 def _has_o_constant(model: HeadModel) -> bool:
-    """Whether some b_O is non-zero while the source checkpoint has no o_proj bias of its own."""
+    """Whether some b_O is non-zero in a model that stores an o_proj bias (``cfg.o_bias``: the source's own, or
+    one pruning or folding gave it)."""
     return model.cfg.o_bias and any(bool(blk.attn.b_O.detach().ne(0).any()) for blk in model.h)
 
 

@@ -15,18 +15,22 @@ What llama.cpp's converter changed and is undone here:
   sliding-window layers' rope base (10,000), their pattern (every 6th layer global) and the score scale (d_k, or d/h
   for the 27B model) are fixed in llama.cpp rather than stored, and set here the same way.
 
-The conversion reads one tensor at a time; the folder is written to a temporary name and renamed when complete, so a
+The conversion dequantizes one tensor at a time (quantized ones in slices of rows) and holds the float32 state dict
+until it is written; the folder is written to a temporary name and renamed when complete, so a
 failed or interrupted conversion leaves nothing that looks finished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +157,8 @@ def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
         hf.update(rope_parameters=rope, hidden_act="silu")
     if arch.model_type == "qwen2":
         hf["use_sliding_window"] = False
+    if arch.model_type in ("llama", "qwen3") and "blk.0.attn_q.bias" in tensors:
+        hf["attention_bias"] = True
     return hf
 
 
@@ -207,7 +213,7 @@ def _state(reader: Any, arch: Architecture, hf: dict) -> dict[str, torch.Tensor]
             raise HeadpruneError(f"the GGUF holds a tensor {tensor.name!r} that a {arch.model_type} model does not "
                                  "have; headprune cannot map it")
         values = _dequantized(tensor)
-        if arch.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = hf["num_attention_heads"] if "q_proj" in name else hf["num_key_value_heads"]
             values = _unpermute(values, heads)
         if arch.norm_offset and name.endswith("norm.weight"):
@@ -270,6 +276,19 @@ def convert(path: Path, out: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``target``'s ``.NAME.lock`` beside it while a process fetches or converts it:
+    torchrun's ranks, or two commands started together, wait for the first and then find its result."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def file_key(path: Path) -> str:
     """A name for ``path``'s conversion: its stem and a digest of where it is, its size and its modification time."""
     st = path.stat()
@@ -284,10 +303,13 @@ def gguf_folder(path: Path, out: Path | None = None) -> Path:
     if not path.is_file():
         raise HeadpruneError(f"GGUF file {path} does not exist")
     out = out or models_cache_dir() / "gguf" / file_key(path)
-    if not (out / "config.json").is_file():
-        print(f"headprune: converting {path.name} ({path.stat().st_size / 2**20:.0f} MiB) into {out} (once)",
-              file=sys.stderr, flush=True)
-        convert(path, out)
+    if (out / "config.json").is_file():
+        return out
+    with locked(out):
+        if not (out / "config.json").is_file():  # another process may have converted it while this one waited
+            print(f"headprune: converting {path.name} ({path.stat().st_size / 2**20:.0f} MiB) into {out} (once)",
+                  file=sys.stderr, flush=True)
+            convert(path, out)
     return out
 
 

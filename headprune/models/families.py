@@ -108,8 +108,12 @@ def _gemma3_rope(hf: dict) -> dict[str, dict]:
     """Per layer type rope parameters of a Gemma 3 config: transformers 5's ``rope_parameters`` keyed by layer type,
     or the 4.x keys (``rope_theta`` and ``rope_scaling`` for full attention, ``rope_local_base_freq`` for sliding)."""
     params = hf.get("rope_parameters") or {}
-    if params and not all(isinstance(v, dict) for v in params.values()):
+    if not isinstance(params, dict):
+        raise TypeError(f"rope_parameters must be an object, got {params!r}")
+    if params and not any(isinstance(v, dict) for v in params.values()):
         params = {"full_attention": params}
+    if bad := [k for k, v in params.items() if k in LAYER_TYPES and not isinstance(v, dict)]:
+        raise ValueError(f"rope_parameters[{bad[0]!r}] must be an object of rope parameters")
     rope = {}
     for kind, theta_key, default in (("full_attention", "rope_theta", 1_000_000.0),
                                      ("sliding_attention", "rope_local_base_freq", 10_000.0)):
@@ -133,6 +137,11 @@ def read_gemma3_config(hf: dict) -> Gemma3Config:
         raise ValueError("use_bidirectional_attention is not supported: headprune analyses causal language models")
     n_layers, n_heads = hf["num_hidden_layers"], hf["num_attention_heads"]
     pattern = hf.get("sliding_window_pattern", 6)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ValueError(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+    cap = hf.get("final_logit_softcapping")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        raise ValueError(f"final_logit_softcapping must be a positive number or null, got {cap!r}")
     types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
                                       for i in range(n_layers)]
     if not set(types) <= set(LAYER_TYPES):
@@ -259,6 +268,7 @@ def model_type(model: Any) -> str:
     if isinstance(family, str):  # the Llama-like decoders share one class
         return family
     kind = next((kind for kind, entry in REGISTRY.items() if type(model) is entry.model_class), None)
+    kind = kind or next((kind for kind, entry in REGISTRY.items() if isinstance(model, entry.model_class)), None)
     if kind is None:
         raise HeadpruneError(f"{type(model).__name__} is not a model of a headprune family ({', '.join(REGISTRY)})")
     return kind

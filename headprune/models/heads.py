@@ -42,7 +42,7 @@ def format_heads(heads: Iterable[tuple[int, int]]) -> str:
 def _config(model_or_cfg: HeadModel | HeadConfig) -> HeadConfig:
     import torch
 
-    # any model family (HeadModel, headprune.models.base.HeadModel) is an nn.Module holding its config as .cfg
+    # a model of any family is an nn.Module holding its config as .cfg
     return model_or_cfg.cfg if isinstance(model_or_cfg, torch.nn.Module) else model_or_cfg
 
 

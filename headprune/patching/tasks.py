@@ -124,8 +124,8 @@ def brackets(tokenizer, n_pairs: int = 32, seed: int = 0) -> PromptPairs:
 
 
 def task_pairs(name: str, model, tokenizer=None, n_pairs: int = 32, seed: int = 0) -> PromptPairs:
-    """The built-in task ``name`` for ``model`` (a :class:`~headprune.models.gpt2.GPT2`); the text tasks tokenize with
-    ``tokenizer`` (default: the model's own, :func:`headprune.io.tokenizer.model_tokenizer`)."""
+    """The built-in task ``name`` for ``model`` (a :class:`~headprune.models.base.HeadModel`); the text tasks
+    tokenize with ``tokenizer`` (default: the model's own, :func:`headprune.io.tokenizer.model_tokenizer`)."""
     if name not in TASKS:
         raise HeadpruneError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if name == "induction":

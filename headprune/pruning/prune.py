@@ -1,4 +1,4 @@
-"""Remove attention heads: as gates (masking), physically (a smaller model), and as exported checkpoints.
+"""Remove attention heads physically (a smaller model; exports: :mod:`headprune.io.export`).
 
 Attention output of a layer with heads i (W_O^(i) = rows i·d_k..(i+1)·d_k of W_O):
 

@@ -19,7 +19,8 @@
   or, with ``scale="rank"``, ranks);
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - with a patching study: ``patching.png`` and its tables (:mod:`.patching_section`);
-- for a model other than GPT-2: serving.csv, its exports served in stock transformers (:mod:`.serving_section`);
+- for a family with a compact hf export (not GPT-2 or GPT-NeoX): serving.csv, its exports served in stock
+  transformers (:mod:`.serving_section`);
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
   perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \

@@ -1,7 +1,7 @@
-"""The report's serving section (models other than GPT-2): the run's best ranking pruned uniformly, exported with
-``--format hf`` and served by stock transformers, next to the pruned model's perplexity (torch-free:
-:func:`headprune.pruning.serving.serving_table` measures it). File: serving.csv, so ``headprune report``
-rebuilds the section; what was timed is in settings.json under ``serving``.
+"""The report's serving section (families with a compact hf export: not GPT-2 or GPT-NeoX): the run's best ranking
+pruned uniformly, exported with ``--format hf`` and served by stock transformers, next to the pruned model's
+perplexity (torch-free: :func:`headprune.pruning.serving.serving_table` measures it). File: serving.csv, so
+``headprune report`` rebuilds the section; what was timed is in settings.json under ``serving``.
 """
 
 from __future__ import annotations

