@@ -183,7 +183,8 @@ def untie_if_distinct(cfg: HeadConfig, family: ModelFamily, reader: CheckpointRe
     head = family.lm_head + ".weight"
     if not cfg.tie_word_embeddings or head not in reader.specs:
         return cfg
-    embedding = next((k for k in reader.specs if family.our_key(k) == f"{family.embedding}.weight"), None)
+    ours = f"{family.model_class.embedding_name}.weight"
+    embedding = next((k for k in reader.specs if family.our_key(k) == ours), None)
     if embedding is None or reader.specs[head] != reader.specs[embedding]:
         return cfg
     if torch.equal(reader.get(head), reader.get(embedding)):

@@ -267,17 +267,24 @@ class HeadModel(nn.Module):
         """Layers that hold at least one head, in order."""
         return [layer for layer, kept in enumerate(self.cfg.kept_heads) if kept]
 
+    embedding_name: ClassVar[str] = "embed_tokens"  # the token embedding module
+    lm_head_name: ClassVar[str] = "lm_head"  # the untied LM head (None when tied)
+    final_norm_name: ClassVar[str] = "norm"  # the norm before the LM head
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return getattr(self, self.final_norm_name)
+
     @property
     def W_E(self) -> Tensor:
-        """[vocab, d]: the token embedding as the first block reads it (scaled where the family scales it)."""
-        raise NotImplementedError
+        """[vocab, d]: the token embedding as the first block reads it (a family that scales it overrides this)."""
+        return getattr(self, self.embedding_name).weight
 
     @property
     def W_U(self) -> Tensor:
-        """[vocab, d]: the LM head's rows (the token embedding when tied)."""
-        raise NotImplementedError
-
-    final_norm: nn.Module  # the norm before the LM head
+        """[vocab, d]: the LM head's rows (the token embedding's, unscaled, when tied)."""
+        head = getattr(self, self.lm_head_name)
+        return head.weight if head is not None else getattr(self, self.embedding_name).weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         raise NotImplementedError

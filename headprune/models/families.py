@@ -194,7 +194,6 @@ class ModelFamily:
     architecture: str  # config.json "architectures" entry
     ignored: tuple[str, ...] = ("rotary_emb.inv_freq",)
     blocks: str = "layers"  # the block list's name: "layers" / "h" (GPT-2)
-    embedding: str = "embed_tokens"  # our name of the token embedding, which a tied LM head reads
     bpe_fallback: bool = False  # a folder without tokenizer files is read with GPT-2's BPE (GPT-2 only)
     o_bias_switch: str | None = None  # the config key that gives attention an o_proj bias (and q/k/v biases)
     o_bias_default: bool = False  # that key's default in transformers (or the bias always exists: GPT-2)
@@ -235,7 +234,7 @@ def _decoder(architecture: str, **facts: Any) -> ModelFamily:
 
 REGISTRY: dict[str, ModelFamily] = {
     "gpt2": ModelFamily(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
-                   (".attn.bias", ".attn.masked_bias"), blocks="h", embedding="wte", bpe_fallback=True,
+                   (".attn.bias", ".attn.masked_bias"), blocks="h", bpe_fallback=True,
                    o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf),
     # transformers 5's LlamaConfig and Gemma3TextConfig require hidden_size to be a multiple of num_attention_heads
     # even when head_dim is given (2048 / 24, 640 / 3 are refused); Mistral's, Qwen2's and Qwen3's do not
@@ -246,7 +245,7 @@ REGISTRY: dict[str, ModelFamily] = {
     "gemma3_text": ModelFamily(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
                           o_bias_switch="attention_bias", heads_divide_width=True),
     "gpt_neox": ModelFamily(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
-                       ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"), embedding="embed_in",
+                       ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"),
                        o_bias_switch="attention_bias", o_bias_default=True, compact_export=False),
 }
 SUPPORTED = tuple(REGISTRY)  # every model_type headprune loads

@@ -169,15 +169,6 @@ class Gemma3(HeadModel):
                           for kind, p in cfg.rope.items()}  # [d_k/2] float32 per layer type
 
     @property
-    def final_norm(self) -> nn.Module:  # type: ignore[override]
-        return self.norm
-
-    @property
-    def W_U(self) -> Tensor:
-        """[vocab, d]: the LM head's weights (the embedding when tied)."""
-        return self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-
-    @property
     def W_E(self) -> Tensor:
         """[vocab, d]: the embedding as the first block reads it, √d · embed_tokens."""
         return self.embed_tokens.weight * self._embed_scale()

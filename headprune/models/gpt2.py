@@ -191,6 +191,7 @@ class GPT2(HeadModel):
     """GPT-2 language model: token + position embeddings, pre-LN blocks, final LayerNorm, tied LM head."""
 
     cfg: GPT2Config
+    embedding_name, final_norm_name = "wte", "ln_f"
 
     def __init__(self, cfg: GPT2Config):
         super().__init__(cfg)
@@ -207,20 +208,6 @@ class GPT2(HeadModel):
     @property
     def dtype(self) -> torch.dtype:
         return self.wte.weight.dtype
-
-    @property
-    def final_norm(self) -> nn.Module:  # type: ignore[override]
-        return self.ln_f
-
-    @property
-    def W_U(self) -> Tensor:
-        """[vocab, d]: the LM head's weights (the token embedding when tied)."""
-        return self.lm_head.weight if self.lm_head is not None else self.wte.weight
-
-    @property
-    def W_E(self) -> Tensor:
-        """[vocab, d]: the token embedding (the position embedding is a separate residual component)."""
-        return self.wte.weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d)."""

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from headprune.models.base import HeadModel
-from headprune.models.families import REGISTRY, layout_text, model_type
+from headprune.models.families import layout_text, model_type
 from headprune.models.hooks import Capture
 
 
@@ -32,7 +32,7 @@ def _component(model: HeadModel, name: str) -> tuple[int, str]:
         if parts[2] == "attn":
             return layer, "attn." + model.h[layer].attn.PARAM_ROLES.get(parts[3], parts[3])
         return layer, parts[2]
-    tied = parts[0] == REGISTRY[model_type(model)].embedding and model.cfg.tie_word_embeddings
+    tied = parts[0] == model.embedding_name and model.cfg.tie_word_embeddings
     return -1, parts[0] + (" (tied LM head)" if tied else "")
 
 

@@ -232,19 +232,6 @@ class LlamaLike(HeadModel):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._inv_freq = inv_frequencies(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)  # [d_k/2], float32
 
-    @property
-    def final_norm(self) -> nn.Module:  # type: ignore[override]
-        return self.norm
-
-    @property
-    def W_U(self) -> Tensor:
-        """[vocab, d]: the LM head's weights (the embedding when tied)."""
-        return self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-
-    @property
-    def W_E(self) -> Tensor:
-        return self.embed_tokens.weight
-
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d): no position embedding (rotary acts inside attention)."""
         self.check_length(tokens.shape[1])

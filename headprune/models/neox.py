@@ -187,6 +187,7 @@ class NeoX(HeadModel):
     """A GPT-NeoX language model: embed_in, blocks, final LayerNorm, embed_out (or the tied embedding)."""
 
     cfg: NeoXConfig
+    embedding_name, lm_head_name, final_norm_name = "embed_in", "embed_out", "final_layer_norm"
 
     def __init__(self, cfg: NeoXConfig):
         super().__init__(cfg)
@@ -195,18 +196,6 @@ class NeoX(HeadModel):
         self.final_layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.embed_out = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._inv_freq = inv_frequencies(cfg.rotary_dims, cfg.rope_theta)  # [r/2], float32
-
-    @property
-    def final_norm(self) -> nn.Module:  # type: ignore[override]
-        return self.final_layer_norm
-
-    @property
-    def W_U(self) -> Tensor:
-        return self.embed_out.weight if self.embed_out is not None else self.embed_in.weight
-
-    @property
-    def W_E(self) -> Tensor:
-        return self.embed_in.weight
 
     def embed(self, tokens: Tensor) -> Tensor:
         self.check_length(tokens.shape[1])
