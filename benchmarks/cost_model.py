@@ -32,6 +32,8 @@ import argparse
 import json
 from pathlib import Path
 
+from headprune.cost import duration
+
 ARCHS = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 V, T = 50257, 1024
 #: H100 SXM datasheet dense bf16 tensor-core peak (FLOP/s) and the utilisation we assume: stated, not measured.
@@ -105,7 +107,7 @@ def main() -> None:
         a = fe["one abl_*"]
         shared = (fe["all"] / k + 1) / fe["all"]  # every family's units shared; + one cached forward each
         print(f"| {arch} | {forward_flops(arch) / 1e9:.2f} | {a:.1f} | {fe['all']:.1f} | "
-              f"{_hours(work / wall_rate)} | {_hours(work * shared / wall_rate)} | {_hours(work / gpu_rate)} |")
+              f"{duration(work / wall_rate)} | {duration(work * shared / wall_rate)} | {duration(work / gpu_rate)} |")
 
     print("\nPer method (forward-equivalents on N tokens; seconds on 100,000 tokens, CPU 2 cores / GPU stated):\n")
     print("| model | weights | data | grad+taylor | one abl_* |")
@@ -113,7 +115,7 @@ def main() -> None:
     for arch in ARCHS:
         f = n * forward_flops(arch)
         fe = method_fe(arch, weights_fe(arch, n))
-        cells = [f"{fe[c]:.3g} fe, {_hours(fe[c] * f / wall_rate)} / {_hours(fe[c] * f / gpu_rate)}"
+        cells = [f"{fe[c]:.3g} fe, {duration(fe[c] * f / wall_rate)} / {duration(fe[c] * f / gpu_rate)}"
                  for c in ("weights (4)", "data (3)", "grad+taylor", "one abl_*")]
         print(f"| {arch} | " + " | ".join(cells) + " |")
 
@@ -135,14 +137,6 @@ def main() -> None:
         checks.append(("ablation of layer 0, 25 heads", ablation_fe("xl", 512, [0]), abl0["ablate_cpu_s"]))
     for name, fe, measured in checks:
         print(f"| {name} | {fe:.2f} | {fe * per_fe:.0f} | {measured:.0f} | {measured / (fe * per_fe):.2f} |")
-
-
-def _hours(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 if __name__ == "__main__":
