@@ -71,13 +71,22 @@ def module_inputs(modules, forward) -> dict[int, torch.Tensor]:
     return found
 
 
-GQA_FAMILIES = ("llama", "qwen2")  # Llama: GQA 2 (6 query heads, 3 KV heads); Qwen2: GQA 3 with q/k/v biases
+# Llama: GQA 2 (6 query heads, 3 KV heads); Qwen2: GQA 3 with q/k/v biases; Gemma 3: GQA 2, a sliding and a global
+# layer, its norms around attention
+GQA_FAMILIES = ("llama", "qwen2", "gemma3")
 
 
 def save_gqa_family(name: str, folder, vocab: int, seed: int):
     """A seeded random transformers model of ``name`` (:data:`GQA_FAMILIES`), its biases and norm weights moved off
     their init (so their handling is tested), saved into ``folder``; returns it."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     shape = {"vocab_size": vocab, "num_hidden_layers": 2, "max_position_embeddings": 64, "initializer_range": 0.15}
     model_cls, cfg = {
@@ -85,6 +94,9 @@ def save_gqa_family(name: str, folder, vocab: int, seed: int):
                                                 intermediate_size=64, **shape)),
         "qwen2": (Qwen2ForCausalLM, Qwen2Config(hidden_size=36, num_attention_heads=3, num_key_value_heads=1,
                                                 intermediate_size=40, **shape)),
+        "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                                       head_dim=12, intermediate_size=40, sliding_window=6,
+                                                       layer_types=["sliding_attention", "full_attention"], **shape)),
     }[name]
     torch.manual_seed(seed)
     hf = model_cls(cfg).eval()

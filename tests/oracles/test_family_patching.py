@@ -28,6 +28,11 @@ def models(request, tmp_path_factory):
     return hf, load_model(folder)
 
 
+def head_dim(config) -> int:
+    """d_k of a transformers config: its head_dim (Gemma 3's differs from d/h), else d/h."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _o_proj_inputs(hf, ids):
     return module_inputs([layer.self_attn.o_proj for layer in hf.model.layers], lambda: hf(torch.tensor([ids])))
 
@@ -57,7 +62,7 @@ def _assert_each_unit_equals_hf(hf, ours, pairs, n, source_of, patched_metric):
     """ours.values[p, l·n + u] is HF's metric on pair p's corrupt prompt with unit u of layer l (d_k columns) taken
     from the clean run: ``source_of(clean_ids)[l]`` read by ``patched_metric(ids, answer, wrong, l, cols, source)``,
     to 1e-5; and some patch moves the metric."""
-    dk = hf.config.hidden_size // hf.config.num_attention_heads
+    dk = head_dim(hf.config)
     moved = 0.0
     for p in range(len(pairs)):
         corrupt, a, w = pairs.corrupt[p].tolist(), int(pairs.answer[p]), int(pairs.wrong[p])
@@ -83,7 +88,7 @@ def test_atp_z_equals_hf_autograd(models):
     pairs = induction(VOCAB, 4, 5, seed=2)
     runs = run_pairs(model, pairs)
     ours = atp_z(model, pairs, runs=runs)
-    h, dk = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    h, dk = hf.config.num_attention_heads, head_dim(hf.config)
     for p in range(len(pairs)):
         corrupt = pairs.corrupt[p].tolist()
         source = _o_proj_inputs(hf, pairs.clean[p].tolist())
@@ -108,7 +113,7 @@ def test_subsets_patched_together_equal_hf_with_those_o_proj_slices_overwritten(
     hf, model = models
     pairs = induction(VOCAB, 3, 5, seed=3)
     runs = run_pairs(model, pairs)
-    dk = hf.config.hidden_size // hf.config.num_attention_heads
+    dk = head_dim(hf.config)
     subsets = [[(0, 0), (0, 1)], [(0, 2), (1, 0)], [(1, 1), (1, 2), (0, 0)]]
     ours = subset_changes(model, runs, subsets, rows=4)
     gap = float((runs.m_clean - runs.m_corrupt).mean())
@@ -180,7 +185,7 @@ def test_patch_k_by_position_equals_hf_with_one_position_overwritten(models):
     pairs = induction(VOCAB, 2, 4, seed=6)
     ours = patch(model, pairs, "k", options=PatchOptions(by_position=True, rows=4))
     cfg = hf.config
-    dk, n, T = cfg.hidden_size // cfg.num_attention_heads, cfg.num_key_value_heads, pairs.clean.shape[1]
+    dk, n, T = head_dim(cfg), cfg.num_key_value_heads, pairs.clean.shape[1]
     assert ours.values.shape == (len(pairs), cfg.num_hidden_layers * n, T)
     for p in range(len(pairs)):
         source = _projection_outputs(hf, pairs.clean[p].tolist(), "k_proj")
@@ -197,9 +202,12 @@ def _eager_with_pattern(override):
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
         scores = query @ key.transpose(2, 3) * scaling
-        if attention_mask is None:  # transformers leaves causality to a custom attention function
-            T = scores.shape[-1]
-            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        if attention_mask is None:  # transformers leaves causality (and a layer's window) to a custom function
+            T, window = scores.shape[-1], getattr(module, "sliding_window", None)
+            allowed = torch.ones(T, T, dtype=torch.bool).tril()
+            if window is not None:  # Gemma's sliding layers: t attends to s only when t − s < window
+                allowed &= ~torch.ones(T, T, dtype=torch.bool).tril(diagonal=-window)
+            scores = scores.masked_fill(~allowed, float("-inf"))
         else:
             scores = scores + attention_mask
         probs = override(module.layer_idx, torch.softmax(scores.float(), dim=-1).to(query.dtype))
@@ -242,10 +250,13 @@ def test_atp_q_k_equal_hf_autograd_on_the_projections(models, activation):
     """AtP of q per query head and of k per KV group: Σ (x_clean − x_corrupt) · ∂m/∂x on q_proj/k_proj's output
     (rotary is an orthogonal map per position, so the dot product is the same before and after it)."""
     hf, model = models
+    if hasattr(hf.model.layers[0].self_attn, "q_norm"):
+        pytest.skip("with a q/k norm after the projections (Gemma 3) AtP linearises at the normed q/k headprune "
+                    "patches, not at q_proj's output: two first-order estimates, not one (exact patching agrees)")
     pairs = induction(VOCAB, 3, 5, seed=8)
     ours = atp_qk(model, pairs, activation)
     cfg = hf.config
-    dk = cfg.hidden_size // cfg.num_attention_heads
+    dk = head_dim(cfg)
     n = cfg.num_attention_heads if activation == "q" else cfg.num_key_value_heads
     for p in range(len(pairs)):
         source = _projection_outputs(hf, pairs.clean[p].tolist(), f"{activation}_proj")
@@ -272,7 +283,7 @@ def test_atp_qkfix_k_sums_its_kv_groups_query_heads_against_hf(models):
     pairs = induction(VOCAB, 2, 5, seed=9)
     ours = atp_qkfix(model, pairs, "k")
     cfg = hf.config
-    dk, n_kv = cfg.hidden_size // cfg.num_attention_heads, cfg.num_key_value_heads
+    dk, n_kv = head_dim(cfg), cfg.num_key_value_heads
     r = cfg.num_attention_heads // n_kv
     hf.set_attn_implementation("eager")
     for p in range(len(pairs)):
