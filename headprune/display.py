@@ -98,10 +98,12 @@ def main_method(table: pd.DataFrame) -> str | None:
     return next((m for m in PREFERENCE if m in table.columns), None)
 
 
-def top_heads(table: pd.DataFrame, column: str, top: int) -> pd.DataFrame:
-    """The ``top`` rows with the highest ``column`` (ties in (layer, head) order; NaN never listed)."""
-    rows = table.dropna(subset=[column]).sort_values(["layer", "head"])
-    return rows.sort_values(column, ascending=False, kind="stable").head(top)
+def top_heads(table: pd.DataFrame, column: str, top: int, keep_nan: bool = False) -> pd.DataFrame:
+    """The ``top`` rows with the highest ``column`` (ties in (layer, head) order). A head whose value is NaN is left
+    out, or with ``keep_nan`` listed after every scored head (shown as —), so a table of n heads lists min(n, top)."""
+    rows = table if keep_nan else table.dropna(subset=[column])
+    return rows.sort_values(["layer", "head"]).sort_values(column, ascending=False, kind="stable",
+                                                           na_position="last").head(top)
 
 
 def _fingerprint(table: pd.DataFrame) -> str:
@@ -124,7 +126,7 @@ def scores_html(scores: ScoredHeads, top: int = 10) -> str:
     method = main_method(table)
     if method is None:
         return _page("headprune scores", facts, [])
-    best = top_heads(table, method, top)
+    best = top_heads(table, method, top, keep_nan=True)  # a head without a score is still a head
     lo, hi = ci_columns(method)
     header = ["rank", "head", method] + (["95% interval"] if lo in best else [])
     rows = [[i + 1, r["head_id"], float(r[method])] + ([f"[{r[lo]:.4g}, {r[hi]:.4g}]"] if lo in best else [])

@@ -132,3 +132,21 @@ def test_patching_refuses_a_zero_gap_and_bad_bound_options_before_work(tiny_dir)
         StudyOptions(bound_subsets=8).check()
     with pytest.raises(HeadpruneError, match="verifying 0 of"):
         patch_study(model, same, StudyOptions(verify=0, bootstrap=0))
+
+
+def test_scores_html_keeps_a_head_whose_score_is_nan():
+    """8 heads, one unscored: the summary lists all 8, the unscored one last as —."""
+    import math
+
+    import pandas as pd
+
+    from headprune.scoring import HeadScores
+
+    table = pd.DataFrame({"layer": [0] * 4 + [1] * 4, "head": list(range(4)) * 2,
+                          "head_id": [f"L{l}H{h}" for l in (0, 1) for h in range(4)],
+                          "model_fingerprint": ["f" * 16] * 8,
+                          "grad": [0.3, math.nan, 0.1, 0.7, 0.2, 0.5, 0.4, 0.6]})
+    page = HeadScores(table)._repr_html_()
+    assert "top 8 heads by grad" in page
+    assert page.index("L0H3") < page.index("L1H3") < page.index("L0H2") < page.index("L0H1")
+    assert "<td>—</td>" in page
