@@ -65,9 +65,11 @@ def run(args: argparse.Namespace) -> None:
 
         write_json(out.with_name(out.stem + ".groups.json"), extra)
         if not args.json:
+            ci = extra["summed_vs_joint_ci"]
+            interval = (f"95% interval {ci[0]:.3f} to {ci[1]:.3f}, {args.bootstrap} bootstrap replicates over windows"
+                        if ci is not None else "no interval: --bootstrap 0")
             print(f"summed single-head abl_zero vs abl_zero_group over {extra['groups']} KV groups: Spearman rho = "
-                  f"{extra['summed_vs_joint_spearman']:.3f} (95% interval {extra['summed_vs_joint_ci'][0]:.3f} to "
-                  f"{extra['summed_vs_joint_ci'][1]:.3f}, {args.bootstrap} bootstrap replicates over windows)")
+                  f"{extra['summed_vs_joint_spearman']:.3f} ({interval})")
     summary = {"out": str(out), "heads": len(scored.table), "fold_value_bias": args.fold_value_bias,
                "seconds": scored.seconds} | extra
     summary |= {"baseline": scored.baseline} if scored.baseline else {}

@@ -130,10 +130,11 @@ def score_groups(model: HeadModel, ids: Tensor, head_table: pd.DataFrame, window
                  replicates: int = 200, seed: int = 0) -> tuple[pd.DataFrame, dict]:
     """``score --unit group`` from Python: (one row per KV group, the summary) of a head scores table (which must
     hold ``abl_zero``) on ``ids`` (1-D). The summary: groups, Spearman ρ of summed vs joint ablation and its 95%
-    interval over ``replicates`` window resamples."""
+    interval over ``replicates`` window resamples (None without replicates: the summary stays valid JSON)."""
     require_groups(model)
     sums = group_ablation(model, ids, windowing, rows)
     fit = summed_vs_joint(model, sums, replicates, seed)
+    ci = None if np.isnan(fit["lo"]) or np.isnan(fit["hi"]) else [fit["lo"], fit["hi"]]  # None: no replicates
     return group_table(model, head_table, fit["joint"]), {"groups": fit["groups"],
                                                            "summed_vs_joint_spearman": fit["spearman"],
-                                                           "summed_vs_joint_ci": [fit["lo"], fit["hi"]]}
+                                                           "summed_vs_joint_ci": ci}

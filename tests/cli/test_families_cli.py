@@ -318,6 +318,12 @@ def test_score_unit_group_equals_hf_joint_ablation(built, corpus, capsys, tmp_pa
         finally:
             hook.remove()
         assert row.abl_zero_group == pytest.approx(ablated - base, abs=1e-5)
+    # without replicates the interval is null, and groups.json stays JSON (no bare NaN)
+    cli(capsys, "score", "--model", folder, *data, "--methods", "abl_zero", "--unit", "group", "--bootstrap", 0,
+        "--out", tmp_path / "g0.csv", "--quiet")
+    strict = json.loads((tmp_path / "g0.groups.json").read_text(),
+                        parse_constant=lambda c: pytest.fail(f"groups.json holds {c}"))
+    assert strict["summed_vs_joint_ci"] is None
     assert main(["score", "--model", str(built["neox"][0]), *map(str, data), "--unit", "group", "--out",
                  str(tmp_path / "n.csv")]) == 2
     assert "needs grouped-query attention" in capsys.readouterr().err and not (tmp_path / "n.csv").exists()
