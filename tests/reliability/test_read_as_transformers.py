@@ -150,3 +150,18 @@ def test_scores_html_keeps_a_head_whose_score_is_nan():
     assert "top 8 heads by grad" in page
     assert page.index("L0H3") < page.index("L1H3") < page.index("L0H2") < page.index("L0H1")
     assert "<td>—</td>" in page
+
+
+def test_a_prune_that_empties_a_layer_warns_nothing():
+    """Building the emptied layer's zero-row projections on the meta device skips their initialisation quietly."""
+    import warnings
+
+    from headprune.models.llama import LlamaLike, LlamaLikeConfig
+    from headprune.models.prune import prune_heads
+
+    model = LlamaLike(LlamaLikeConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
+                                      d_mlp=40))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pruned = prune_heads(model, [(0, h) for h in range(4)])
+    assert pruned.h[0].attn.n_heads == 0 and pruned.h[1].attn.n_heads == 4
