@@ -72,6 +72,21 @@ def _from_family(hf_model: PreTrainedModel, family: ModelFamily, config: dict) -
     return _assign(family.model_class, cfg, state, lambda key: zero_filled(cfg, key))
 
 
+def check_weights(state: dict[str, Tensor]) -> None:
+    """HeadpruneError unless every weight holds values (not on the meta device), is floating point (not a quantized
+    int8 weight) and shares one dtype and one device with the others: what the forward needs."""
+    if meta := [k for k, v in state.items() if v.is_meta]:
+        raise HeadpruneError(f"the model's weights are on the meta device (first: {meta[0]}): they hold no values; "
+                             "load the model's weights before from_hf")
+    if ints := [k for k, v in state.items() if not v.is_floating_point()]:
+        raise HeadpruneError(f"weight {ints[0]} is {state[ints[0]].dtype}, not floating point (a quantized model?); "
+                             "from_hf takes a model in float32, bfloat16 or float16")
+    kinds = {(str(v.dtype).removeprefix("torch."), str(v.device)) for v in state.values()}
+    if len(kinds) > 1:
+        raise HeadpruneError(f"the model's weights mix dtypes or devices ({', '.join(sorted(map(' on '.join, kinds)))})"
+                             "; cast it to one first, e.g. hf_model.float()")
+
+
 def _assign(model_class: type[HeadModel], cfg: Any, state: dict[str, Tensor],
             zero: Callable[[str], bool] = lambda key: False) -> HeadModel:
     """``model_class(cfg)`` built on the meta device, then owning copies of ``state`` (checked against its
@@ -85,6 +100,7 @@ def _assign(model_class: type[HeadModel], cfg: Any, state: dict[str, Tensor],
     if missing or unexpected:
         raise HeadpruneError(f"the model's weights do not match its config: missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]}")
+    check_weights(state)
     first = next(iter(state.values()))
     copies = {}
     for key, value in state.items():

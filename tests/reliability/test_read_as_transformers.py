@@ -165,3 +165,24 @@ def test_a_prune_that_empties_a_layer_warns_nothing():
         warnings.simplefilter("error")
         pruned = prune_heads(model, [(0, h) for h in range(4)])
     assert pruned.h[0].attn.n_heads == 0 and pruned.h[1].attn.n_heads == 4
+
+
+def test_from_hf_refuses_weights_it_cannot_run():
+    """On the meta device, an int8 weight, or fp32 and fp16 mixed: one HeadpruneError each, before any copy."""
+    from headprune.io.in_memory import from_hf
+
+    def llama():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(**SIZES)).eval()
+
+    with pytest.raises(HeadpruneError, match="meta device"):
+        from_hf(llama().to("meta"))
+    quantized = llama()
+    quantized.model.layers[0].mlp.up_proj.weight = torch.nn.Parameter(
+        torch.zeros_like(quantized.model.layers[0].mlp.up_proj.weight, dtype=torch.int8), requires_grad=False)
+    with pytest.raises(HeadpruneError, match="int8, not floating point"):
+        from_hf(quantized)
+    mixed = llama()
+    mixed.model.layers[1].half()
+    with pytest.raises(HeadpruneError, match="mix dtypes"):
+        from_hf(mixed)
