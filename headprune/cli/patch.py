@@ -102,9 +102,12 @@ def run(args: argparse.Namespace) -> None:
         return
     written = {}
     for what, table in (("agreement", study.agreement), ("missed", study.missed)):
+        beside = out.with_name(f"{out.stem}.{what}{out.suffix}")
         if table is not None:
-            written[what] = out.with_name(f"{out.stem}.{what}{out.suffix}")
-            write_table(table, written[what])
+            written[what] = beside
+            write_table(table, beside)
+        else:  # this run computes no such table: an earlier run's, left beside the new one, would pass for it
+            beside.unlink(missing_ok=True)
     if args.json:
         print(json.dumps({"out": str(out), **study.summary,
                           "agreement": study.agreement.to_dict("records") if study.agreement is not None else None}))

@@ -50,6 +50,10 @@ def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, ca
         exact_change = dict(zip(table["head_id"], exact.change.abs().tolist()))
         np.testing.assert_allclose(got["exact"], [exact_change[h] for h in got["head_id"]], rtol=0, atol=1e-12)
     assert main(argv) == 0 and read_table(out).equals(table)  # the finished table is rewritten identically
+    # rerun into the same --out without approximations: no agreement or bound of the first run stays beside it
+    capsys.readouterr()
+    assert main([*argv, "--approximations", "", "--overwrite"]) == 0
+    assert not (tmp_path / "patch.agreement.csv").exists() and not (tmp_path / "patch.missed.csv").exists()
 
 
 @pytest.mark.parametrize("line, words", [
