@@ -101,3 +101,26 @@ def test_bound_covers_every_unverified_heads_exact_effect(model, pairs):
     assert missed_bound(model, runs, star, verified=2, subsampling=subsampling).bound == result.bound  # seeded
     with pytest.raises(HeadpruneError, match="too few"):
         missed_bound(model, runs, star, verified=11)
+
+
+@pytest.mark.parametrize("inclusion", [0.2, 0.8])
+def test_subsets_include_each_head_with_the_inclusion_probability(model, pairs, monkeypatch, inclusion):
+    """The subsets patched together hold each unverified head with probability ``inclusion`` (R·|U| Bernoulli draws:
+    the observed share within 4 standard errors); a bound that ignored it would draw at ½."""
+    import headprune.patching.missed as missed
+
+    drawn = []
+    real = missed.subset_changes
+
+    def recording(model_, runs_, chosen, rows):
+        drawn.extend(chosen)
+        return real(model_, runs_, chosen, rows)
+
+    monkeypatch.setattr(missed, "subset_changes", recording)
+    runs = run_pairs(model, pairs)
+    result = missed_bound(model, runs, atp_star_z(model, pairs), subsampling=Subsampling(subsets=64,
+                                                                                          inclusion=inclusion))
+    unverified = len(result.table)
+    share = sum(len(s) for s in drawn) / (len(drawn) * unverified)
+    assert len(drawn) == 64 and result.inclusion == inclusion
+    assert abs(share - inclusion) < 4 * (inclusion * (1 - inclusion) / (64 * unverified)) ** 0.5
