@@ -107,7 +107,7 @@ def test_bound_covers_every_unverified_heads_exact_effect(model, pairs):
 def test_subsets_include_each_head_with_the_inclusion_probability(model, pairs, monkeypatch, inclusion):
     """The subsets patched together hold each unverified head with probability ``inclusion`` (R·|U| Bernoulli draws:
     the observed share within 4 standard errors); a bound that ignored it would draw at ½."""
-    import headprune.patching.missed as missed
+    from headprune.patching import missed
 
     drawn = []
     real = missed.subset_changes
