@@ -186,3 +186,20 @@ def test_from_hf_refuses_weights_it_cannot_run():
     mixed.model.layers[1].half()
     with pytest.raises(HeadpruneError, match="mix dtypes"):
         from_hf(mixed)
+
+
+def test_serving_rates_count_every_token_of_the_batch(tmp_path, monkeypatch):
+    """With a clock that advances 0.25 s per reading, every timed call lasts 0.25 s: prefill = B·T / 0.25 tokens/s
+    (not T / 0.25), decode = b / 0.25, the median of the repeats."""
+    import itertools
+
+    import headprune.pruning.serving as serving
+
+    torch.manual_seed(0)
+    saved(LlamaForCausalLM(LlamaConfig(**SIZES)).eval(), tmp_path)
+    clock = itertools.count(0.0, 0.25)
+    monkeypatch.setattr(serving.time, "perf_counter", lambda: next(clock))
+    work = serving.Workload(batch=3, seq_len=8, steps=2, prompt=4, decode_batches=(1, 2), prefills=3)
+    result = serving.measure_serving(tmp_path, work)
+    assert result["prefill_tokens_per_s"] == 3 * 8 / 0.25
+    assert result["decode_b1_tokens_per_s"] == 1 / 0.25 and result["decode_b2_tokens_per_s"] == 2 / 0.25
