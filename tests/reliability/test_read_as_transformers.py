@@ -193,7 +193,7 @@ def test_serving_rates_count_every_token_of_the_batch(tmp_path, monkeypatch):
     (not T / 0.25), decode = b / 0.25, the median of the repeats."""
     import itertools
 
-    import headprune.pruning.serving as serving
+    from headprune.pruning import serving
 
     torch.manual_seed(0)
     saved(LlamaForCausalLM(LlamaConfig(**SIZES)).eval(), tmp_path)
