@@ -92,16 +92,15 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
                 attn_out = (z.transpose(1, 2).reshape(*embed.shape[:2], -1).float() @ W_O.reshape(-1, W_O.shape[-1])
                             + blk.attn.b_O)
             # a post-attention norm (Gemma) scales what attention writes by s, frozen like σ: c ⊙ s · direction
-            write_scale = getattr(blk, "attn_write_scale", None)
-            s = write_scale(attn_out)[:, :-1] if write_scale is not None else None  # (b,T-1,d)
-            read_dir = direction * s if s is not None else direction
+            s = blk.attn_write_scale(attn_out)  # (b,T,d) or None
+            read_dir = direction * s[:, :-1] if s is not None else direction
             if blk.attn.n_heads:
                 read = torch.einsum("bpd,hkd->bhpk", read_dir, W_O)  # (b,h,T-1,d_k): W_O^(i) · direction
                 add(f"heads.{layer}", (capture.z[layer][:, :, :-1].float() * read).sum(-1))  # (b,h,T-1)
             add(f"b_O.{layer}", term(blk.attn.b_O.expand_as(embed), read_dir))
             # what the block adds beyond attention (parallel or sequential residual alike)
             post = capture.resid_pre[layer + 1] if layer + 1 < L else final
-            written = attn_out.float() * write_scale(attn_out) if write_scale is not None else attn_out.float()
+            written = attn_out.float() * s if s is not None else attn_out.float()
             mlp_out = post.float() - capture.resid_pre[layer].float() - written
             add(f"mlp.{layer}", term(mlp_out))
         # the logit the terms split: the final norm and W_U (before any soft-capping, which is not linear)

@@ -217,6 +217,11 @@ class HeadBlock(nn.Module):
         """q (B,h,T,d_k), k and v (B,h_kv,T,d_k) of this block's attention on the residual resid (B,T,d)."""
         return self.attn.qkv(self.input_layernorm(resid), cos, sin)
 
+    def attn_write_scale(self, attn_out: Tensor) -> Tensor | None:
+        """s with what attention adds to the residual = attn_out ⊙ s, where a norm sits between them (Gemma's
+        post-attention norm); None where attention adds its output as it is."""
+        return None
+
 
 class HeadBlocks(nn.ModuleList):
     """``model.h``: ``model.h[l]`` and ``for blk in model.h`` give a :class:`HeadBlock`."""

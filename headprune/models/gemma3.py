@@ -94,7 +94,7 @@ class RMSNorm(nn.Module):
     def scale(self, x: Tensor) -> Tensor:
         """s with RMSNorm(x) = x ⊙ s (float32, broadcast over the last dim)."""
         x32 = x.float()
-        return torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())
+        return torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.gain.float()
 
     def forward(self, x: Tensor) -> Tensor:
         return (x.float() * self.scale(x)).type_as(x)
@@ -103,10 +103,10 @@ class RMSNorm(nn.Module):
 class Attention(DecoderAttention):
     """The Llama attention with Gemma's q/k norms, its score scale and this layer's type."""
 
+    qk_norm_class = RMSNorm
+
     def __init__(self, cfg: Gemma3Config, layer: int):
         super().__init__(cfg, layer)  # type: ignore[arg-type]  # Gemma3Config has every field it reads
-        self.q_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps)
         self.scale = float(cfg.query_pre_attn_scalar) ** -0.5
         self.layer_type = cfg.layer_types[layer]
 
@@ -142,7 +142,7 @@ class Block(HeadBlock):
         return self.attn.qkv(self.input_layernorm(resid), *tables[self.attn.layer_type])
 
     def attn_write_scale(self, attn_out: Tensor) -> Tensor:
-        """s (B,T,1 or d) with what attention adds to the residual = attn_out ⊙ s (the post-attention norm)."""
+        """s (B,T,d) with what attention adds to the residual = attn_out ⊙ s (the post-attention norm)."""
         return self.post_attention_layernorm.scale(attn_out)
 
     def forward(self, x: Tensor, tables: Tables, gate: Tensor | None = None, fill: Tensor | None = None,

@@ -76,6 +76,7 @@ class Attention(HeadAttention):
     o_proj [d, h·d_k] (nn.Linear layout: out × in); query head i at q rows / o columns i·d_k..(i+1)·d_k."""
 
     PARAM_ROLES: ClassVar[dict[str, str]] = {"q_proj": "W_Q", "k_proj": "W_K", "v_proj": "W_V", "o_proj": "W_O"}
+    qk_norm_class: ClassVar[type[nn.Module]] = RMSNorm  # the per-head q/k norm, where the config has one
 
     def __init__(self, cfg: LlamaLikeConfig, layer: int):
         super().__init__()
@@ -86,8 +87,8 @@ class Attention(HeadAttention):
         self.k_proj = nn.Linear(d, h_kv * dk, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(d, h_kv * dk, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(h * dk, d, bias=True)  # b_O: zero where the checkpoint has none (cfg.o_bias)
-        self.q_norm: nn.Module | None = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm: nn.Module | None = RMSNorm(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = self.qk_norm_class(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = self.qk_norm_class(dk, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.window = cfg.sliding_windows[layer]
         self.scale = dk**-0.5
 
