@@ -135,3 +135,13 @@ def cheaper_hint(estimate: Estimate, methods: list[str]) -> str | None:
         return (f"over {duration(WARN_SECONDS)}: the ablation sweeps ({', '.join(sweeps)}) cost the most; "
                 f"--methods {','.join(cheap)} takes about {duration(rest)}, or lower --max-tokens")
     return f"over {duration(WARN_SECONDS)}: lower --max-tokens (the time is proportional to it) or name fewer --methods"
+
+
+def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: int) -> list[str]:
+    """What ``score`` and ``run`` say before scoring: the estimate, and past :data:`WARN_SECONDS` the cheaper
+    options; nothing for the weight methods alone (no data, no forward)."""
+    if not any(METHOD_SPECS[m].data_dependent for m in methods):
+        return []
+    estimate = estimate_scoring(model, methods, tokens, seq_len)
+    hint = cheaper_hint(estimate, methods)
+    return [estimate.line(), *([hint] if hint is not None else [])]

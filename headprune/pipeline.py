@@ -265,12 +265,10 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
 
     log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
     if not quiet:
-        from headprune.cost import cheaper_hint, estimate_scoring
+        from headprune.cost import scoring_lines
 
-        estimate = estimate_scoring(model, methods, len(score_ids), windowing.seq_len)
-        log(f"      scoring: {estimate.line()}")
-        if (hint := cheaper_hint(estimate, methods)) is not None:
-            log(f"      {hint}")
+        for line in scoring_lines(model, methods, len(score_ids), windowing.seq_len):
+            log(f"      {line}")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)

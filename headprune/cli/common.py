@@ -102,12 +102,7 @@ def layer_ranking_from_args(args: argparse.Namespace) -> None:
 def print_estimate(model, methods: list[str], tokens: int, seq_len: int) -> None:
     """Say what scoring ``methods`` on ``tokens`` will cost here before spending it (:mod:`headprune.cost`), and
     past ten minutes which option makes it cheaper; nothing for the weight methods alone."""
-    from headprune.cost import cheaper_hint, estimate_scoring
-    from headprune.schema import METHOD_SPECS
+    from headprune.cost import scoring_lines
 
-    if not any(METHOD_SPECS[m].data_dependent for m in methods):
-        return
-    estimate = estimate_scoring(model, methods, tokens, seq_len)
-    print(estimate.line(), flush=True)
-    if (hint := cheaper_hint(estimate, methods)) is not None:
-        print(hint, flush=True)
+    for line in scoring_lines(model, methods, tokens, seq_len):
+        print(line, flush=True)
