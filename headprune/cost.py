@@ -61,6 +61,16 @@ def ablation_fe(model: HeadModel, seq_len: int) -> float:
     return 1.0 + per_head / forward_flops(model, seq_len)
 
 
+def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estimate: bool = True) -> dict[str, float]:
+    """Forward-equivalents of :func:`headprune.scoring.verified.verify_ranking` (``total``), beside the exact
+    sweep's (``sweep``): the estimate (``taylor``: a forward and a backward), the baseline forward, the verified
+    heads at the sweep's mean cost per head, and a forward per subset (its lowest layer is nearly always early)."""
+    sweep = ablation_fe(model, seq_len)
+    per_head = (sweep - 1.0) / len(model.head_ids)
+    total = (FAMILY_FE["gradients"] if estimate else 0.0) + 1.0 + verified * per_head + subsets
+    return {"total": total, "sweep": sweep}
+
+
 def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, float]:
     """Forward-equivalents per scoring family of ``methods`` (each ablation method its own sweep)."""
     out: dict[str, float] = {}

@@ -132,6 +132,18 @@ def add_bootstrap_arg(p: argparse.ArgumentParser) -> None:
                         "0 (no intervals) or at least 40")
 
 
+def add_verification_args(p: argparse.ArgumentParser, together: str, default_subsets: int, zero: str = "") -> None:
+    """``--verify`` (heads the estimate ranks first, checked exactly) and ``--bound-subsets`` (random subsets of
+    the rest, ``together`` (patched/ablated) at once, for the bound on what they can hide; ``zero``: what 0
+    means, where allowed)."""
+    p.add_argument("--verify", type=int, default=None,
+                   help="heads the estimate ranks first that are checked exactly before bounding what the rest can "
+                        "hide (default 10%% of the heads)")
+    p.add_argument("--bound-subsets", type=int, default=default_subsets,
+                   help=f"random subsets of the unverified heads {together} together for that bound (AtP*'s "
+                        f"subsampling diagnostic{zero})")
+
+
 def add_fraction_args(p: argparse.ArgumentParser, seeds: int = DEFAULT_SEEDS, fractions=DEFAULT_FRACTIONS) -> None:
     p.add_argument("--fractions", default=",".join(map(str, fractions)),
                    help="comma-separated fractions of all heads to prune, each in [0, 1]")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from headprune.cli.common import load_from_args
-from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_flags, add_seed_arg
+from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_flags, add_seed_arg, add_verification_args
 from headprune.errors import HeadpruneError
 from headprune.schema import DEFAULT_BOUND_SUBSETS
 
@@ -36,12 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--by-position", action="store_true",
                    help="patch each activation at each position alone: a [head x position] table (pairs of one "
                         "length; exact patching only)")
-    p.add_argument("--verify", type=int, default=None,
-                   help="heads each approximation of z verifies (its best) before bounding what the rest can hide "
-                        "(default 10%% of the heads)")
-    p.add_argument("--bound-subsets", type=int, default=DEFAULT_BOUND_SUBSETS,
-                   help="random subsets of the unverified heads patched together for that bound (AtP*'s "
-                        "subsampling diagnostic; 0: no bound)")
+    add_verification_args(p, "patched", DEFAULT_BOUND_SUBSETS, "; 0: no bound")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="patched copies x pairs per forward (default 16 on the CPU, 64 on a GPU)")
     add_bootstrap_arg(p)

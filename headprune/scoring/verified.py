@@ -1,0 +1,288 @@
+"""A verified ablation ranking: a cheap estimate for every head, exact ablation of the heads it ranks first, and a
+bound on what the others can still hide (AtP*'s recipe, Kramár et al. 2024, applied to the corpus NLL).
+
+With ΔL(S) the corpus NLL change (nats/token) from ablating the head set S together (zero or mean ablation, as
+:mod:`.ablation` defines them) and e(n) an estimate of ΔL({n}) for every head (default ``taylor``, the first-order
+estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward and backward per batch):
+
+1. verified V: the K heads with the largest |e(n)|; each gets its exact ΔL({n}) (one ablated copy per head,
+   rerun from its own layer on the cached residual stream, as the exact sweep does);
+2. the other heads U are ablated together in R random subsets S_r (each head in with probability p, seeded);
+   with the estimate as a control variate, the residuals d_r = ΔL(S_r) − Σ_{n∈S_r} e(n) go through
+   :func:`~headprune.patching.missed.subsample_estimates`, which gives each head's correction δ(n) (mean of d_r
+   over the subsets holding n minus the mean over the others) and its standard error se(n); then
+   ĉ(n) = e(n) + δ(n) and u(n) = |ĉ(n)| + z_{1−δ/(2|U|)}·se(n). Under additive effects ĉ(n) is unbiased whatever
+   the estimate, and a good estimate shrinks the spread of the d_r (so se) from Σ ΔL² to Σ (ΔL − e)²;
+3. bound = max_{n∈U} u(n): at confidence 1 − δ (normal approximation, additive effects), no unverified head
+   changes the NLL by more than ``bound``. With t the smallest |ΔL({n})| in V, at most m = #{n∈U: u(n) ≥ t}
+   unverified heads can belong to the true top K by |ΔL|, so the recall of the true top K is at least (K − m)/K.
+
+Cost: one estimate (about three forwards), K/2 forward-equivalents on average for V and R forwards for the
+subsets, against H/2 for the exact sweep of every head. Ablating many heads at once is not additive, so p is small
+(each subset ablates about p·|U| heads); a head that lands in fewer than two subsets (or outside fewer than two)
+has its column redrawn, which keeps the columns independent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from headprune.data.tokens import check_ids
+from headprune.errors import HeadpruneError
+from headprune.io.distributed import run_units
+from headprune.io.progress import NoProgress, Progress
+from headprune.models.base import HeadModel
+from headprune.models.heads import head_id
+from headprune.models.interventions import Head, fill_tensors, mask_gates
+from headprune.models.nll import unembed_nll
+from headprune.patching.missed import subsample_estimates
+from headprune.perplexity import Batch, Windowing, window_sums
+from headprune.scoring.ablation import cache_batch
+
+VERIFIABLE = ("abl_zero", "abl_mean")  # the ablations whose fills are known before the sweep
+DEFAULT_SUBSETS, DEFAULT_INCLUSION, DEFAULT_LEVEL = 32, 0.125, 0.95
+CHUNK = 8  # head sets per resumable unit
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How :func:`verify_ranking` checks an estimate: ``verified`` heads (default 10% of them, at least 1) ablated
+    exactly, ``subsets`` random subsets of the others, each head in one with probability ``inclusion``, drawn with
+    ``seed``; the bound holds at confidence ``level``; ``rows``: ablated copies × windows per forward."""
+
+    verified: int | None = None
+    subsets: int = DEFAULT_SUBSETS
+    inclusion: float = DEFAULT_INCLUSION
+    level: float = DEFAULT_LEVEL
+    seed: int = 0
+    rows: int = 8
+
+    def check(self, n_heads: int) -> int:
+        """The number of verified heads, after checking every field against a model of ``n_heads`` heads."""
+        k = max(1, round(0.1 * n_heads)) if self.verified is None else self.verified
+        if not 0 < k <= n_heads - 2:
+            raise HeadpruneError(f"verifying {k} of {n_heads} heads leaves too few to bound (give 1 to "
+                                 f"{n_heads - 2})", "verified")
+        if self.subsets < 8:
+            raise HeadpruneError(f"{self.subsets} subsets are too few to estimate a spread (give at least 8)",
+                                 "subsets")
+        if not 0 < self.inclusion < 1:
+            raise HeadpruneError(f"inclusion probability {self.inclusion} must lie strictly between 0 and 1",
+                                 "inclusion")
+        if not 0 < self.level < 1:
+            raise HeadpruneError(f"confidence level {self.level} must lie strictly between 0 and 1", "level")
+        if self.rows < 1:
+            raise HeadpruneError(f"rows {self.rows} must be at least 1", "rows")
+        return k
+
+
+@dataclass
+class VerifiedRanking:
+    """What :func:`verify_ranking` gives: per head its estimate, exact ΔL where verified, the subsampling estimate
+    and upper bound where not; the bound and the recall it certifies."""
+
+    method: str  # the ablation verified (abl_zero or abl_mean)
+    estimate: str  # the name of the estimate that chose the verified heads
+    table: pd.DataFrame  # head_id, layer, head, estimate, verified, exact, sub_estimate, se, upper
+    bound: float  # max upper over the unverified heads, nats/token
+    threshold: float  # the smallest |exact| among the verified heads
+    recall_lower: float  # certified lower bound on the recall of the true top K (at ``level``)
+    baseline_nll: float  # the unablated model's mean NLL on the scored tokens
+    tokens: int  # scored tokens
+    subsets: int
+    inclusion: float
+    level: float
+
+    @property
+    def verified(self) -> list[str]:
+        """The verified heads, largest |estimate| first."""
+        rows = self.table[self.table["verified"]]
+        return rows.iloc[np.argsort(-rows["estimate"].abs().to_numpy(), kind="stable")]["head_id"].tolist()
+
+    @property
+    def worst(self) -> str:
+        """The unverified head with the largest upper bound."""
+        rest = self.table[~self.table["verified"]]
+        return str(rest["head_id"].iloc[int(rest["upper"].to_numpy().argmax())])
+
+    @property
+    def unresolved(self) -> int:
+        """Unverified heads whose upper bound reaches the smallest verified |ΔL|: those that could still belong
+        to the true top K."""
+        return int((self.table["upper"] >= self.threshold).sum())
+
+    def summary(self) -> dict:
+        """The JSON summary a command writes beside the table."""
+        return {"method": self.method, "estimate": self.estimate, "heads": len(self.table),
+                "verified": len(self.verified), "bound": self.bound, "threshold": self.threshold,
+                "recall_lower": self.recall_lower, "unresolved": self.unresolved, "worst": self.worst,
+                "baseline_nll": self.baseline_nll, "tokens": self.tokens,
+                "subsets": self.subsets, "inclusion": self.inclusion, "level": self.level}
+
+
+def draw_subsets(n_heads: int, subsets: int, inclusion: float, seed: int) -> np.ndarray:
+    """[R, N] bool: head n in subset r with probability ``inclusion``; a column with fewer than two members or
+    non-members is redrawn (each column alone, so the columns stay independent)."""
+    if subsets * min(inclusion, 1 - inclusion) < 1:
+        raise HeadpruneError(f"{subsets} subsets at inclusion {inclusion} put a head in (or out of) fewer than one "
+                             "subset on average: use more subsets or an inclusion nearer 0.5")
+    rng = np.random.default_rng(seed)
+    masks = rng.random((subsets, n_heads)) < inclusion
+    while True:
+        inside = masks.sum(0)
+        bad = np.flatnonzero((inside < 2) | (subsets - inside < 2))
+        if not len(bad):
+            return masks
+        masks[:, bad] = rng.random((subsets, len(bad))) < inclusion
+
+
+def corrected_estimates(masks: np.ndarray, changes: np.ndarray, estimate: np.ndarray, level: float = DEFAULT_LEVEL
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] from the subsets' changes [R], with ``estimate``
+    [N] as the control variate: d_r = c_r − Σ_{n∈S_r} e(n), ĉ(n) = e(n) + (mean of d_r over the subsets holding n
+    − mean over the others), u(n) = |ĉ(n)| + z_{1−δ/(2N)}·se(n)."""
+    residual = changes - masks.astype(float) @ estimate
+    correction, se, upper = subsample_estimates(masks, residual, level)
+    corrected = estimate + correction
+    return corrected, se, np.abs(corrected) + (upper - np.abs(correction))
+
+
+@torch.no_grad()
+def ablated_sums(
+    model: HeadModel,
+    batch: Batch,
+    resid_pre: dict[int, Tensor],  # (b, T, d) entering each layer, from cache_batch
+    sets: list[list[Head]],
+    fills: list[Tensor | None],  # per layer [n_heads_l, d_head], None for zero ablation
+    rows: int = 8,
+) -> list[list[float]]:
+    """NLL sum of each window of ``batch`` with each head set ablated together: [len(sets)][b]. Sets run as
+    batched copies, each from the lowest layer of its chunk (pass sets sorted by their lowest layer)."""
+    b = batch.tokens.shape[0]
+    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
+    copies = max(1, rows // b)
+    sums: list[list[float]] = []
+    for first in range(0, len(sets), copies):
+        chunk = sets[first : first + copies]
+        start = min(layer for heads in chunk for layer, _ in heads)
+        keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, heads) for heads in chunk))]  # [c, h_l]
+        gates = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
+        resid = model.run_blocks(resid_pre[start].repeat(len(chunk), 1, 1), start=start, gates=gates, fills=fills)
+        for copy in resid.split(b):
+            sums.append(window_sums(unembed_nll(model, copy, tokens), mask))
+    return sums
+
+
+def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
+    return sorted(range(len(sets)), key=lambda i: min(layer for layer, _ in sets[i]))
+
+
+def verify_ranking(
+    model: HeadModel,
+    ids: Tensor,
+    estimate: Tensor | Iterable[float],  # [H] in model.head_ids order: an estimate of each head's ΔL
+    method: str = "abl_zero",
+    estimate_name: str = "taylor",
+    verification: Verification = Verification(),
+    windowing: Windowing | None = None,
+    means: dict[Head, Tensor] | None = None,  # z̄ per head: abl_mean's fills (measured here when not given)
+    progress: Progress | NoProgress | None = None,
+    show_progress: bool = True,
+) -> VerifiedRanking:
+    """The verified ranking of ``method`` by ``estimate`` on token ids ``ids`` (1-D): see the module docstring.
+    Resumable through ``progress``: a unit per batch for the exact heads and one per batch for the subsets."""
+    if method not in VERIFIABLE:
+        raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
+    model.require_heads(f"verifying {method}")
+    check_ids(ids, model.cfg.vocab_size, "verify_ranking")
+    heads = model.head_ids
+    e = torch.as_tensor(list(estimate) if not isinstance(estimate, Tensor) else estimate, dtype=torch.float64)
+    if e.shape != (len(heads),):
+        raise HeadpruneError(f"the estimate has {e.numel()} values for {len(heads)} heads", "estimate")
+    if not bool(torch.isfinite(e).all()):
+        raise HeadpruneError(f"the estimate {estimate_name} holds NaN or infinite values", "estimate")
+    k = verification.check(len(heads))
+    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    batches = windowing.batches(ids)
+    if method == "abl_mean" and means is None:
+        from headprune.scoring import head_means
+
+        means = head_means(model, ids, windowing, progress, show_progress)
+    fills: list[Tensor | None] = (list(fill_tensors(model, means)) if method == "abl_mean" and means is not None
+                                  else [None] * model.cfg.n_layers)
+
+    order = np.argsort(-e.abs().numpy(), kind="stable")
+    top, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
+    masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]
+    exact_sets = [[heads[i]] for i in top]
+    subset_sets = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
+    exact_order, subset_order = _lowest_layer_first(exact_sets), _lowest_layer_first(subset_sets)
+
+    memo: dict[int, tuple[dict[int, Tensor], list[float]]] = {}
+
+    def cache(kb: int) -> tuple[dict[int, Tensor], list[float]]:  # the residual streams of one batch at a time
+        if kb not in memo:
+            memo.clear()
+            memo[kb] = cache_batch(model, batches[kb])
+        return memo[kb]
+
+    def unit(kb: int, sets: list[list[Head]]) -> list[list[float]]:
+        return ablated_sums(model, batches[kb], cache(kb)[0], sets, fills, verification.rows)
+
+    tag = f"verify/{method}/k{k}/r{verification.subsets}/p{verification.inclusion}/s{verification.seed}"
+    chunks = {"exact": [[exact_sets[i] for i in exact_order[c : c + CHUNK]] for c in range(0, k, CHUNK)],
+              "subsets": [[subset_sets[i] for i in subset_order[c : c + CHUNK]]
+                          for c in range(0, len(subset_sets), CHUNK)]}
+    units: list[tuple[str, Callable[[], object]]] = []
+    for kb in range(len(batches)):
+        units.append((f"{tag}/b{kb}/base", partial(lambda kb: cache(kb)[1], kb)))
+        units += [(f"{tag}/b{kb}/{kind}/{c}", partial(unit, kb, sets))
+                  for kind, parts in chunks.items() for c, sets in enumerate(parts)]
+    bar: Callable[[Iterable], Iterable] = lambda it: tqdm(it, desc=f"verifying {method}", disable=not show_progress,
+                                                          leave=False)
+    results = run_units(units, progress or NoProgress(), bar)
+
+    n = float(sum(int(b.mask.sum()) for b in batches))  # scored tokens
+    base = np.array([s for kb in range(len(batches)) for s in results[f"{tag}/b{kb}/base"]])  # [W]
+
+    def changes(kind: str, order: list[int]) -> np.ndarray:  # corpus ΔL of each set, in the sets' own order
+        per_batch = [[row for c in range(len(chunks[kind])) for row in results[f"{tag}/b{kb}/{kind}/{c}"]]
+                     for kb in range(len(batches))]  # [batches][sets][b], in run order
+        sums = np.concatenate([np.array(rows) for rows in per_batch], axis=1)  # [sets, W]
+        out = np.empty(len(order))
+        out[order] = (sums - base).sum(1) / n
+        return out
+
+    exact = changes("exact", exact_order)
+    est, se, upper = corrected_estimates(masks, changes("subsets", subset_order), e.numpy()[rest],
+                                         verification.level)
+    table = pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
+                          "head": [h for _, h in heads], "estimate": e.numpy(), "verified": False,
+                          "exact": np.nan, "sub_estimate": np.nan, "se": np.nan, "upper": np.nan})
+    table.loc[top, "verified"] = True
+    table.loc[top, "exact"] = exact
+    table.loc[rest, "sub_estimate"], table.loc[rest, "se"], table.loc[rest, "upper"] = est, se, upper
+    threshold = float(np.abs(exact).min())
+    missed = int((upper >= threshold).sum())
+    return VerifiedRanking(method, estimate_name, table, float(upper.max()), threshold, max(0.0, (k - missed) / k),
+                           float(base.sum() / n), int(n), verification.subsets, verification.inclusion,
+                           verification.level)
+
+
+def recall_at_k(exact_all: Iterable[float], verified: Iterable[bool]) -> float:
+    """The share of the true top K heads by |ΔL| (``exact_all``: every head's exact ΔL, e.g. the exact sweep's
+    abl_zero column) that the verified set (K = its size) contains."""
+    values, chosen = np.abs(np.asarray(list(exact_all), dtype=float)), np.asarray(list(verified), dtype=bool)
+    k = int(chosen.sum())
+    if not 0 < k <= len(values):
+        raise HeadpruneError(f"{k} verified heads of {len(values)}: nothing to compare")
+    true_top = np.argsort(-values, kind="stable")[:k]
+    return float(chosen[true_top].sum() / k)
