@@ -39,9 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def option_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """``dest -> --option`` of one command, read from its parser: what a library parameter is called there."""
+    """``dest -> --option`` of one command, read from its parser: what a library parameter is called there; a
+    command module's ``PARAMS`` (library parameter -> dest) names the parameters whose name differs."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.dest: max(a.option_strings, key=len) for a in sub.choices[command]._actions if a.option_strings}
+    flags = {a.dest: max(a.option_strings, key=len) for a in sub.choices[command]._actions if a.option_strings}
+    return flags | {param: flags[dest] for param, dest in getattr(command_module(command), "PARAMS", {}).items()}
 
 
 def user_message(err: HeadpruneError, flags: dict[str, str]) -> str:

@@ -12,6 +12,7 @@ from headprune.errors import HeadpruneError
 from headprune.scoring.verified import DEFAULT_INCLUSION, DEFAULT_SUBSETS, VERIFIABLE
 
 HELP = "ablation ranking from a cheap estimate: its top heads ablated exactly, a bound on the rest"
+PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
 
 
 def configure(p: argparse.ArgumentParser) -> None:

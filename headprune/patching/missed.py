@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy.stats import norm
+from scipy.stats import t as student_t
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
@@ -96,9 +97,13 @@ def subset_changes(model: HeadModel, runs: Runs, subsets: list[list[Head]], rows
                     runs.direction).change
 
 
-def subsample_estimates(masks: np.ndarray, changes: np.ndarray, level: float = DEFAULT_LEVEL
+def subsample_estimates(masks: np.ndarray, changes: np.ndarray, level: float = DEFAULT_LEVEL, welch: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] (bool) from the subsets' changes [R]."""
+    """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] (bool) from the subsets' changes [R].
+
+    ``welch``: the quantile of Student's t with the Welch–Satterthwaite degrees of freedom
+    ν = se⁴ / ((var_in/R_in)²/(R_in − 1) + (var_out/R_out)²/(R_out − 1)) instead of the normal's: needed where a
+    head is in a few subsets only (small inclusion probabilities), where the normal quantile under-covers."""
     R, N = masks.shape
     inside, outside = masks.sum(0), R - masks.sum(0)
     if (inside < 2).any() or (outside < 2).any():
@@ -111,8 +116,13 @@ def subsample_estimates(masks: np.ndarray, changes: np.ndarray, level: float = D
     var_out = (~masks * (c - mean_out) ** 2).sum(0) / (outside - 1)
     estimate = mean_in - mean_out
     se = np.sqrt(var_in / inside + var_out / outside)
-    z = norm.ppf(1 - (1 - level) / (2 * N))
-    return estimate, se, np.abs(estimate) + z * se
+    q = 1 - (1 - level) / (2 * N)
+    if welch:
+        a, b = var_in / inside, var_out / outside
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dof = np.where(se > 0, (a + b) ** 2 / (a**2 / (inside - 1) + b**2 / (outside - 1)), np.inf)
+        return estimate, se, np.abs(estimate) + student_t.ppf(q, dof) * se
+    return estimate, se, np.abs(estimate) + norm.ppf(q) * se
 
 
 def split_verified(estimate: Patching, verified: int | None = None) -> tuple[np.ndarray, np.ndarray]:

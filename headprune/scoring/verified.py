@@ -11,7 +11,8 @@ estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward 
    with the estimate as a control variate, the residuals d_r = ΔL(S_r) − Σ_{n∈S_r} e(n) go through
    :func:`~headprune.patching.missed.subsample_estimates`, which gives each head's correction δ(n) (mean of d_r
    over the subsets holding n minus the mean over the others) and its standard error se(n); then
-   ĉ(n) = e(n) + δ(n) and u(n) = |ĉ(n)| + z_{1−δ/(2|U|)}·se(n). Under additive effects ĉ(n) is unbiased whatever
+   ĉ(n) = e(n) + δ(n) and u(n) = |ĉ(n)| + t_{1−δ/(2|U|), ν(n)}·se(n), with Welch's degrees of freedom ν(n) (a head
+   sits in few subsets, where the normal quantile would under-cover). Under additive effects ĉ(n) is unbiased whatever
    the estimate, and a good estimate shrinks the spread of the d_r (so se) from Σ ΔL² to Σ (ΔL − e)²;
 3. bound = max_{n∈U} u(n): at confidence 1 − δ (normal approximation, additive effects), no unverified head
    changes the NLL by more than ``bound``. With t the smallest |ΔL({n})| in V, at most m = #{n∈U: u(n) ≥ t}
@@ -19,8 +20,7 @@ estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward 
 
 Cost: one estimate (about three forwards), K/2 forward-equivalents on average for V and R forwards for the
 subsets, against H/2 for the exact sweep of every head. Ablating many heads at once is not additive, so p is small
-(each subset ablates about p·|U| heads); a head that lands in fewer than two subsets (or outside fewer than two)
-has its column redrawn, which keeps the columns independent.
+(each subset ablates about p·|U| heads), and each head sits in exactly round(p·R) subsets (:func:`draw_subsets`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.scoring.ablation import cache_batch
 
 VERIFIABLE = ("abl_zero", "abl_mean")  # the ablations whose fills are known before the sweep
-DEFAULT_SUBSETS, DEFAULT_INCLUSION, DEFAULT_LEVEL = 32, 0.125, 0.95
+DEFAULT_SUBSETS, DEFAULT_INCLUSION, DEFAULT_LEVEL = 32, 0.25, 0.95
 CHUNK = 8  # head sets per resumable unit
 
 
@@ -69,16 +69,14 @@ class Verification:
         """The number of verified heads, after checking every field against a model of ``n_heads`` heads."""
         k = max(1, round(0.1 * n_heads)) if self.verified is None else self.verified
         if not 0 < k <= n_heads - 2:
-            raise HeadpruneError(f"verifying {k} of {n_heads} heads leaves too few to bound (give 1 to "
+            raise HeadpruneError(f"verified {k} of {n_heads} heads leave too few to bound (give 1 to "
                                  f"{n_heads - 2})", "verified")
         if self.subsets < 8:
-            raise HeadpruneError(f"{self.subsets} subsets are too few to estimate a spread (give at least 8)",
-                                 "subsets")
+            raise HeadpruneError(f"subsets {self.subsets}: too few to estimate a spread (give at least 8)", "subsets")
         if not 0 < self.inclusion < 1:
-            raise HeadpruneError(f"inclusion probability {self.inclusion} must lie strictly between 0 and 1",
-                                 "inclusion")
+            raise HeadpruneError(f"inclusion {self.inclusion} must lie strictly between 0 and 1", "inclusion")
         if not 0 < self.level < 1:
-            raise HeadpruneError(f"confidence level {self.level} must lie strictly between 0 and 1", "level")
+            raise HeadpruneError(f"level {self.level} must lie strictly between 0 and 1", "level")
         if self.rows < 1:
             raise HeadpruneError(f"rows {self.rows} must be at least 1", "rows")
         return k
@@ -129,28 +127,26 @@ class VerifiedRanking:
 
 
 def draw_subsets(n_heads: int, subsets: int, inclusion: float, seed: int) -> np.ndarray:
-    """[R, N] bool: head n in subset r with probability ``inclusion``; a column with fewer than two members or
-    non-members is redrawn (each column alone, so the columns stay independent)."""
-    if subsets * min(inclusion, 1 - inclusion) < 1:
-        raise HeadpruneError(f"{subsets} subsets at inclusion {inclusion} put a head in (or out of) fewer than one "
-                             "subset on average: use more subsets or an inclusion nearer 0.5")
+    """[R, N] bool: each head in exactly m = round(inclusion·R) of the R subsets (clipped to 2..R−2), the m drawn
+    uniformly for each head alone. The columns are independent and every subset holds a given head with
+    probability m/R whatever the other heads, so mean_in − mean_out stays unbiased under additive effects, and no
+    head rests on fewer than m samples (Welch's degrees of freedom at least m − 1)."""
+    if subsets < 4:
+        raise HeadpruneError(f"{subsets} subsets cannot hold every head in two and leave it out of two (give at least "
+                             "4)", "subsets")
+    m = min(max(2, round(inclusion * subsets)), subsets - 2)
     rng = np.random.default_rng(seed)
-    masks = rng.random((subsets, n_heads)) < inclusion
-    while True:
-        inside = masks.sum(0)
-        bad = np.flatnonzero((inside < 2) | (subsets - inside < 2))
-        if not len(bad):
-            return masks
-        masks[:, bad] = rng.random((subsets, len(bad))) < inclusion
+    order = np.argsort(rng.random((subsets, n_heads)), axis=0)  # a random permutation of the subsets per head
+    return order < m
 
 
 def corrected_estimates(masks: np.ndarray, changes: np.ndarray, estimate: np.ndarray, level: float = DEFAULT_LEVEL
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] from the subsets' changes [R], with ``estimate``
     [N] as the control variate: d_r = c_r − Σ_{n∈S_r} e(n), ĉ(n) = e(n) + (mean of d_r over the subsets holding n
-    − mean over the others), u(n) = |ĉ(n)| + z_{1−δ/(2N)}·se(n)."""
+    − mean over the others), u(n) = |ĉ(n)| + t_{1−δ/(2N), ν(n)}·se(n) (Welch's t: a head sits in few subsets)."""
     residual = changes - masks.astype(float) @ estimate
-    correction, se, upper = subsample_estimates(masks, residual, level)
+    correction, se, upper = subsample_estimates(masks, residual, level, welch=True)
     corrected = estimate + correction
     return corrected, se, np.abs(corrected) + (upper - np.abs(correction))
 
@@ -172,7 +168,7 @@ def ablated_sums(
     sums: list[list[float]] = []
     for first in range(0, len(sets), copies):
         chunk = sets[first : first + copies]
-        start = min(layer for heads in chunk for layer, _ in heads)
+        start = min((layer for heads in chunk for layer, _ in heads), default=0)  # an empty set: the baseline
         keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, heads) for heads in chunk))]  # [c, h_l]
         gates = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
         resid = model.run_blocks(resid_pre[start].repeat(len(chunk), 1, 1), start=start, gates=gates, fills=fills)
@@ -182,7 +178,7 @@ def ablated_sums(
 
 
 def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
-    return sorted(range(len(sets)), key=lambda i: min(layer for layer, _ in sets[i]))
+    return sorted(range(len(sets)), key=lambda i: min((layer for layer, _ in sets[i]), default=0))
 
 
 def verify_ranking(
@@ -271,10 +267,17 @@ def verify_ranking(
     table.loc[top, "exact"] = exact
     table.loc[rest, "sub_estimate"], table.loc[rest, "se"], table.loc[rest, "upper"] = est, se, upper
     threshold = float(np.abs(exact).min())
-    missed = int((upper >= threshold).sum())
-    return VerifiedRanking(method, estimate_name, table, float(upper.max()), threshold, max(0.0, (k - missed) / k),
+    return VerifiedRanking(method, estimate_name, table, float(upper.max()), threshold, certified_recall(exact, upper),
                            float(base.sum() / n), int(n), verification.subsets, verification.inclusion,
                            verification.level)
+
+
+def certified_recall(exact: np.ndarray, upper: np.ndarray) -> float:
+    """Lower bound on the recall of the true top K by |ΔL| (K = len(``exact``), the verified heads' exact ΔL), given
+    the unverified heads' upper bounds ``upper``: with t = min |exact|, at most m = #{u ≥ t} unverified heads can
+    outrank a verified one, so at least K − m of the true top K are verified."""
+    k = len(exact)
+    return max(0, k - int((upper >= np.abs(exact).min()).sum())) / k
 
 
 def recall_at_k(exact_all: Iterable[float], verified: Iterable[bool]) -> float:

@@ -1,0 +1,192 @@
+"""The verified ablation ranking (headprune.scoring.verified): ablating a head set together against Hugging Face's
+GPT-2 with those heads' c_proj input slices zeroed, the verified heads' exact values against the exact sweep, the
+control-variate estimates and the certified recall against hand calculations, and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.stats import t as student_t
+from transformers import GPT2LMHeadModel
+
+from headprune.errors import HeadpruneError
+from headprune.io.loading import load_model
+from headprune.patching.missed import subsample_estimates
+from headprune.perplexity import Windowing
+from headprune.scoring import ScoringOptions, score_heads
+from headprune.scoring.ablation import cache_batch
+from headprune.scoring.verified import (
+    Verification,
+    ablated_sums,
+    certified_recall,
+    corrected_estimates,
+    draw_subsets,
+    recall_at_k,
+    verify_ranking,
+)
+
+from helpers import TINY, random_tokens
+
+WINDOWS = Windowing.resolve(TINY["n_positions"], seq_len=16, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return random_tokens(B=1, T=64, seed=5).view(-1)
+
+
+@pytest.fixture(scope="module")
+def scored(model, ids):
+    return score_heads(model, ids, "taylor,abl_zero,abl_mean", WINDOWS, ScoringOptions(bootstrap=0),
+                       show_progress=False)
+
+
+def _hf_sums(hf, tokens, mask, heads):
+    """NLL sum of each window with the c_proj input slices of ``heads`` zeroed in Hugging Face's GPT-2."""
+    d_head = TINY["n_embd"] // TINY["n_head"]
+
+    def zero(layer):
+        def hook(_module, args):
+            x = args[0].clone()
+            for l, h in heads:
+                if l == layer:
+                    x[..., h * d_head:(h + 1) * d_head] = 0
+            return (x,)
+        return hook
+
+    handles = [blk.attn.c_proj.register_forward_pre_hook(zero(l)) for l, blk in enumerate(hf.transformer.h)]
+    try:
+        with torch.no_grad():
+            logits = hf(tokens).logits[:, :-1].double()
+    finally:
+        for handle in handles:
+            handle.remove()
+    nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    return (nll * mask).sum(1).tolist()
+
+
+def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
+    hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
+    batch = WINDOWS.batches(ids)[0]
+    sets = [[(0, 1)], [(1, 0), (2, 3)], [(0, 2), (1, 1), (1, 3), (2, 0)], [(2, 2)]]  # lowest layer first
+    resid_pre, _ = cache_batch(model, batch)
+    got = ablated_sums(model, batch, resid_pre, sets, [None] * 3, rows=4)  # two sets per forward
+    for heads, sums in zip(sets, got, strict=True):
+        np.testing.assert_allclose(sums, _hf_sums(hf, batch.tokens, batch.mask, heads), rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("method", ["abl_zero", "abl_mean"])
+def test_verified_heads_carry_the_exact_sweeps_values(model, ids, scored, method):
+    result = verify_ranking(model, ids, scored.table["taylor"], method, verification=Verification(3, 16, 0.25),
+                            windowing=WINDOWS, means=scored.means, show_progress=False)
+    table = result.table
+    top3 = np.argsort(-scored.table["taylor"].abs().to_numpy(), kind="stable")[:3]
+    assert sorted(np.flatnonzero(table["verified"])) == sorted(top3)
+    np.testing.assert_allclose(table.loc[top3, "exact"], scored.table.loc[top3, method], rtol=0, atol=1e-9)
+    assert result.baseline_nll == pytest.approx(scored.baseline["nll"], abs=1e-12)
+    assert table["upper"].isna().sum() == 3 and result.bound == pytest.approx(table["upper"].max())
+
+
+def test_subset_changes_feed_the_estimates(model, ids, scored):
+    """The unverified heads' estimates are corrected_estimates of the subsets' corpus NLL changes, each measured here
+    one set per forward in the drawn order (the ranking batches them, lowest layer first, in resumable chunks)."""
+    v = Verification(2, 12, 0.3, seed=4)
+    result = verify_ranking(model, ids, scored.table["taylor"], verification=v, windowing=WINDOWS, show_progress=False)
+    rest = np.flatnonzero(~result.table["verified"].to_numpy())
+    masks = draw_subsets(len(rest), 12, 0.3, 4)
+    heads = model.head_ids
+    sets = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
+    total, base, n = np.zeros(len(sets)), 0.0, 0
+    for batch in WINDOWS.batches(ids):
+        resid_pre, base_sums = cache_batch(model, batch)
+        for i, heads_i in enumerate(sets):  # one set per forward, in the drawn order
+            total[i] += sum(ablated_sums(model, batch, resid_pre, [heads_i], [None] * 3, rows=1)[0])
+        base += sum(base_sums)
+        n += int(batch.mask.sum())
+    changes = (total - base) / n
+    est, se, upper = corrected_estimates(masks, changes, scored.table["taylor"].to_numpy()[rest])
+    np.testing.assert_allclose(result.table.loc[rest, "sub_estimate"], est, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result.table.loc[rest, "se"], se, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result.table.loc[rest, "upper"], upper, rtol=0, atol=1e-9)
+
+
+def test_corrected_estimates_by_hand():
+    rng = np.random.default_rng(0)
+    masks = draw_subsets(6, 20, 0.3, seed=1)
+    truth = rng.normal(size=6)
+    additive = masks.astype(float) @ truth
+    # an exact estimate leaves residuals of zero: the estimate itself, with no spread
+    est, se, upper = corrected_estimates(masks, additive, truth)
+    np.testing.assert_allclose(est, truth, atol=1e-12)
+    np.testing.assert_allclose(se, 0, atol=1e-12)
+    # no estimate: the plain subsampling estimates (with Welch's t)
+    plain = subsample_estimates(masks, additive, welch=True)
+    for got, want in zip(corrected_estimates(masks, additive, np.zeros(6)), plain, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    # head 0 by hand: mean of d_r over the subsets holding it minus over the others, and the Bonferroni z
+    e = rng.normal(size=6)
+    changes = additive + rng.normal(scale=0.1, size=20)
+    est, se, upper = corrected_estimates(masks, changes, e, level=0.9)
+    d = changes - masks.astype(float) @ e
+    inside, outside = d[masks[:, 0]], d[~masks[:, 0]]
+    assert est[0] == pytest.approx(e[0] + inside.mean() - outside.mean(), abs=1e-12)
+    se0 = np.sqrt(inside.var(ddof=1) / len(inside) + outside.var(ddof=1) / len(outside))
+    assert se[0] == pytest.approx(se0, abs=1e-12)
+    a, b = inside.var(ddof=1) / len(inside), outside.var(ddof=1) / len(outside)
+    dof = (a + b) ** 2 / (a**2 / (len(inside) - 1) + b**2 / (len(outside) - 1))
+    assert upper[0] == pytest.approx(abs(est[0]) + student_t.ppf(1 - 0.1 / 12, dof) * se0, abs=1e-12)
+
+
+def test_bound_covers_additive_effects_at_its_level():
+    """Seeded simulation with the default subsets: additive heavy-tailed effects plus noise, an estimate with its
+    own error; the bound covers every head's true |effect| in at least 95% of the draws."""
+    rng = np.random.default_rng(3)
+    truth = rng.standard_t(2, size=40) * 0.01
+    v = Verification()
+    covered = 0
+    for trial in range(200):
+        masks = draw_subsets(40, v.subsets, v.inclusion, seed=trial)
+        changes = masks.astype(float) @ truth + rng.normal(scale=0.002, size=v.subsets)
+        _, _, upper = corrected_estimates(masks, changes, truth + rng.normal(scale=0.005, size=40), v.level)
+        covered += bool((upper >= np.abs(truth)).all())
+    assert covered >= 190
+
+
+def test_certified_recall_and_recall_by_hand():
+    # verified |exact| 0.5, 0.2, -0.3: threshold 0.2; two unverified heads could still reach it
+    assert certified_recall(np.array([0.5, 0.2, -0.3]), np.array([0.25, 0.2, 0.19, 0.01])) == pytest.approx(1 / 3)
+    assert certified_recall(np.array([0.5, 0.2]), np.array([0.1, 0.19])) == 1.0
+    assert certified_recall(np.array([0.5]), np.array([0.6, 0.7])) == 0.0
+    # true top 2 by |value|: heads 3 (-0.9) and 0 (0.5); the verified set {0, 1} holds one of them
+    assert recall_at_k([0.5, 0.4, 0.1, -0.9], [True, True, False, False]) == 0.5
+
+
+def test_draw_subsets_puts_each_head_in_the_same_number():
+    masks = draw_subsets(200, 16, 0.1, seed=0)  # round(1.6) = 2 subsets per head
+    assert (masks.sum(0) == 2).all() and masks.sum(1).std() > 0  # the subsets' sizes vary
+    np.testing.assert_array_equal(masks, draw_subsets(200, 16, 0.1, seed=0))
+    assert (draw_subsets(50, 32, 0.25, seed=1).sum(0) == 8).all()
+    assert (draw_subsets(50, 8, 0.99, seed=1).sum(0) == 6).all()  # at most R - 2: out of two
+    with pytest.raises(HeadpruneError, match="3 subsets"):
+        draw_subsets(10, 3, 0.5, seed=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "abl_opt"}, "cannot verify 'abl_opt'"),
+    ({"estimate": [0.1] * 5}, "5 values for 12 heads"),
+    ({"estimate": [float("nan")] * 12}, "NaN"),
+    ({"verification": Verification(verified=11)}, "verified 11 of 12 heads"),
+    ({"verification": Verification(subsets=4)}, "subsets 4"),
+    ({"verification": Verification(inclusion=1.0)}, "inclusion 1.0"),
+])
+def test_refusals_name_the_bad_value(model, ids, kwargs, match):
+    args = {"estimate": [0.1] * 12} | kwargs
+    with pytest.raises(HeadpruneError, match=match):
+        verify_ranking(model, ids, windowing=WINDOWS, show_progress=False, **args)
