@@ -152,6 +152,14 @@ def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: in
     options; nothing for the weight methods alone (no data, no forward)."""
     if not any(METHOD_SPECS[m].data_dependent for m in methods):
         return []
-    estimate = estimate_scoring(model, methods, tokens, seq_len)
+    rate = measured_rate(model, seq_len)
+    estimate = estimate_scoring(model, methods, tokens, seq_len, rate)
     hint = cheaper_hint(estimate, methods)
-    return [estimate.line(), *([hint] if hint is not None else [])]
+    lines = [estimate.line(), *([hint] if hint is not None else [])]
+    verifiable = [m for m in methods if m in ("abl_zero", "abl_mean")]
+    if hint is not None and verifiable:
+        fe = verify_fe(model, seq_len, max(1, round(0.1 * len(model.head_ids))), 32)["total"]
+        seconds = fe * forward_flops(model, seq_len) * tokens / rate
+        lines.append(f"or rank by {verifiable[0]} without its full sweep: headprune verify --method {verifiable[0]} "
+                     f"(the estimate's top 10% ablated exactly, a bound on the rest) takes about {duration(seconds)}")
+    return lines

@@ -47,3 +47,20 @@ def test_estimate_scales_with_tokens_and_hints_past_ten_minutes(tiny_dir):
     assert small.total < 600 and cheaper_hint(small, methods) is None
     hint = cheaper_hint(Estimate(10, {"abl_zero": 900.0, "gradients": 30.0, "activations": 15.0}), methods)
     assert hint is not None and "--methods wo_fro,fluct,grad" in hint and "45 s" in hint
+
+
+def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
+    import headprune.cost as cost
+
+    model = load_model(tiny_dir)  # 12 heads
+    T = 32
+    sweep = ablation_fe(model, T)
+    fe = cost.verify_fe(model, T, verified=2, subsets=16)
+    assert fe["sweep"] == sweep
+    assert fe["total"] == pytest.approx(2 + 1 + 2 * (sweep - 1) / 12 + 16, rel=1e-12)  # taylor, base, K, R
+    monkeypatch.setattr(cost, "measured_rate", lambda model, seq_len: 1e6)  # slow enough to pass ten minutes
+    tokens = 10_000
+    lines = cost.scoring_lines(model, ["grad", "abl_zero"], tokens, T)
+    want = cost.verify_fe(model, T, 1, 32)["total"] * forward_flops(model, T) * tokens / 1e6  # 10% of 12 -> 1
+    assert lines[-1].startswith("or rank by abl_zero without its full sweep: headprune verify --method abl_zero")
+    assert lines[-1].endswith(f"takes about {cost.duration(want)}")
