@@ -50,7 +50,7 @@ def test_estimate_scales_with_tokens_and_hints_past_ten_minutes(tiny_dir):
 
 
 def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
-    import headprune.cost as cost
+    from headprune import cost
 
     model = load_model(tiny_dir)  # 12 heads
     T = 32
