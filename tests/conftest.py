@@ -11,6 +11,9 @@ import torch
 
 from helpers import PATCH_CFG, PATCH_SEED, TINY, save_hf_gpt2, write_corpus
 
+# commands run as one process here (tests read their output in-process); tests/cli/test_workers.py asks for two
+os.environ["HEADPRUNE_WORKERS"] = "1"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n 2: one core per test worker, for its own torch and for the processes its tests start
     os.environ.setdefault("OMP_NUM_THREADS", "1")

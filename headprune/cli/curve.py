@@ -23,6 +23,7 @@ from headprune.cli.options import (
     add_model_args,
     add_run_flags,
     add_selection_args,
+    add_workers_arg,
 )
 from headprune.errors import HeadpruneError
 from headprune.schema import IMPORTANCE_METHODS
@@ -32,6 +33,7 @@ HELP = 'perplexity as heads are pruned, per method, against random'
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_workers_arg(p)
     add_data_args(p, "test")
     p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
     p.add_argument("--methods", default="all",

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from headprune import __version__
 from headprune.cli.options import DESCRIPTION, EPILOG, HelpFormatter, check_counts
+from headprune.cli.workers import launch, resolve_workers
 from headprune.errors import HeadpruneError, os_error_line
 
 #: command name -> module of headprune.cli, in the order ``headprune --help`` lists them
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stdout is None:  # started with file descriptor 1 closed: results would vanish without a word
             raise HeadpruneError("standard output is closed; redirect it to a file or /dev/null")
         check_counts(args)
+        if getattr(args, "workers", None) is not None and (n := resolve_workers(args.workers, args.device)) > 1:
+            return launch(sys.argv[1:] if argv is None else argv, n)
         if hasattr(args, "device"):
             from headprune.io.distributed import init_from_env
             from headprune.runtime import reuse_freed_memory

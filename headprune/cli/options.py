@@ -72,6 +72,13 @@ def add_device_args(p: argparse.ArgumentParser, export: bool = False) -> None:
                    help=EXPORT_DTYPE_HELP if export else "number format of the weights: fp32, bf16 or fp16")
 
 
+def add_workers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", default="auto",
+                   help="processes sharing the work on the CPU (torch.distributed, one thread each; the output is the "
+                        "same): auto = the machine's cores, at most 2 (1 on a GPU or under torchrun), or a number "
+                        "(default: $HEADPRUNE_WORKERS, else auto)")
+
+
 def add_fold_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fold-value-bias", action="store_true",
                    help="fold each head's value bias into b_O first (logits unchanged; zero ablation and pruning then "

@@ -13,6 +13,7 @@ from headprune.cli.options import (
     add_run_flags,
     add_score_data_arg,
     add_seed_arg,
+    add_workers_arg,
 )
 from headprune.errors import HeadpruneError
 from headprune.schema import METHODS
@@ -22,6 +23,7 @@ HELP = 'the whole analysis: ledger, scores, pruning curves, report'
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_workers_arg(p)
     add_data_args(p, "test")
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")

@@ -6,7 +6,14 @@ import argparse
 from typing import Any
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, print_estimate, windowing_from_args
-from headprune.cli.options import add_bootstrap_arg, add_data_args, add_model_args, add_run_flags, add_seed_arg
+from headprune.cli.options import (
+    add_bootstrap_arg,
+    add_data_args,
+    add_model_args,
+    add_run_flags,
+    add_seed_arg,
+    add_workers_arg,
+)
 from headprune.schema import METHODS, OPT_IN
 
 HELP = 'score heads: weight norms, activations, gradients, ablation'
@@ -14,6 +21,7 @@ HELP = 'score heads: weight norms, activations, gradients, ablation'
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_workers_arg(p)
     add_data_args(p, "validation")
     p.add_argument("--methods", default="all",
                    help=f"all (every method but the opt-in {', '.join(OPT_IN)}: all,abl_opt adds one), or a "

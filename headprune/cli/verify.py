@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
-from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args
+from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args, add_workers_arg
 from headprune.errors import HeadpruneError
 from headprune.scoring.verified import DEFAULT_INCLUSION, DEFAULT_SUBSETS, VERIFIABLE
 
@@ -17,6 +17,7 @@ PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fi
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_workers_arg(p)
     add_data_args(p, "validation")
     p.add_argument("--method", choices=VERIFIABLE, default="abl_zero", help="the ablation to verify")
     p.add_argument("--estimate", default="taylor",
