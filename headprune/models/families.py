@@ -73,7 +73,14 @@ def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
     if types is not None and (len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}):
         raise ValueError(f"layer_types must give sliding_attention or full_attention for each of {n_layers} layers")
     if family == "mistral":
+        if types and window is None and "sliding_attention" in types:
+            raise ValueError("layer_types marks sliding_attention layers but sliding_window is null (transformers "
+                             "has no window to apply there)")
         return [window if t == "sliding_attention" else None for t in types] if types else [window] * n_layers
+    if family in ("qwen2", "qwen3") and types and "sliding_attention" in types and (
+            window is None or not hf.get("use_sliding_window", False)):
+        raise ValueError("layer_types marks sliding_attention layers but use_sliding_window is false or "
+                         "sliding_window null (transformers has no window to apply there)")
     if family not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False) or window is None:
         return [None] * n_layers
     types = types or ["sliding_attention" if i >= hf.get("max_window_layers", 28) else "full_attention"
@@ -81,10 +88,24 @@ def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
+#: transformers' head_dim where a config has no head_dim key (Qwen3Config: 128); other families hidden / heads
+DEFAULT_HEAD_DIM = {"qwen3": 128}
+
+
+def _head_dim(hf: dict, family: str) -> int:
+    """head_dim as transformers reads it: the key's value; where it is absent, the family config's default
+    (Qwen3: 128, which refuses null) or hidden_size / num_attention_heads (Llama, Mistral, Qwen2, also for null)."""
+    if family in DEFAULT_HEAD_DIM:
+        if "head_dim" in hf and hf["head_dim"] is None:
+            raise ValueError(f"head_dim must be a positive integer for {family}, got null")
+        return hf.get("head_dim", DEFAULT_HEAD_DIM[family])
+    return hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+
+
 def read_decoder_config(hf: dict) -> LlamaLikeConfig:
     """A Llama / Mistral / Qwen2 / Qwen3 ``config.json`` dict -> :class:`LlamaLikeConfig`."""
     family = hf["model_type"]
-    if hf.get("hidden_act", "silu") != "silu":
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers' ACT2FN: swish is nn.SiLU
         raise ValueError(f"hidden_act {hf['hidden_act']!r}: the {family} MLP is implemented with silu only")
     rope = _rope(hf)
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
@@ -95,7 +116,7 @@ def read_decoder_config(hf: dict) -> LlamaLikeConfig:
         family=family, vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"],
         d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_head=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_mlp=hf["intermediate_size"],
+        d_head=_head_dim(hf, family), d_mlp=hf["intermediate_size"],
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
@@ -146,6 +167,12 @@ def read_gemma3_config(hf: dict) -> Gemma3Config:
                                       for i in range(n_layers)]
     if not set(types) <= set(LAYER_TYPES):
         raise ValueError(f"layer_types may hold only {LAYER_TYPES}, got {sorted(set(types))}")
+    window = hf.get("sliding_window", 4096)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # transformers' masks need one
+        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    scalar = hf.get("query_pre_attn_scalar", 256)
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
+        raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     attention_bias = bool(hf.get("attention_bias", False))
     return Gemma3Config(
         vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=hf["hidden_size"],
@@ -153,7 +180,7 @@ def read_gemma3_config(hf: dict) -> Gemma3Config:
         d_head=hf.get("head_dim") or 256, d_mlp=hf["intermediate_size"],
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=hf.get("sliding_window") or 4096,
+        query_pre_attn_scalar=scalar, sliding_window=window,
         layer_types=list(types), rope=_gemma3_rope(hf), attention_bias=attention_bias,
         final_logit_softcapping=hf.get("final_logit_softcapping"), **_kept(hf))
 
