@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 
 import numpy as np
 import pandas as pd
@@ -71,7 +72,7 @@ class StudyOptions:
             raise HeadpruneError("the atp_qkfix approximation needs q or k among the patched activations")
         if not self.activations and not self.approximations:
             raise HeadpruneError("nothing to compute: give activations to patch or approximations")
-        whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
+        whole = lambda v: isinstance(v, Integral) and not isinstance(v, bool)
         if not whole(self.bootstrap) or self.bootstrap == 1 or self.bootstrap < 0:
             raise HeadpruneError(f"bootstrap {self.bootstrap!r}: give 0 (no intervals) or at least 2 replicates",
                                  "bootstrap")
