@@ -26,6 +26,17 @@ def _kept(hf: dict) -> dict:
     return {"kept_heads": [list(k) for k in hf.get("headprune_kept_heads", [])]}
 
 
+#: transformers' max_position_embeddings where a config has none (its config classes' defaults)
+DEFAULT_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072,
+                     "gpt_neox": 2048}
+
+
+def _positions(hf: dict) -> int:
+    """max_position_embeddings as transformers reads it: the key's value, else its family config's default."""
+    default = DEFAULT_POSITIONS.get(hf.get("model_type", ""))
+    return hf["max_position_embeddings"] if default is None else hf.get("max_position_embeddings", default)
+
+
 def _checked_rope(params: dict, hf: dict) -> dict:
     """One rope parameter set, checked as transformers' rope validation checks it (a type it knows, a positive
     θ, a positive factor, llama3's frequency band), its llama3 context filled in."""
@@ -45,7 +56,7 @@ def _checked_rope(params: dict, hf: dict) -> dict:
             raise ValueError(f"the llama3 rope scaling needs {' and '.join(missing)}")
         if not 0 < params["low_freq_factor"] < params["high_freq_factor"]:
             raise ValueError("the llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor")
-        params.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+        params.setdefault("original_max_position_embeddings", _positions(hf))
     return params
 
 
@@ -113,7 +124,7 @@ def read_decoder_config(hf: dict) -> LlamaLikeConfig:
     n_heads, n_layers = hf["num_attention_heads"], hf["num_hidden_layers"]
     attention_bias = bool(hf.get("attention_bias", False)) and family in ("llama", "qwen3")
     return LlamaLikeConfig(
-        family=family, vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"],
+        family=family, vocab_size=hf["vocab_size"], n_positions=_positions(hf),
         d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         d_head=_head_dim(hf, family), d_mlp=hf["intermediate_size"],
@@ -175,7 +186,7 @@ def read_gemma3_config(hf: dict) -> Gemma3Config:
         raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     attention_bias = bool(hf.get("attention_bias", False))
     return Gemma3Config(
-        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=hf["hidden_size"],
+        vocab_size=hf["vocab_size"], n_positions=_positions(hf), d_model=hf["hidden_size"],
         n_layers=n_layers, n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         d_head=hf.get("head_dim") or 256, d_mlp=hf["intermediate_size"],
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
@@ -195,7 +206,7 @@ def read_neox_config(hf: dict) -> NeoXConfig:
         raise ValueError(f"hidden_size {d} is not divisible by num_attention_heads {n_heads}")
     attention_bias = bool(hf.get("attention_bias", True))
     return NeoXConfig(
-        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=d,
+        vocab_size=hf["vocab_size"], n_positions=_positions(hf), d_model=d,
         n_layers=hf["num_hidden_layers"], n_heads=n_heads, n_kv_heads=n_heads, d_head=d // n_heads,
         d_mlp=hf["intermediate_size"], tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), layer_norm_eps=hf.get("layer_norm_eps", 1e-5),

@@ -37,7 +37,7 @@ def written(tmp_path, family: str, built: dict | None, edit: dict | None):
     matters (norm gains and biases off their initial values), saved, then its config.json edited."""
     name, sizes = FAMILIES[family]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(getattr(transformers, name)(**sizes, **(built or {}))).eval()
+    model = AutoModelForCausalLM.from_config(getattr(transformers, name)(**{**sizes, **(built or {})})).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -67,6 +67,10 @@ MATCHED = {  # id: (family, built with, config.json edit)
     "llama rope theta absent": ("llama", None, {"rope_parameters": DEL, "rope_theta": DEL}),
     "llama rms_norm_eps absent": ("llama", None, {"rms_norm_eps": DEL}),
     "llama tie absent": ("llama", None, {"tie_word_embeddings": DEL}),
+    **{f"{family} positions absent": (family, rope("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+                                      if family == "llama" else None, {"max_position_embeddings": DEL})
+       for family in ("llama", "mistral", "qwen2", "qwen3", "gemma3", "neox")},  # llama3's band reads it
+    "gpt2 n_positions absent": ("gpt2", {"n_positions": 1024}, {"n_positions": DEL, "n_ctx": DEL}),
     "mistral head_dim null": ("mistral", None, {"head_dim": None}),
     "mistral attention_bias key": ("mistral", None, {"attention_bias": True}),  # Mistral has no such bias
     "qwen2 window from max_window_layers": ("qwen2", QWEN_WINDOW, {"layer_types": DEL}),
@@ -112,6 +116,8 @@ def test_config_read_as_transformers_reads_it(tmp_path, family, built, edit):
     with torch.no_grad():
         gap = (ours(x) - reference(x).logits).abs().max()
     assert gap <= 1e-5
+    positions = "n_positions" if family == "gpt2" else "max_position_embeddings"
+    assert ours.cfg.n_positions == getattr(reference.config, positions)
 
 
 REFUSED = {  # id: (family, built with, config.json edit, the HeadpruneError's words)
@@ -123,8 +129,8 @@ REFUSED = {  # id: (family, built with, config.json edit, the HeadpruneError's w
     "llama partial rotary": ("llama", None, rope("default", partial_rotary_factor=0.5),
                              "partial_rotary_factor is not supported for llama"),
     "llama hidden_act gelu": ("llama", None, {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    "llama max_position_embeddings absent": ("llama", None, {"max_position_embeddings": DEL},
-                                             "no 'max_position_embeddings' field"),
+    "llama max_position_embeddings null": ("llama", None, {"max_position_embeddings": None},
+                                           "n_positions must be a positive integer, got None"),
     "qwen3 head_dim null": ("qwen3", None, {"head_dim": None}, "head_dim must be a positive integer for qwen3"),
     "qwen2 sliding layers, window off": ("qwen2", None, {"use_sliding_window": False, **WINDOWED},
                                          "layer_types marks sliding_attention layers but use_sliding_window"),
