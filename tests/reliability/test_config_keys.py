@@ -160,3 +160,16 @@ def test_config_headprune_cannot_compute_is_refused(tmp_path, family, built, edi
     folder = written(tmp_path, family, built, edit)
     with pytest.raises(HeadpruneError, match=words):
         load_model(folder)
+
+
+@pytest.mark.parametrize("case", ["gemma3 sliding_window null", "qwen2 sliding layers, window off",
+                                  "llama yarn rope"])
+def test_the_cli_says_a_refused_config_in_one_line(tmp_path, capsys, case):
+    from headprune.cli.main import main
+
+    family, built, edit, words = REFUSED[case]
+    folder = written(tmp_path / "model", family, built, edit)
+    capsys.readouterr()
+    assert main(["info", "--model", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("headprune: error:") and words in err[0], err
