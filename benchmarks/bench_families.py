@@ -16,7 +16,8 @@ Each measurement runs in its own process, one after another, so its peak RSS (``
     serve F   :func:`headprune.pruning.serving.measure_serving` of the export in stock transformers (sdpa, as
               loaded): its head counts, max |Δlogit| against headprune's pruned model, prefill of 8 × 512 tokens
               (the KV cache filled, only the last logits computed; median of 3), decode at batch 1 and 32
-              (median of 16 steps after a 16-token prompt), the KV cache's bytes per token
+              (median of 16 steps after a 16-token prompt), each rate's spread (``*_min`` / ``*_max``: the
+              slowest and fastest repeat), the KV cache's bytes per token
 """
 
 from __future__ import annotations

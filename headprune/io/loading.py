@@ -103,8 +103,9 @@ def read_model_config(folder: Path) -> tuple[ModelFamily, HeadConfig]:
     hf = parse_config_json(folder)
     model_type = hf.get("model_type")
     if model_type not in REGISTRY:
-        raise HeadpruneError(f"{folder} holds a {model_type!r} model; headprune supports model_type "
-                             f"{', '.join(repr(t) for t in SUPPORTED)}")
+        held = "has no model_type" if model_type is None else f"holds a {model_type!r} model"
+        raise HeadpruneError(f"{folder / 'config.json' if model_type is None else folder} {held}; headprune supports "
+                             f"model_type {', '.join(repr(t) for t in SUPPORTED)}")
     family = REGISTRY[model_type]
     try:
         return family, family.read_config(hf)

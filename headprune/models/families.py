@@ -26,6 +26,17 @@ def _kept(hf: dict) -> dict:
     return {"kept_heads": [list(k) for k in hf.get("headprune_kept_heads", [])]}
 
 
+#: transformers' max_position_embeddings where a config has none (its config classes' defaults)
+DEFAULT_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072,
+                     "gpt_neox": 2048}
+
+
+def _positions(hf: dict) -> int:
+    """max_position_embeddings as transformers reads it: the key's value, else its family config's default."""
+    default = DEFAULT_POSITIONS.get(hf.get("model_type", ""))
+    return hf["max_position_embeddings"] if default is None else hf.get("max_position_embeddings", default)
+
+
 def _checked_rope(params: dict, hf: dict) -> dict:
     """One rope parameter set, checked as transformers' rope validation checks it (a type it knows, a positive
     θ, a positive factor, llama3's frequency band), its llama3 context filled in."""
@@ -45,7 +56,7 @@ def _checked_rope(params: dict, hf: dict) -> dict:
             raise ValueError(f"the llama3 rope scaling needs {' and '.join(missing)}")
         if not 0 < params["low_freq_factor"] < params["high_freq_factor"]:
             raise ValueError("the llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor")
-        params.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+        params.setdefault("original_max_position_embeddings", _positions(hf))
     return params
 
 
@@ -73,7 +84,14 @@ def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
     if types is not None and (len(types) != n_layers or not set(types) <= {"sliding_attention", "full_attention"}):
         raise ValueError(f"layer_types must give sliding_attention or full_attention for each of {n_layers} layers")
     if family == "mistral":
+        if types and window is None and "sliding_attention" in types:
+            raise ValueError("layer_types marks sliding_attention layers but sliding_window is null (transformers "
+                             "has no window to apply there)")
         return [window if t == "sliding_attention" else None for t in types] if types else [window] * n_layers
+    if family in ("qwen2", "qwen3") and types and "sliding_attention" in types and (
+            window is None or not hf.get("use_sliding_window", False)):
+        raise ValueError("layer_types marks sliding_attention layers but use_sliding_window is false or "
+                         "sliding_window null (transformers has no window to apply there)")
     if family not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False) or window is None:
         return [None] * n_layers
     types = types or ["sliding_attention" if i >= hf.get("max_window_layers", 28) else "full_attention"
@@ -81,10 +99,24 @@ def _windows(hf: dict, family: str, n_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
+#: transformers' head_dim where a config has no head_dim key (Qwen3Config: 128); other families hidden / heads
+DEFAULT_HEAD_DIM = {"qwen3": 128}
+
+
+def _head_dim(hf: dict, family: str) -> int:
+    """head_dim as transformers reads it: the key's value; where it is absent, the family config's default
+    (Qwen3: 128, which refuses null) or hidden_size / num_attention_heads (Llama, Mistral, Qwen2, also for null)."""
+    if family in DEFAULT_HEAD_DIM:
+        if "head_dim" in hf and hf["head_dim"] is None:
+            raise ValueError(f"head_dim must be a positive integer for {family}, got null")
+        return hf.get("head_dim", DEFAULT_HEAD_DIM[family])
+    return hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+
+
 def read_decoder_config(hf: dict) -> LlamaLikeConfig:
     """A Llama / Mistral / Qwen2 / Qwen3 ``config.json`` dict -> :class:`LlamaLikeConfig`."""
     family = hf["model_type"]
-    if hf.get("hidden_act", "silu") != "silu":
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):  # transformers' ACT2FN: swish is nn.SiLU
         raise ValueError(f"hidden_act {hf['hidden_act']!r}: the {family} MLP is implemented with silu only")
     rope = _rope(hf)
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
@@ -92,10 +124,10 @@ def read_decoder_config(hf: dict) -> LlamaLikeConfig:
     n_heads, n_layers = hf["num_attention_heads"], hf["num_hidden_layers"]
     attention_bias = bool(hf.get("attention_bias", False)) and family in ("llama", "qwen3")
     return LlamaLikeConfig(
-        family=family, vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"],
+        family=family, vocab_size=hf["vocab_size"], n_positions=_positions(hf),
         d_model=hf["hidden_size"], n_layers=n_layers, n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_head=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_mlp=hf["intermediate_size"],
+        d_head=_head_dim(hf, family), d_mlp=hf["intermediate_size"],
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)),
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(rope["rope_theta"]),
@@ -146,14 +178,20 @@ def read_gemma3_config(hf: dict) -> Gemma3Config:
                                       for i in range(n_layers)]
     if not set(types) <= set(LAYER_TYPES):
         raise ValueError(f"layer_types may hold only {LAYER_TYPES}, got {sorted(set(types))}")
+    window = hf.get("sliding_window", 4096)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:  # transformers' masks need one
+        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    scalar = hf.get("query_pre_attn_scalar", 256)
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
+        raise ValueError(f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
     attention_bias = bool(hf.get("attention_bias", False))
     return Gemma3Config(
-        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=hf["hidden_size"],
+        vocab_size=hf["vocab_size"], n_positions=_positions(hf), d_model=hf["hidden_size"],
         n_layers=n_layers, n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         d_head=hf.get("head_dim") or 256, d_mlp=hf["intermediate_size"],
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256), sliding_window=hf.get("sliding_window") or 4096,
+        query_pre_attn_scalar=scalar, sliding_window=window,
         layer_types=list(types), rope=_gemma3_rope(hf), attention_bias=attention_bias,
         final_logit_softcapping=hf.get("final_logit_softcapping"), **_kept(hf))
 
@@ -168,7 +206,7 @@ def read_neox_config(hf: dict) -> NeoXConfig:
         raise ValueError(f"hidden_size {d} is not divisible by num_attention_heads {n_heads}")
     attention_bias = bool(hf.get("attention_bias", True))
     return NeoXConfig(
-        vocab_size=hf["vocab_size"], n_positions=hf["max_position_embeddings"], d_model=d,
+        vocab_size=hf["vocab_size"], n_positions=_positions(hf), d_model=d,
         n_layers=hf["num_hidden_layers"], n_heads=n_heads, n_kv_heads=n_heads, d_head=d // n_heads,
         d_mlp=hf["intermediate_size"], tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         o_bias=attention_bias or bool(hf.get("headprune_o_bias", False)), layer_norm_eps=hf.get("layer_norm_eps", 1e-5),

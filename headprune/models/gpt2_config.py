@@ -65,7 +65,7 @@ class GPT2Config(HeadConfig):
         d_model = hf["n_embd"]
         return cls(
             vocab_size=hf["vocab_size"],
-            n_positions=hf["n_positions"],
+            n_positions=hf.get("n_positions", 1024),  # GPT2Config's default
             d_model=d_model,
             n_layers=hf["n_layer"],
             n_heads=hf["n_head"],

@@ -31,7 +31,8 @@ from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"gelu": F.gelu, "gelu_new": partial(F.gelu, approximate="tanh"),
-               "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+               "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "relu": F.relu, "silu": F.silu,
+               "swish": F.silu, "gelu_python": F.gelu}  # transformers' ACT2FN: swish is SiLU, gelu_python erf's GELU
 
 
 @dataclass

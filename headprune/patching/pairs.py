@@ -82,13 +82,38 @@ class PromptPairs:
         return cls(pad(clean), pad(corrupt), torch.tensor(lengths), torch.tensor(list(answer)),
                    torch.tensor(list(wrong)), name)
 
+    def check_shapes(self) -> PromptPairs:
+        """Refuse pairs built by hand that do not hold together: clean and corrupt (P, T) integer tensors of one
+        shape, P ≥ 1, lengths / answer / wrong (P,) integers, every length in 1..T."""
+        if not all(isinstance(t, Tensor) for t in (self.clean, self.corrupt, self.lengths, self.answer, self.wrong)):
+            raise HeadpruneError(f"{self.name}: clean, corrupt, lengths, answer and wrong must be tensors")
+        if self.clean.dim() != 2 or self.clean.shape != self.corrupt.shape:
+            raise HeadpruneError(f"{self.name}: clean {tuple(self.clean.shape)} and corrupt "
+                                 f"{tuple(self.corrupt.shape)} must be (pairs, tokens) tensors of one shape")
+        P, T = self.clean.shape
+        if P == 0:
+            raise HeadpruneError(f"{self.name}: no prompt pairs")
+        for what, t in (("lengths", self.lengths), ("answer", self.answer), ("wrong", self.wrong)):
+            if tuple(t.shape) != (P,):
+                raise HeadpruneError(f"{self.name}: {what} has shape {tuple(t.shape)}; it must hold one entry for "
+                                     f"each of the {P} pairs")
+        for what, t in (("clean", self.clean), ("corrupt", self.corrupt), ("lengths", self.lengths),
+                        ("answer", self.answer), ("wrong", self.wrong)):
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                raise HeadpruneError(f"{self.name}: {what} must hold integers, got {t.dtype}")
+        if bool((self.lengths < 1).any() or (self.lengths > T).any()):
+            raise HeadpruneError(f"{self.name}: a pair's length {int(self.lengths.min())}..{int(self.lengths.max())} "
+                                 f"lies outside 1..{T}, the prompts' {T} token columns")
+        return self
+
     def check(self, vocab_size: int, n_positions: int) -> PromptPairs:
-        """Refuse ids outside the vocabulary and prompts longer than the model's context."""
-        for what, t in (("token", torch.cat([self.clean, self.corrupt], 1)), ("answer", self.answer),
-                        ("wrong", self.wrong)):
+        """Refuse pairs whose tensors do not hold together (:meth:`check_shapes`), ids outside the vocabulary and
+        prompts longer than the model's context."""
+        self.check_shapes()
+        for what, t in (("a token", torch.cat([self.clean, self.corrupt], 1)), ("an answer", self.answer),
+                        ("a wrong", self.wrong)):
             if t.numel() and (t.min() < 0 or t.max() >= vocab_size):
-                raise HeadpruneError(f"{self.name}: a {what} id lies outside the model's vocabulary "
-                                     f"0..{vocab_size - 1}")
+                raise HeadpruneError(f"{self.name}: {what} id lies outside the model's vocabulary 0..{vocab_size - 1}")
         if self.clean.shape[1] > n_positions:
             raise HeadpruneError(f"{self.name}: a prompt has {self.clean.shape[1]} tokens, more than the model's "
                                  f"{n_positions} positions")
@@ -149,9 +174,15 @@ def read_pairs(path: str | Path, tokenizer=None, vocab_size: int | None = None) 
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise HeadpruneError(f"cannot read the pair file {path}: {err}") from None
-    rows = [parse_pair(line, f"{path} line {n}", tokenizer, vocab_size)
-            for n, line in enumerate(lines, 1) if line.strip()]
-    if not rows:
+    numbered = [(n, parse_pair(line, f"{path} line {n}", tokenizer, vocab_size))
+                for n, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
         raise HeadpruneError(f"{path} holds no prompt pairs; write one JSON object a line")
+    first: dict[str, int] = {}
+    for n, row in numbered:  # the same pair twice would count twice and narrow the intervals over pairs
+        if (seen := first.setdefault(json.dumps(row), n)) != n:
+            raise HeadpruneError(f"{path} lines {seen} and {n} hold the same pair (the same token ids); give each "
+                                 "pair once")
+    rows = [row for _, row in numbered]
     clean, corrupt, answer, wrong = (list(col) for col in zip(*rows))
     return PromptPairs.from_lists(clean, corrupt, answer, wrong, path.stem)

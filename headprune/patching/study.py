@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 
 import numpy as np
 import pandas as pd
+import torch
 
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.errors import HeadpruneError
@@ -70,6 +72,17 @@ class StudyOptions:
             raise HeadpruneError("the atp_qkfix approximation needs q or k among the patched activations")
         if not self.activations and not self.approximations:
             raise HeadpruneError("nothing to compute: give activations to patch or approximations")
+        whole = lambda v: isinstance(v, Integral) and not isinstance(v, bool)
+        if not whole(self.bootstrap) or self.bootstrap == 1 or self.bootstrap < 0:
+            raise HeadpruneError(f"bootstrap {self.bootstrap!r}: give 0 (no intervals) or at least 2 replicates",
+                                 "bootstrap")
+        if not whole(self.seed) or self.seed < 0:
+            raise HeadpruneError(f"seed {self.seed!r} must be a whole number ≥ 0", "seed")
+        if self.rows is not None and (not whole(self.rows) or self.rows < 1):
+            raise HeadpruneError(f"rows {self.rows!r} must be a whole number ≥ 1 (or None: the device's default)")
+        if self.verify is not None and (not whole(self.verify) or self.verify < 0):
+            raise HeadpruneError(f"verify {self.verify!r} must be a whole number of heads ≥ 0 (or None: 10%)",
+                                 "verify")
         if self.bound_subsets < 0 or 0 < self.bound_subsets < MIN_BOUND_SUBSETS:
             raise HeadpruneError(f"bound subsets {self.bound_subsets} must be 0 (no bound) or at least "
                                  f"{MIN_BOUND_SUBSETS} (each head in and out of at least 2 subsets)")
@@ -131,6 +144,11 @@ def patch_study(model: HeadModel, pairs: PromptPairs, options: StudyOptions,
         raise HeadpruneError(f"verifying {options.verify} of {H} heads leaves too few to bound (need 1 to {H - 2})",
                              "verify")
     runs = run_pairs(model, pairs, options.metric, options.direction)
+    for run, metric in (("clean", runs.m_clean), ("corrupt", runs.m_corrupt)):
+        if not bool(torch.isfinite(metric).all()):
+            p = int((~torch.isfinite(metric)).nonzero()[0])
+            raise HeadpruneError(f"the {run} run's {options.metric} is {float(metric[p])} in pair {p}: the model's "
+                                 "logits are not finite there, so no effect can be measured")
     if float((runs.m_clean - runs.m_corrupt).abs().max()) <= GAP_TOLERANCE:
         raise HeadpruneError(f"the clean and corrupt prompts give the same {options.metric} (gap 0 in every pair): "
                              "nothing to restore; check the pairs (answer and wrong token the same, or clean = "

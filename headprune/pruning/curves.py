@@ -175,6 +175,7 @@ def pruning_curves(
     per fraction (the learned gates: :func:`headprune.pruning.gates.gate_head_sets`).
     """
     model.require_heads("a pruning curve")
+    options = options.check()
     progress = progress or NoProgress()
     w = options.windowing or Windowing.resolve(model.cfg.n_positions)
     for _, comp in variants:

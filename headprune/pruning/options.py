@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import TYPE_CHECKING
 
 from headprune.bootstrap import DEFAULT_REPLICATES
@@ -96,6 +97,26 @@ class CurveOptions:
     selection: Selection = field(default_factory=Selection)
     windowing: Windowing | None = None  # the evaluation windows (default: Windowing.resolve, no overlap)
     head_sets: Mapping[tuple[str, float], list[Head]] | None = None
+
+    def check(self) -> CurveOptions:
+        """Refuse, before any evaluation: no fractions, a fraction twice or outside [0, 1], fewer than 1 seed, or
+        1 or a negative count of bootstrap replicates."""
+        whole = lambda v: isinstance(v, Integral) and not isinstance(v, bool)
+        if not self.fractions:
+            raise HeadpruneError("fractions is empty: give at least one fraction of heads to remove", "fractions")
+        for f in self.fractions:
+            if isinstance(f, bool) or not isinstance(f, Real) or not 0.0 <= f <= 1.0:
+                raise HeadpruneError(f"fraction {f!r} must be a number in [0, 1]", "fractions")
+        if len(set(self.fractions)) != len(self.fractions):
+            twice = sorted({f for f in self.fractions if self.fractions.count(f) > 1})
+            raise HeadpruneError(f"fraction {twice[0]!r} is given twice; give each fraction once", "fractions")
+        if not whole(self.seeds) or self.seeds < 1:
+            raise HeadpruneError(f"seeds {self.seeds!r} must be a whole number ≥ 1 (random rankings per fraction)",
+                                 "seeds")
+        if not whole(self.bootstrap) or self.bootstrap == 1 or self.bootstrap < 0:
+            raise HeadpruneError(f"bootstrap {self.bootstrap!r}: give 0 (no intervals) or at least 2 replicates",
+                                 "bootstrap")
+        return self
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ written by ``export_hf`` and loaded by ``AutoModelForCausalLM.from_pretrained`` 
 
     prefill_tokens_per_s         B·T tokens / median seconds of a forward filling the KV cache (only the last logits)
     decode_b{b}_tokens_per_s     b / median seconds of one cached decoding step (``steps`` after a short prompt)
+    RATE_min, RATE_max           the spread of each rate above: tokens / the slowest and the fastest timed repeat
     kv_bytes_per_token           the cache's key and value bytes over every layer, per token held
     max_abs_logit_diff           transformers' logits against headprune's pruned model on the same tokens
     ppl                          headprune's perplexity of the pruned model on the evaluation data
@@ -30,9 +31,15 @@ from torch import Tensor
 from headprune.perplexity import Windowing, evaluate
 
 SERVING_FRACTIONS = (0.0, 0.25, 0.5)
-SERVING_COLUMNS = ("fraction", "removed", "query_heads", "kv_heads", "layout", "parameters", "ppl",
-                   "prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b32_tokens_per_s", "kv_bytes_per_token",
-                   "max_abs_logit_diff")
+RATES = ("prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b32_tokens_per_s")
+SERVING_COLUMNS = ("fraction", "removed", "query_heads", "kv_heads", "layout", "parameters", "ppl", *RATES,
+                   "kv_bytes_per_token", "max_abs_logit_diff", *(f"{r}_{end}" for r in RATES for end in ("min", "max")))
+
+
+def rate_spread(name: str, tokens: int, seconds: list[float]) -> dict[str, float]:
+    """``name``: tokens / the median of ``seconds``; ``name_min`` / ``name_max``: tokens / the slowest / fastest."""
+    return {name: tokens / statistics.median(seconds), f"{name}_min": tokens / max(seconds),
+            f"{name}_max": tokens / min(seconds)}
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
         t0 = time.perf_counter()
         hf(x, use_cache=True, logits_to_keep=1)
         seconds.append(time.perf_counter() - t0)
-    result["prefill_tokens_per_s"] = x.numel() / statistics.median(seconds)
+    result |= rate_spread("prefill_tokens_per_s", x.numel(), seconds)
     for b in work.decode_batches:
         out = hf(tokens(b, work.prompt), use_cache=True, logits_to_keep=1)
         past, seconds = out.past_key_values, []
@@ -83,7 +90,7 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
             out = hf(nxt, past_key_values=past, use_cache=True)
             seconds.append(time.perf_counter() - t0)
             past = out.past_key_values
-        result[f"decode_b{b}_tokens_per_s"] = b / statistics.median(seconds)
+        result |= rate_spread(f"decode_b{b}_tokens_per_s", b, seconds)
         held = b * (work.prompt + work.steps)
         result["kv_bytes_per_token"] = sum(t.nbytes for layer in past.layers for t in (layer.keys, layer.values)) / held
     return result

@@ -275,6 +275,9 @@ def test_run_on_llama_names_family_layout_and_unit(built, corpus, tmp_path):
     assert summary.count("Removing 4 heads by ") == 1
     settings = json.loads((out / "settings.json").read_text())
     assert settings["serving"]["workload"]["seq_len"] == 32
+    for rate in ("prefill_tokens_per_s", "decode_b1_tokens_per_s", "decode_b32_tokens_per_s"):  # the repeats' spread
+        assert (serving[f"{rate}_min"] <= serving[rate]).all() and (serving[rate] <= serving[f"{rate}_max"]).all()
+    assert "over the repeats)" in summary
     rebuilt = tmp_path / "rebuilt"
     assert main(["report", "--scores", str(out / "scores.csv"), "--curves", str(out / "curves.csv"),
                  "--out", str(rebuilt)]) == 0

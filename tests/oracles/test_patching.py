@@ -232,7 +232,8 @@ def test_bad_pair_files_name_the_line(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(HeadpruneError, match="no prompt pairs"):
         read_pairs(tmp_path / "empty.jsonl")
-    path.write_text(good + "\n\n" + good + "\n")  # blank lines are skipped
+    other = json.dumps({"clean_ids": [1, 2, 7], "corrupt_ids": [1, 4, 7], "answer_id": 5, "wrong_id": 6})
+    path.write_text(good + "\n\n" + other + "\n")  # blank lines are skipped
     assert len(read_pairs(path, vocab_size=96)) == 2
 
 
