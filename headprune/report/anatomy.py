@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from headprune.errors import HeadpruneError
 from headprune.io.files import read_table, write_table, write_text
 from headprune.report.head_bootstrap import spearman_rows
-from headprune.report.plots.common import Picture, render_png
+from headprune.report.plots.common import DPI, PHONE_DPI, PHONE_FONTS, PHONE_WIDTH, Picture, render_png
 from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
 from headprune.schema import TRUTH
@@ -195,20 +195,34 @@ def plot_composition(comp: pd.DataFrame, heads: list[str]) -> bytes:
     return render_png(fig)
 
 
-def plot_thumbnails(thumbs: list[Thumbnail]) -> bytes:
-    cols = min(6, len(thumbs))
+def one_line(text: str) -> str:
+    """``text`` on one line for a caption: whitespace runs, and the ``\\n``/``\\t`` escapes older files hold,
+    as one space."""
+    return " ".join(text.replace("\\n", " ").replace("\\t", " ").split())
+
+
+def thumbnails_figure(thumbs: list[Thumbnail], phone: bool = False) -> Figure:
+    """Attention patterns in a grid (6 per row; ``phone``: 2 per row, :data:`.plots.common.PHONE_WIDTH` wide),
+    each titled with its head, why it is shown and the example; constrained layout keeps every title clear of
+    the row above."""
+    cols = min(2 if phone else 6, len(thumbs))
     rows = math.ceil(len(thumbs) / cols)
-    fig = Figure(figsize=(1.9 * cols, 2.1 * rows))
+    tile = PHONE_WIDTH / cols if phone else 1.9
+    fig = Figure(figsize=(tile * cols, (tile + (0.7 if phone else 0.45)) * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, t in zip(axes, thumbs):
         ax.imshow(np.asarray(t.pattern), cmap="Blues", vmin=0, vmax=1)
-        ax.set_title(f"{t.head_id}\n{t.label} ({t.example})", fontsize=7)
+        ax.set_title(f"{t.head_id}\n{t.label}\n({t.example})" if phone else f"{t.head_id}\n{t.label} ({t.example})",
+                     fontsize=PHONE_FONTS.tick if phone else 7)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in axes[len(thumbs):]:
         ax.set_visible(False)
-    fig.tight_layout()
-    return render_png(fig)
+    return fig
+
+
+def plot_thumbnails(thumbs: list[Thumbnail], phone: bool = False) -> bytes:
+    return render_png(thumbnails_figure(thumbs, phone), PHONE_DPI if phone else DPI)
 
 
 # ---------------------------------------------------------------- the section
@@ -232,9 +246,9 @@ def anatomy_parts(a: AnatomyReport, scores: pd.DataFrame) -> tuple[Section, list
     if a.thumbnails:
         pics.append(Picture("anatomy_attention.png", "Attention patterns (rows: queries, columns: keys) of the "
                             "strongest head of each role and of the top heads by importance. probe: "
-                            f"{info.get('probe_text', 'random tokens repeated twice')}; corpus: "
-                            f"{info.get('corpus_text', 'the start of the scoring data')}.",
-                            plot_thumbnails(a.thumbnails)))
+                            f"{one_line(info.get('probe_text', 'random tokens repeated twice'))}; corpus: "
+                            f"{one_line(info.get('corpus_text', 'the start of the scoring data'))}.",
+                            plot_thumbnails(a.thumbnails), phone_png=plot_thumbnails(a.thumbnails, phone=True)))
     blocks: list[Block] = [Findings(anatomy_findings(j, info))] if "induction" in j.columns else []
     blocks += [Paragraph(f"Top {TOP_ANATOMY} heads by {TRUTH} with their anatomy (descriptions of heads, never used "
                          "to prune):"), Table(top_table(j)),
