@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from headprune.report.plots.common import (
     DPI,
@@ -92,7 +93,8 @@ def heatmaps_figure(scores: pd.DataFrame, methods: list[str], scale: str = "valu
             bar = fig.colorbar(image, ax=ax, shrink=0.9)
             bar.set_label(scaled_label(unit or METHOD_UNITS.get(method, "score"), k), fontsize=fonts.tick)
             bar.ax.tick_params(labelsize=fonts.tick)
-            bar.formatter.set_useOffset(False)  # the numbers in the unit of the label, never "+1e-3" beside it
+            if isinstance(bar.formatter, ScalarFormatter):  # the numbers in the label's unit, no offset beside them
+                bar.formatter.set_useOffset(False)
         if annotate:
             annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
                             fontsize=fonts.cell if phone else (6 if n_heads <= 12 else 5))
