@@ -28,6 +28,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.files import read_table, write_table, write_text
 from headprune.report.head_bootstrap import spearman_rows
 from headprune.report.plots.common import DPI, PHONE_DPI, PHONE_FONTS, PHONE_WIDTH, Picture, render_png
+from headprune.report.plots.maps import plot_heatmaps
 from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
 from headprune.schema import TRUTH
@@ -193,6 +194,18 @@ def plot_composition(comp: pd.DataFrame, heads: list[str]) -> bytes:
         ax.set_ylabel("writer (earlier layer)", fontsize=8)
     fig.tight_layout()
     return render_png(fig)
+
+
+#: The per-head maps of anatomy.png (``headprune anatomy``), with their units.
+SUMMARY_COLUMNS = {"previous_token": "share of attention", "duplicate_token": "share of attention",
+                   "induction": "share of attention", "dla": "logit", "copying": "Σλ/Σ|λ|"}
+
+
+def plot_anatomy_summary(heads: pd.DataFrame) -> bytes:
+    """anatomy.png: one layer × head map per role score, the direct logit attribution and the copying score
+    (each on its own colour scale; the values, to 3 decimals, in the cells where the grid is small)."""
+    columns = [c for c in SUMMARY_COLUMNS if c in heads.columns]
+    return plot_heatmaps(heads, columns, unit={c: SUMMARY_COLUMNS[c] for c in columns}, scaled=False, decimals=3)
 
 
 def one_line(text: str) -> str:

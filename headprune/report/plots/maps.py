@@ -51,19 +51,23 @@ def _head_ticks(ax, n_layers: int, n_heads: int, fontsize: float = 7) -> None:
     ax.set_yticks(range(0, n_layers, ls), [f"L{layer}" for layer in range(0, n_layers, ls)], fontsize=fontsize)
 
 
-def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value", unit: str | None = None,
-                  scaled: bool = True, phone: bool = False) -> bytes:
+def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value",
+                  unit: str | dict[str, str] | None = None, scaled: bool = True, phone: bool = False,
+                  decimals: int = 2) -> bytes:
     """:func:`heatmaps_figure` as PNG bytes (a phone version: one map per row, :data:`.common.PHONE_FONTS`)."""
-    return render_png(heatmaps_figure(scores, methods, scale, unit, scaled, phone), PHONE_DPI if phone else DPI)
+    return render_png(heatmaps_figure(scores, methods, scale, unit, scaled, phone, decimals),
+                      PHONE_DPI if phone else DPI)
 
 
-def heatmaps_figure(scores: pd.DataFrame, methods: list[str], scale: str = "value", unit: str | None = None,
-                    scaled: bool = True, phone: bool = False) -> Figure:
+def heatmaps_figure(scores: pd.DataFrame, methods: list[str], scale: str = "value",
+                    unit: str | dict[str, str] | None = None, scaled: bool = True, phone: bool = False,
+                    decimals: int = 2) -> Figure:
     """Small multiples: one layer x head map per method. ``value``: each map on its own colour scale with a
-    colorbar in the method's unit (``unit``: one for all), every cell number in one format (2 decimals; with
-    ``scaled``, the power of ten left out of the numbers goes into the colorbar label; without, the numbers and
-    the colorbar are in the unit itself); ``rank``: every map on one shared scale of importance ranks (1 =
-    highest score), one colorbar. ``phone``: one map per row, :data:`.common.PHONE_WIDTH` wide."""
+    colorbar in the method's unit (``unit``: one for all, or one per column), every cell number in one format
+    (``decimals`` decimals; with ``scaled``, the power of ten left out of the numbers goes into the colorbar
+    label; without, the numbers and the colorbar are in the unit itself); ``rank``: every map on one shared scale
+    of importance ranks (1 = highest score), one colorbar. ``phone``: one map per row,
+    :data:`.common.PHONE_WIDTH` wide."""
     n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
     fonts = PHONE_FONTS if phone else WIDE_FONTS
     cols = 1 if phone else min(3, len(methods))
@@ -91,19 +95,20 @@ def heatmaps_figure(scores: pd.DataFrame, methods: list[str], scale: str = "valu
         _head_ticks(ax, n_layers, n_heads, fonts.tick)
         if scale == "value":
             bar = fig.colorbar(image, ax=ax, shrink=0.9)
-            bar.set_label(scaled_label(unit or METHOD_UNITS.get(method, "score"), k), fontsize=fonts.tick)
+            name = unit.get(method) if isinstance(unit, dict) else unit
+            bar.set_label(scaled_label(name or METHOD_UNITS.get(method, "score"), k), fontsize=fonts.tick)
             bar.ax.tick_params(labelsize=fonts.tick)
             if isinstance(bar.formatter, ScalarFormatter):  # the numbers in the label's unit, no offset beside them
                 bar.formatter.set_useOffset(False)
         if annotate:
-            annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
+            annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else f"{{:.{decimals}f}}",
                             fontsize=fonts.cell if phone else (6 if n_heads <= 12 else 5))
     for ax in axes[len(methods):]:
         ax.set_visible(False)
     if scale == "rank" and image is not None:
         bar = fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6)
         bar.set_label("importance rank within the method (1 = highest score)", fontsize=fonts.label)
-    what = "importance ranks, one shared scale" if scale == "rank" else unit or "scores"
+    what = "importance ranks, one shared scale" if scale == "rank" else unit if isinstance(unit, str) else "scores"
     title = f"Per-head {what} (rows: layers, columns: heads; grey: missing)"
     fig.suptitle(wrapped(title, fonts.title + 1, PHONE_WIDTH) if phone else title, fontsize=fonts.title + 1)
     return fig
