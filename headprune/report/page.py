@@ -82,7 +82,7 @@ def readable_width(png: bytes) -> int | None:
         return None
     with Image.open(io.BytesIO(png)) as image:
         width = image.width
-    return math.ceil(MIN_TEXT_PX * width / (record["smallest_pt"] / 72 * record["dpi"]))
+    return math.ceil(MIN_TEXT_PX * width / (record["smallest_pt"] / 72 * record["dpi"])) + 2  # +2: rounding
 
 
 def _html_picture(block: Picture) -> str:

@@ -49,10 +49,11 @@ class Fonts:
 
 
 WIDE_FONTS = Fonts(title=9, label=8, tick=7, cell=6, legend=8)
-#: A phone figure is PHONE_WIDTH inches wide, shown 368 CSS px wide on a 400 px screen (page padding 2 x 16 px):
-#: one point of text is about one CSS pixel there, so PHONE_FONTS keep every text at 9 px or more.
+#: A phone figure is PHONE_WIDTH inches wide, 5 in with the 0.1 in margins of the saved PNG, shown 368 CSS px wide
+#: on a 400 px screen (page padding 2 x 16 px): one point of text is 368 / 360 CSS px there, so PHONE_FONTS keep
+#: every text at 9 px or more.
 PHONE_FONTS = Fonts(title=11, label=10, tick=9, cell=9, legend=9)
-PHONE_WIDTH = 368 / 72
+PHONE_WIDTH = 4.8
 PHONE_DPI = 2 * 72  # 736 px wide: sharp on a 2x screen
 TEXT_KEY = "headprune-text"  # PNG tEXt chunk: {"smallest_pt": the smallest text drawn, "dpi": the dpi}
 
