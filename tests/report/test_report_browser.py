@@ -93,8 +93,7 @@ def test_full_report_fits_a_phone_with_readable_figures_and_a_short_page(full_pa
     small = [(f["alt"], f["px"]) for f in phone["figure_text"] if f["px"] is None or f["px"] < MIN_TEXT_PX]
     assert not small, f"figure text under {MIN_TEXT_PX} px at 400 px: {small}"
     assert phone["svg_text_px"] >= MIN_TEXT_PX
-    assert {"curves.png", "patching.png", "pruning_order.png", "curves_layer_normalized.png"} <= {
-        f["alt"] for f in phone["figure_text"] if f["phone"]}  # their phone versions
+    assert [f["alt"] for f in phone["figure_text"] if not f["phone"]] == []  # each shows its phone version
     wide = found[1400]
     assert wide["height"] < HEIGHT_LIMIT, f"the page is {wide['height']} px tall at 1400 px"
     first = wide["first_image"]

@@ -62,9 +62,11 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
         bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""
         pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
                             f"heads that matter most by {TRUTH} named where their labels do not overlap; \u03c1 with "
-                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci)))
+                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci),
+                            phone_png=plot_scatters(scores, rho, scale, rho_ci, phone=True)))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
-                        plot_rank_correlation(*rank_correlations(scores))))
+                        plot_rank_correlation(*rank_correlations(scores)),
+                        phone_png=plot_rank_correlation(*rank_correlations(scores), phone=True)))
     return pics
 
 
