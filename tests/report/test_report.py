@@ -38,8 +38,9 @@ from report_tables import (
 
 def pictures_for(methods):
     return ({"curves.png", "curves_phone.png", "curves_all.png", "curves_all_phone.png", "rank_correlation.png",
-             "pruning_order.png", "pruning_order_phone.png", "heatmaps.png"}
-            | ({"scatters.png"} if "abl_zero" in methods and len(set(methods) - {"abl_zero"}) else set()))
+             "rank_correlation_phone.png", "pruning_order.png", "pruning_order_phone.png", "heatmaps.png"}
+            | ({"scatters.png", "scatters_phone.png"} if "abl_zero" in methods and len(set(methods) - {"abl_zero"})
+               else set()))
 
 
 TABLES = {"scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "predictiveness.csv", "summary.md",
