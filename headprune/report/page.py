@@ -44,7 +44,7 @@ details.fold{margin:.8em 0}details.fold>summary{font-weight:600}
 .findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
 .findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
 details summary{cursor:pointer}details summary h2{display:inline}
-.maps{display:flex;flex-wrap:wrap;gap:.8em}.maps figure{flex:0 1 240px;margin:0}
+.maps{display:flex;flex-wrap:wrap;gap:.8em;overflow-x:auto}.maps figure{flex:0 1 240px;margin:0}
 .maps svg{width:100%;height:auto;display:block}.maps rect:hover{stroke:#000;stroke-width:1}"""
 
 SORT_JS = """document.querySelectorAll("table.sortable").forEach(function(t){

@@ -51,6 +51,7 @@ def test_page_fits_every_width_with_working_images_and_sorting(page):
         assert r["images"] == n_images and r["broken_images"] == []
         assert r["tables"] == n_tables and r["tables_past_page"] == 0
         assert r["sorted"] is True
+        assert r["svg_text_px"] >= MIN_TEXT_PX, f"heatmap text {r['svg_text_px']:.1f} px at {width} px (16 heads)"
     assert found[1400]["tables_cut"] == 0, f"tables cut at 1400 px: {found[1400]['cut_columns']}"
     assert not [c for c in found[400]["cut_columns"] if c.startswith("ranking,ppl@30%")], "phone table scrolls"
     n_phone = page.read_text().count("<picture>")  # curves, curves_all, pruning order: their phone versions

@@ -142,6 +142,9 @@ def error_bars(values: np.ndarray, interval: tuple[np.ndarray, np.ndarray] | Non
     return np.nan_to_num(np.stack([values - lo, hi - values]), nan=0.0).clip(min=0.0)
 
 
+SVG_FONT, SVG_MIN_TEXT_PX = 7, 9  # the inline maps' font size (viewBox units) and its smallest size on screen
+
+
 def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
     hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
@@ -155,8 +158,9 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     cell, left, top = 12, 26, 12
     width, height = left + cell * n_heads, top + cell * n_layers
     unit = METHOD_UNITS.get(method, "")
-    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" '
-              f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">')]
+    readable = math.ceil(width * SVG_MIN_TEXT_PX / SVG_FONT)  # drawn no narrower: text >= SVG_MIN_TEXT_PX px
+    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" style="min-width:{readable}px" '
+              f'aria-label="{html.escape(method)} per head" font-size="{SVG_FONT}" font-family="sans-serif">')]
     hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 24))
     parts += [f'<text x="{left + cell * h + cell / 2}" y="{top - 3}" text-anchor="middle">{h}</text>'
               for h in range(0, n_heads, hs)]
