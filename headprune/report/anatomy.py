@@ -30,7 +30,7 @@ from headprune.io.files import read_table, write_table, write_text
 from headprune.report.head_bootstrap import spearman_rows
 from headprune.report.plots.common import DPI, PHONE_DPI, PHONE_FONTS, PHONE_WIDTH, Picture, render_png
 from headprune.report.plots.maps import plot_heatmaps
-from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
+from headprune.report.render import Block, Findings, Fold, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
 from headprune.schema import TRUTH
 
@@ -283,7 +283,8 @@ def anatomy_parts(a: AnatomyReport, scores: pd.DataFrame) -> tuple[Section, list
     blocks += [Paragraph(f"Top {TOP_ANATOMY} heads by {TRUTH} with their anatomy (descriptions of heads, never used "
                          "to prune):"), Table(top_table(j)),
                Paragraph(f"Spearman rho of each anatomy measure with {TRUTH} over {len(j)} heads, 95% percentile "
-                         f"bootstrap interval ({BOOTSTRAP} resamples of heads):"), Table(corr), *pics]
+                         f"bootstrap interval ({BOOTSTRAP} resamples of heads):"), Table(corr)]
+    blocks += [Fold("Anatomy figures (" + ", ".join(p.name for p in pics) + ")", list(pics))] if pics else []
     blocks.append(Note(
         "previous_token, duplicate_token, induction: TransformerLens detect_head scores (mul: share of attention on "
         f"the pattern) on {info.get('probe', 'the induction probe')}; *_corpus: the same on "

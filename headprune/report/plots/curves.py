@@ -50,7 +50,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
         fig = Figure(figsize=(PHONE_WIDTH, 8.0), layout="constrained")
         ax_ppl, ax_nll = fig.subplots(2, 1)
     else:
-        fig = Figure(figsize=(11.0, 3.9 if best is not None else 4.8), layout="constrained")
+        fig = Figure(figsize=(11.0, 3.6 if best is not None else 4.8), layout="constrained")  # 1st screen
         ax_ppl, ax_nll = fig.subplots(1, 2)
     curves = curves[curves["method"].isin([*methods, RANDOM])]
     styles = curve_styles(methods)
