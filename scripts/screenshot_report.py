@@ -40,12 +40,28 @@ window.addEventListener("load", function () {
     r.broken_images = Array.from(d.images).filter(function (i) { return !i.complete || i.naturalWidth === 0; })
       .map(function (i) { return i.alt; });
     r.tables = d.querySelectorAll("table").length;
+    r.closed_sections = d.querySelectorAll("details:not([open])").length;
+    var first = d.images[0];  // the first figure as the page opens: is it on the first screen?
+    r.first_image = first ? {alt: first.alt, top: first.getBoundingClientRect().top,
+                             bottom: first.getBoundingClientRect().bottom} : null;
+    d.querySelectorAll("details").forEach(function (x) { x.open = true; });  // the rest is measured unfolded
+    r.open_height = d.documentElement.scrollHeight;
+    r.open_page_width = d.documentElement.scrollWidth;
+    function scroller(el) {  // the nearest box (the element or above it) that scrolls sideways
+      while (el && el !== d.body) {
+        if (["auto", "scroll"].indexOf(w.getComputedStyle(el).overflowX) >= 0) { return el; }
+        el = el.parentElement;
+      }
+      return null;
+    }
     r.tables_past_page = Array.from(d.querySelectorAll("table")).filter(function (t) {
-      var el = t.parentElement;  // a table may be wider than the page inside a box that scrolls sideways
-      while (el && ["auto", "scroll"].indexOf(w.getComputedStyle(el).overflowX) < 0) { el = el.parentElement; }
-      var box = (el || t).getBoundingClientRect();
+      var box = (scroller(t) || t).getBoundingClientRect();  // a wide table scrolls inside its own box
       return box.right > w.innerWidth + 1 || box.left < -1;
     }).length;
+    // a code block must show every character without scrolling: it wraps, and stays inside the page
+    r.code_cut = Array.from(d.querySelectorAll("pre")).filter(function (p) {
+      return p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > w.innerWidth + 1;
+    }).map(function (p) { return p.textContent.slice(0, 60); });
     var cut = Array.from(d.querySelectorAll("table")).filter(function (t) {
       return t.getBoundingClientRect().width > t.parentElement.clientWidth + 1;  // needs sideways scrolling
     });
@@ -54,6 +70,20 @@ window.addEventListener("load", function () {
       return i.currentSrc !== i.src; }).length;  // <picture> images showing their <source> (the phone version)
     r.cut_columns = cut.map(function (t) { return Array.from(t.rows[0].cells).map(function (c) {
       return c.textContent; }).join(","); });
+    // the smallest text of each PNG figure in CSS px: the font (pt) and dpi it was drawn with (data-
+    // attributes of the version shown), scaled by the width it is shown at over its natural width
+    r.figure_text = Array.from(d.images).map(function (i) {
+      var phone = i.currentSrc !== i.src, ds = i.dataset;
+      var pt = parseFloat(phone ? ds.phoneSmallestPt : ds.smallestPt), dpi = parseFloat(phone ? ds.phoneDpi : ds.dpi);
+      var px = pt / 72 * dpi * i.getBoundingClientRect().width / i.naturalWidth;
+      return {alt: i.alt, phone: phone, px: isNaN(px) ? null : Math.round(px * 100) / 100,
+              shown: Math.round(i.getBoundingClientRect().width), natural: i.naturalWidth};
+    });
+    // inline SVG text (the heatmaps): its font size times the scale the SVG is drawn at
+    r.svg_text_px = Array.from(d.querySelectorAll("svg text")).reduce(function (lo, t) {
+      var px = parseFloat(w.getComputedStyle(t).fontSize) * t.getScreenCTM().a;
+      return Math.min(lo, px);
+    }, 1e9);
     var t = Array.from(d.querySelectorAll("table.sortable")).find(function (t) {
       return t.tBodies[0].rows.length > 2;
     });
@@ -89,7 +119,10 @@ def _chromium(browser: str, args: list[str], timeout: float) -> subprocess.Compl
 
 def measure(report: str | Path, widths: list[int], browser: str | None = None, timeout: float = 120) -> dict:
     """{width: {viewport, page_width, height, images, broken_images, tables, tables_past_page, tables_cut,
-    sorted}}; tables_cut: tables wider than their box (readable only by scrolling sideways)."""
+    sorted, ...}}, measured as the page opens (height: folded sections closed) and then with every ``<details>``
+    open: tables_cut, tables wider than their box (readable only by scrolling sideways); code_cut, code blocks
+    that hide characters; figure_text, the smallest text of each PNG in CSS px; svg_text_px, the smallest text
+    of the inline SVG maps."""
     browser = browser or find_browser()
     if browser is None:
         raise FileNotFoundError(f"no headless browser found ({', '.join(BROWSERS)})")
@@ -144,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                                          args.max_height)))
         if args.first_screen:
             print(screenshot(args.report, widths[0], Path(args.out) / "report-first-screen.png", args.first_screen))
-    bad = any(r["broken_images"] or r["tables_past_page"] or r["page_width"] > r["viewport"] for r in found.values())
+    bad = any(r["broken_images"] or r["tables_past_page"] or r["code_cut"] or r["page_width"] > r["viewport"]
+              for r in found.values())
     return 1 if bad else 0
 
 

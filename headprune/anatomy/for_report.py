@@ -16,7 +16,7 @@ from headprune.anatomy.roles import induction_pattern
 from headprune.models.base import HeadModel
 from headprune.models.heads import parse_head_spec
 from headprune.perplexity import Windowing
-from headprune.report.anatomy import AnatomyReport, Thumbnail, strongest
+from headprune.report.anatomy import AnatomyReport, Thumbnail, one_line, strongest
 from headprune.schema import TRUTH
 
 PROBE_LENGTH, PROBE_COUNT, CORPUS_ROWS, EXAMPLE_TOKENS, TOP_THUMBNAILS = 24, 4, 1, 32, 6
@@ -63,7 +63,8 @@ def anatomy_report(model: HeadModel, score_ids: Tensor, windowing: Windowing, sc
     info = {"probe": f"{PROBE_COUNT} random sequences of {length} tokens repeated twice (seed {seed})",
             "probe_text": f"the first of the {PROBE_COUNT} random sequences of {length} tokens, repeated",
             "corpus": f"the first {corpus.shape[0]} scoring windows of {corpus.shape[1]} tokens",
-            "corpus_text": f"the first {len(example)} scoring tokens" + (f": {text[:120]!r}" if text else ""),
+            "corpus_text": f"the first {len(example)} scoring tokens"
+                           + (f": \u201c{one_line(text)[:120]}\u201d" if text else ""),
             "induction_uniform": uniform, "induction_ideal": ideal,
             "mean_correct_logit": a.attribution.logit, "seconds": round(time.perf_counter() - t0, 2)}
     return AnatomyReport(a.heads, a.composition, thumbs, info)

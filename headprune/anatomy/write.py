@@ -1,5 +1,6 @@
 """The ``anatomy`` command's folder: heads.csv, composition.csv, singular_values.csv, wo_pairs.csv,
-attribution.csv and settings.json, written atomically (a new folder appears complete or not at all)."""
+attribution.csv, settings.json and anatomy.png (per-head maps of the role scores, DLA and copying), written
+atomically (a new folder appears complete or not at all)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import torch
 
 from headprune.anatomy import Anatomy, corpus_rows, head_anatomy, repeated_random_tokens
 from headprune.data.tokens import token_digest
-from headprune.io.files import atomic_dir, write_json, write_table
+from headprune.io.files import atomic_dir, write_bytes, write_json, write_table
 from headprune.io.fingerprint import model_fingerprint
 from headprune.models.base import HeadModel
 from headprune.perplexity import Windowing
+from headprune.report.anatomy import plot_anatomy_summary
 
 
 def write_anatomy(out: Path, anatomy: Anatomy) -> None:
@@ -26,6 +28,7 @@ def write_anatomy(out: Path, anatomy: Anatomy) -> None:
     write_table(anatomy.pairs, out / "wo_pairs.csv")
     components = anatomy.attribution.components
     write_table(components, out / "attribution.csv")
+    write_bytes(out / "anatomy.png", plot_anatomy_summary(anatomy.heads))
 
 
 @dataclass(frozen=True)

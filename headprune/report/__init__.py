@@ -128,21 +128,19 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     write_json(out / "settings.json", settings)
     write_json(out / "baseline.json", baseline)
     for pic in pictures:
-        write_bytes(out / pic.name, pic.png)
-        if pic.phone_png is not None:
-            write_bytes(out / pic.phone_name, pic.phone_png)
+        _write_picture(out, pic)
     secs = sections(content, pictures)
     if anatomy is not None:
         write_anatomy_files(out, anatomy)
         section, anatomy_pictures = anatomy_parts(anatomy, scores)
         for pic in anatomy_pictures:
-            write_bytes(out / pic.name, pic.png)
+            _write_picture(out, pic)
         secs = before_pictures(secs, section)
     if patching is not None:  # after the anatomy, before the picture gallery
         write_patching_files(out, patching)
         section, patching_pictures = patching_parts(patching, scores, anatomy)
         for pic in patching_pictures:
-            write_bytes(out / pic.name, pic.png)
+            _write_picture(out, pic)
         secs = before_pictures(secs, section)
     if serving is not None:  # after the patching section, before the picture gallery
         write_serving_file(out, serving)
@@ -154,6 +152,13 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
         secs.insert(2, section)
     write_text(out / "summary.md", render_markdown(secs))
     write_text(out / "report.html", render_html(secs))
+
+
+def _write_picture(out: Path, pic) -> None:
+    """The PNG and, where it has one, its phone version (``NAME_phone.png``)."""
+    write_bytes(out / pic.name, pic.png)
+    if pic.phone_png is not None:
+        write_bytes(out / pic.phone_name, pic.phone_png)
 
 
 def _read_json(path: Path) -> dict | None:

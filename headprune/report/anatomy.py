@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from headprune.errors import HeadpruneError
 from headprune.io.files import read_table, write_table, write_text
 from headprune.report.head_bootstrap import spearman_rows
-from headprune.report.plots.common import Picture, render_png
-from headprune.report.render import Block, Findings, Note, Paragraph, Section, Table
+from headprune.report.plots.common import DPI, PHONE_DPI, PHONE_FONTS, PHONE_WIDTH, Picture, render_png
+from headprune.report.plots.maps import plot_heatmaps
+from headprune.report.render import Block, Findings, Fold, Note, Paragraph, Section, Table
 from headprune.report.tables import rank_stats
 from headprune.schema import TRUTH
 
@@ -157,58 +159,98 @@ def anatomy_findings(j: pd.DataFrame, info: dict) -> list[str]:
 # ---------------------------------------------------------------- pictures
 
 
-def plot_roles(j: pd.DataFrame, corr: pd.DataFrame) -> bytes:
+def plot_roles(j: pd.DataFrame, corr: pd.DataFrame, phone: bool = False) -> bytes:
+    """Each anatomy measure against importance, one scatter per measure (``phone``: two per row, in
+    :data:`.plots.common.PHONE_FONTS`)."""
     n = len(corr)
-    cols = min(4, n)
+    fonts = PHONE_FONTS if phone else None
+    cols = min(2 if phone else 4, n)
     rows = math.ceil(n / cols)
-    fig = Figure(figsize=(3.2 * cols, 2.8 * rows))
+    size = (PHONE_WIDTH, 2.6 * rows) if phone else (3.2 * cols, 2.8 * rows)
+    fig = Figure(figsize=size, layout="constrained" if phone else None)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, r in zip(axes, corr.itertuples()):
         ax.scatter(j[r.anatomy], j[TRUTH], c=j["layer"], cmap="viridis", s=14)
-        ax.set_title(f"{r.anatomy}: ρ {r.spearman_rho:.2f} [{r.ci95_low:.2f}, {r.ci95_high:.2f}]", fontsize=8)
-        ax.set_xlabel(r.anatomy, fontsize=8)
-        ax.set_ylabel(TRUTH, fontsize=8)
-        ax.tick_params(labelsize=7)
+        rho = f"ρ {r.spearman_rho:.2f} [{r.ci95_low:.2f}, {r.ci95_high:.2f}]"
+        ax.set_title(f"{r.anatomy}\n{rho}" if phone else f"{r.anatomy}: {rho}",
+                     fontsize=fonts.tick if fonts else 8)
+        ax.set_xlabel(r.anatomy, fontsize=fonts.tick if fonts else 8)
+        ax.set_ylabel(TRUTH, fontsize=fonts.tick if fonts else 8)
+        ax.tick_params(labelsize=fonts.tick if fonts else 7)
+        if phone:
+            ax.xaxis.set_major_locator(MaxNLocator(3))
+            ax.yaxis.set_major_locator(MaxNLocator(4))
     for ax in axes[n:]:
         ax.set_visible(False)
-    fig.tight_layout()
-    return render_png(fig)
+    if not phone:
+        fig.tight_layout()
+    return render_png(fig, PHONE_DPI if phone else DPI)
 
 
-def plot_composition(comp: pd.DataFrame, heads: list[str]) -> bytes:
-    fig = Figure(figsize=(13, 4.4))
+def plot_composition(comp: pd.DataFrame, heads: list[str], phone: bool = False) -> bytes:
+    """Q-, K- and V-composition among ``heads`` side by side (``phone``: one above the other)."""
+    fonts = PHONE_FONTS if phone else None
+    fig = Figure(figsize=(PHONE_WIDTH, 13.5) if phone else (13, 4.4), layout="constrained" if phone else None)
     index = {h: i for i, h in enumerate(heads)}
     sel = comp[comp["head_a_id"].isin(index) & comp["head_b_id"].isin(index)]
-    for ax, mode in zip(fig.subplots(1, 3), ("q_comp", "k_comp", "v_comp")):
+    for ax, mode in zip(fig.subplots(3, 1) if phone else fig.subplots(1, 3), ("q_comp", "k_comp", "v_comp")):
         grid = np.full((len(heads), len(heads)), np.nan)
         for a, b, v in zip(sel["head_a_id"], sel["head_b_id"], sel[mode]):
             grid[index[a], index[b]] = v
         image = ax.imshow(np.ma.masked_invalid(grid), cmap="magma", vmin=0)
-        fig.colorbar(image, ax=ax, shrink=0.8)
-        ax.set_xticks(range(len(heads)), heads, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(heads)), heads, fontsize=7)
+        bar = fig.colorbar(image, ax=ax, shrink=0.8)
+        bar.ax.tick_params(labelsize=fonts.tick if fonts else 10)
+        ax.set_xticks(range(len(heads)), heads, rotation=90, fontsize=fonts.tick if fonts else 7)
+        ax.set_yticks(range(len(heads)), heads, fontsize=fonts.tick if fonts else 7)
         median = comp[mode].median() if len(comp) else math.nan
-        ax.set_title(f"{mode} (median over all pairs {median:.3f})", fontsize=9)
-        ax.set_xlabel("reader (later layer)", fontsize=8)
-        ax.set_ylabel("writer (earlier layer)", fontsize=8)
-    fig.tight_layout()
-    return render_png(fig)
+        ax.set_title(f"{mode} (median over all pairs {median:.3f})", fontsize=fonts.title if fonts else 9)
+        ax.set_xlabel("reader (later layer)", fontsize=fonts.label if fonts else 8)
+        ax.set_ylabel("writer (earlier layer)", fontsize=fonts.label if fonts else 8)
+    if not phone:
+        fig.tight_layout()
+    return render_png(fig, PHONE_DPI if phone else DPI)
 
 
-def plot_thumbnails(thumbs: list[Thumbnail]) -> bytes:
-    cols = min(6, len(thumbs))
+#: The per-head maps of anatomy.png (``headprune anatomy``), with their units.
+SUMMARY_COLUMNS = {"previous_token": "share of attention", "duplicate_token": "share of attention",
+                   "induction": "share of attention", "dla": "logit", "copying": "Σλ/Σ|λ|"}
+
+
+def plot_anatomy_summary(heads: pd.DataFrame) -> bytes:
+    """anatomy.png: one layer × head map per role score, the direct logit attribution and the copying score
+    (each on its own colour scale; the values, to 3 decimals, in the cells where the grid is small)."""
+    columns = [c for c in SUMMARY_COLUMNS if c in heads.columns]
+    return plot_heatmaps(heads, columns, unit={c: SUMMARY_COLUMNS[c] for c in columns}, scaled=False, decimals=3)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line for a caption: whitespace runs, and the ``\\n``/``\\t`` escapes older files hold,
+    as one space."""
+    return " ".join(text.replace("\\n", " ").replace("\\t", " ").split())
+
+
+def thumbnails_figure(thumbs: list[Thumbnail], phone: bool = False) -> Figure:
+    """Attention patterns in a grid (6 per row; ``phone``: 2 per row, :data:`.plots.common.PHONE_WIDTH` wide),
+    each titled with its head, why it is shown and the example; constrained layout keeps every title clear of
+    the row above."""
+    cols = min(2 if phone else 6, len(thumbs))
     rows = math.ceil(len(thumbs) / cols)
-    fig = Figure(figsize=(1.9 * cols, 2.1 * rows))
+    tile = PHONE_WIDTH / cols if phone else 1.9
+    fig = Figure(figsize=(tile * cols, (tile + (0.7 if phone else 0.45)) * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, t in zip(axes, thumbs):
         ax.imshow(np.asarray(t.pattern), cmap="Blues", vmin=0, vmax=1)
-        ax.set_title(f"{t.head_id}\n{t.label} ({t.example})", fontsize=7)
+        ax.set_title(f"{t.head_id}\n{t.label}\n({t.example})" if phone else f"{t.head_id}\n{t.label} ({t.example})",
+                     fontsize=PHONE_FONTS.tick if phone else 7)
         ax.set_xticks([])
         ax.set_yticks([])
     for ax in axes[len(thumbs):]:
         ax.set_visible(False)
-    fig.tight_layout()
-    return render_png(fig)
+    return fig
+
+
+def plot_thumbnails(thumbs: list[Thumbnail], phone: bool = False) -> bytes:
+    return render_png(thumbnails_figure(thumbs, phone), PHONE_DPI if phone else DPI)
 
 
 # ---------------------------------------------------------------- the section
@@ -222,24 +264,27 @@ def anatomy_parts(a: AnatomyReport, scores: pd.DataFrame) -> tuple[Section, list
     corr = role_correlations(j)
     info = a.info
     pics = [Picture("anatomy_roles.png", f"Each anatomy measure against {TRUTH}, one point per head (colour: layer); "
-                    "Spearman ρ with its 95% bootstrap interval over heads.", plot_roles(j, corr))]
+                    "Spearman ρ with its 95% bootstrap interval over heads.", plot_roles(j, corr),
+                    phone_png=plot_roles(j, corr, phone=True))]
     top = j.sort_values([TRUTH, "layer", "head"], ascending=[False, True, True])["head_id"].head(TOP_COMPOSITION)
     order = j.set_index("head_id").loc[list(top)].sort_values(["layer", "head"]).index.tolist()
     if len(a.composition):
         pics.append(Picture("anatomy_composition.png", f"Q-, K- and V-composition among the top {len(order)} heads by "
                             f"{TRUTH} (Elhage et al. 2021; blank: same or later layer).",
-                            plot_composition(a.composition, order)))
+                            plot_composition(a.composition, order),
+                            phone_png=plot_composition(a.composition, order, phone=True)))
     if a.thumbnails:
         pics.append(Picture("anatomy_attention.png", "Attention patterns (rows: queries, columns: keys) of the "
                             "strongest head of each role and of the top heads by importance. probe: "
-                            f"{info.get('probe_text', 'random tokens repeated twice')}; corpus: "
-                            f"{info.get('corpus_text', 'the start of the scoring data')}.",
-                            plot_thumbnails(a.thumbnails)))
+                            f"{one_line(info.get('probe_text', 'random tokens repeated twice'))}; corpus: "
+                            f"{one_line(info.get('corpus_text', 'the start of the scoring data'))}.",
+                            plot_thumbnails(a.thumbnails), phone_png=plot_thumbnails(a.thumbnails, phone=True)))
     blocks: list[Block] = [Findings(anatomy_findings(j, info))] if "induction" in j.columns else []
     blocks += [Paragraph(f"Top {TOP_ANATOMY} heads by {TRUTH} with their anatomy (descriptions of heads, never used "
                          "to prune):"), Table(top_table(j)),
                Paragraph(f"Spearman rho of each anatomy measure with {TRUTH} over {len(j)} heads, 95% percentile "
-                         f"bootstrap interval ({BOOTSTRAP} resamples of heads):"), Table(corr), *pics]
+                         f"bootstrap interval ({BOOTSTRAP} resamples of heads):"), Table(corr)]
+    blocks += [Fold("Anatomy figures (" + ", ".join(p.name for p in pics) + ")", list(pics))] if pics else []
     blocks.append(Note(
         "previous_token, duplicate_token, induction: TransformerLens detect_head scores (mul: share of attention on "
         f"the pattern) on {info.get('probe', 'the induction probe')}; *_corpus: the same on "

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import base64
 import html
+import io
+import math
 import re
 
 import pandas as pd
+from PIL import Image
 
 from headprune.report.numbers import format_table
 from headprune.report.plots import Picture
-from headprune.report.render import Answers, Block, Commands, Facts, Findings, Note, Paragraph, Section, Table
+from headprune.report.plots.common import text_scale
+from headprune.report.render import Answers, Block, Commands, Facts, Findings, Fold, Note, Paragraph, Section, Table
+
+MIN_TEXT_PX = 9  # the smallest text of a figure on a 400 px phone, CSS px
+PHONE_CONTENT_PX = 368  # a 400 px screen less the page padding (2 x 16 px)
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222;
 line-height:1.45}
@@ -31,11 +38,13 @@ th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right}th{background:#f3
 table.sortable th{cursor:pointer}table.sortable th:hover{background:#e4e4e4}
 td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%;height:auto}
 figcaption{font-size:.85em;color:#555}.note{color:#8a4b00}
-pre{overflow-x:auto;background:#f6f6f6;padding:.6em;font-size:.85em}
+pre{overflow-x:auto;background:#f6f6f6;padding:.6em;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
+details.fold{margin:.8em 0}details.fold>summary{font-weight:600}
+@media (max-width:600px){.wide-figure img{max-width:none;width:var(--readable)}}
 .findings{background:#eef5fb;border-left:4px solid #0072B2;padding:.4em 1em;margin:1em 0}
 .findings ul{padding-left:1.2em}.findings li{margin:.3em 0}nav ol{columns:2 16em;font-size:.9em}
 details summary{cursor:pointer}details summary h2{display:inline}
-.maps{display:flex;flex-wrap:wrap;gap:.8em}.maps figure{flex:0 1 240px;margin:0}
+.maps{display:flex;flex-wrap:wrap;gap:.8em;overflow-x:auto}.maps figure{flex:0 1 240px;margin:0}
 .maps svg{width:100%;height:auto;display:block}.maps rect:hover{stroke:#000;stroke-width:1}"""
 
 SORT_JS = """document.querySelectorAll("table.sortable").forEach(function(t){
@@ -54,15 +63,46 @@ def _html_table(df: pd.DataFrame, phone: bool = False) -> str:
     return f'<div class="scroll{" phone" if phone else ""}">\n{table}\n</div>'
 
 
+def _text_attributes(png: bytes, prefix: str = "") -> str:
+    """``data-[phone-]smallest-pt``, ``data-[phone-]dpi`` and ``data-[phone-]width`` (px) of a figure's PNG, from
+    which a browser computes the height of its smallest text where it is shown (:func:`.plots.common.text_scale`)."""
+    record = text_scale(png)
+    if record is None:
+        return ""
+    with Image.open(io.BytesIO(png)) as image:
+        width = image.width
+    return (f' data-{prefix}smallest-pt="{record["smallest_pt"]:g}" data-{prefix}dpi="{record["dpi"]:g}"'
+            f' data-{prefix}width="{width}"')
+
+
+def readable_width(png: bytes) -> int | None:
+    """The width (CSS px) at which the smallest text of ``png`` is MIN_TEXT_PX tall, or None when unknown."""
+    record = text_scale(png)
+    if record is None:
+        return None
+    with Image.open(io.BytesIO(png)) as image:
+        width = image.width
+    return math.ceil(MIN_TEXT_PX * width / (record["smallest_pt"] / 72 * record["dpi"])) + 2  # +2: rounding
+
+
 def _html_picture(block: Picture) -> str:
-    """The PNG, or on screens up to 600 px its phone version where it has one (``<picture>``, data: URIs)."""
+    """The PNG, or on screens up to 600 px its phone version where it has one (``<picture>``, data: URIs). A
+    figure without one whose text would be under MIN_TEXT_PX on a phone keeps a width that holds its text at that
+    size there, in a box that scrolls sideways."""
     e = html.escape
     uri = "data:image/png;base64," + base64.b64encode(block.png).decode("ascii")
-    img = f'<img src="{uri}" alt="{e(block.name)}">'
+    img = f'<img src="{uri}" alt="{e(block.name)}"{_text_attributes(block.png)}>'
+    caption = f"<figcaption>{e(block.name)}: {e(block.caption)}</figcaption>"
     if block.phone_png is not None:
         small = "data:image/png;base64," + base64.b64encode(block.phone_png).decode("ascii")
+        img = img.replace("<img ", f"<img{_text_attributes(block.phone_png, 'phone-')} ", 1)
         img = f'<picture><source media="(max-width: 600px)" srcset="{small}">{img}</picture>'
-    return f"<figure>{img}<figcaption>{e(block.name)}: {e(block.caption)}</figcaption></figure>"
+        return f"<figure>{img}{caption}</figure>"
+    need = readable_width(block.png)
+    if need is not None and need > PHONE_CONTENT_PX:
+        img = img.replace("<img ", f'<img style="--readable:{need}px" ', 1)
+        return f'<figure><div class="scroll wide-figure">{img}</div>{caption}</figure>'
+    return f"<figure>{img}{caption}</figure>"
 
 
 def _html_block(block: Block) -> str:
@@ -82,6 +122,9 @@ def _html_block(block: Block) -> str:
         return _html_table(block.df, block.phone)
     if isinstance(block, Paragraph):
         return f"<p>{e(block.text)}</p>"
+    if isinstance(block, Fold):
+        inner = "\n".join(_html_block(b) for b in block.blocks)
+        return f"<details class=\"fold\"><summary>{e(block.title)}</summary>\n{inner}\n</details>"
     if isinstance(block, Commands):
         return "<pre><code>" + "\n".join(e(line) for line in block.lines) + "</code></pre>"
     assert isinstance(block, Picture)

@@ -29,6 +29,7 @@ from headprune.schema import TRUTH
 
 SECTION_TITLE = "Which heads carry a behaviour: activation patching"
 TOP_PATCHED = 8
+EFFECT_UNIT = "fraction of the gap"  # the maps' cells and colorbars, as the findings give it
 _FILES = {"table": "patch.csv", "agreement": "patch_agreement.csv", "missed": "patch_missed.csv"}
 
 
@@ -113,9 +114,11 @@ def patching_parts(p: PatchingReport, scores: pd.DataFrame, anatomy: AnatomyRepo
                    ) -> tuple[Section, list[Picture]]:
     """The report section and its picture."""
     top = top_patched(p, scores, anatomy)
-    pic = Picture("patching.png", "Normalised effect of patching each head (rows: layers, columns: heads): 1 restores "
-                  "the clean behaviour, 0 leaves the corrupt one. AtP* (GradDrop) estimates a magnitude.",
-                  plot_heatmaps(p.table, p.methods, unit="normalised effect"))
+    pic = Picture("patching.png", "Normalised effect of patching each head, as a fraction of the gap between the "
+                  "clean and the corrupt metric (rows: layers, columns: heads): 1 restores the clean behaviour, 0 "
+                  "leaves the corrupt one. AtP* (GradDrop) estimates a magnitude.",
+                  plot_heatmaps(p.table, p.methods, unit=EFFECT_UNIT, scaled=False),
+                  phone_png=plot_heatmaps(p.table, p.methods, unit=EFFECT_UNIT, scaled=False, phone=True))
     blocks: list[Block] = [Findings(patching_findings(p, top)), pic,
                            Paragraph(f"Top {len(top)} heads by {p.methods[0]}, with their importance for the "
                                      "language-modelling loss and their anatomy roles:"), Table(top)]

@@ -106,7 +106,15 @@ class Table:
     phone: bool = False  # a compact copy shown only on narrow screens (not in markdown)
 
 
-Block = Answers | Findings | Facts | Note | Paragraph | Commands | Table | Picture
+@dataclass
+class Fold:
+    """Secondary blocks: folded on the page under ``title`` (``<details>``), shown as they are in markdown."""
+
+    title: str
+    blocks: list
+
+
+Block = Answers | Findings | Facts | Note | Paragraph | Commands | Table | Picture | Fold
 
 
 @dataclass
@@ -183,8 +191,10 @@ def make_content(scores, curves, settings, baseline) -> Content:
 def baseline_text(baseline: dict) -> str:
     bpb = bpb_factor(baseline)
     bits = f", {baseline['nll'] * bpb:.4g} bits/byte" if bpb else ""
-    return (f"perplexity {number(baseline['ppl'])}{bits}, NLL {number(baseline['nll'])} nats/token, "
-            f"{number(baseline['tokens'])} tokens" + (f" ({number(baseline['bytes'])} bytes)" if bpb else ""))
+    tokens = baseline.get("tokens")  # unknown where the baseline was read off the curves: left out
+    count = "" if tokens is None else f", {number(tokens)} tokens" + (f" ({number(baseline['bytes'])} bytes)"
+                                                                       if bpb else "")
+    return f"perplexity {number(baseline['ppl'])}{bits}, NLL {number(baseline['nll'])} nats/token{count}"
 
 
 def _best_text(content: Content) -> str:
@@ -269,19 +279,20 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     """Everything the report says, in order: the headline first, settings and timings last."""
     by_name = {p.name: p for p in pictures}
     curves_pic, order_pic = by_name.get("curves.png"), by_name.get("pruning_order.png")
-    normalized_pic = by_name.get("curves_layer_normalized.png")
-    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic, normalized_pic)]
+    normalized_pic, all_pic = by_name.get("curves_layer_normalized.png"), by_name.get("curves_all.png")
+    gallery: list[Block] = [p for p in pictures if p not in (curves_pic, order_pic, normalized_pic, all_pic)]
     headline: list[Block] = [Findings(c.findings)] if c.findings else [Paragraph("No finding: see the tables.")]
     headline += [*map(Note, c.notes)]
     curves: list[Block] = [Paragraph(f"Unpruned: {baseline_text(c.baseline)}. Best method: {_best_text(c)}.")]
-    curves += [curves_pic] if curves_pic else []
     curves += [Table(phone_summary(c.summary), phone=True), Table(c.summary)]
+    curves += [Fold("Every ranking's curves (curves_all.png)", [all_pic])] if all_pic else []
     curves += [Paragraph(c.fraction_note)] if c.fraction_note else []
     curves += reproduce_blocks(c)
-    curves += [Paragraph("Rankings named <method>@layer divide each layer's scores by their layer's norm "
-                         "first (Michel et al. 2019): does a score fail within layers, or only across them?"),
-               normalized_pic] if normalized_pic else []
-    order: list[Block] = [order_pic] if order_pic else []
+    curves += [Fold("Rankings normalised per layer (curves_layer_normalized.png)", [Paragraph(
+        "Rankings named <method>@layer divide each layer's scores by their layer's norm first (Michel et al. 2019): "
+        "does a score fail within layers, or only across them?"), normalized_pic])] if normalized_pic else []
+    order: list[Block] = [Fold("The order in which each method removes heads (pruning_order.png)", [order_pic])
+                          ] if order_pic else []
     fractions = " / ".join(f"{f:.0%}" for f in SUMMARY_FRACTIONS)
     order += ([Paragraph(f"Heads removed from each layer at {fractions} of all heads pruned:"), Table(c.layer_counts)]
               if len(c.layer_counts) else [Paragraph("No method could rank the heads.")])
@@ -291,7 +302,9 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
                         Paragraph(f"Not available: the scores have no {TRUTH} column.")]
     settings: list[Block] = [Facts(c.facts)]
     settings += [Table(_settings_frame(c.settings, str(c.scores["model_fingerprint"].iloc[0])))] if c.settings else []
-    lead = [Section("In short", [Answers(c.answers)], lead=True)] if c.answers else []
+    first: list[Block] = [Answers(c.answers)] if c.answers else []
+    first += [curves_pic] if curves_pic else []  # the findings, then the curves: both on the first screen
+    lead = [Section("In short", first, lead=True)] if first else []
     return [
         *lead,
         Section("Findings", headline),
@@ -299,9 +312,10 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
         Section(f"Top {TOP_HEADS} heads by {TRUTH}", top),
         Section("Pruning order", order),
         Section(f"How well each score predicts {TRUTH}", predicts),
-        Section("Pictures", gallery, html_only=True),
-        Section("Scores (one row per head)", score_tables(c.scores), html_only=True),
-        Section("Curves (one row per method, compensation, fraction)", [Table(per_row(c.curves))], html_only=True),
+        Section("Pictures", gallery, html_only=True, collapsed=True),
+        Section("Scores (one row per head)", score_tables(c.scores), html_only=True, collapsed=True),
+        Section("Curves (one row per method, compensation, fraction)", [Table(per_row(c.curves))], html_only=True,
+                collapsed=True),
         Section("Settings and timings", settings, collapsed=True),
     ]
 
@@ -336,6 +350,8 @@ def _markdown_block(block: Block) -> list[str]:
         return ["", block.text]
     if isinstance(block, Commands):
         return ["", "```bash", *block.lines, "```"]
+    if isinstance(block, Fold):
+        return [line for inner in block.blocks for line in _markdown_block(inner)]
     raise TypeError(f"markdown cannot show {type(block).__name__}")
 
 

@@ -94,18 +94,22 @@ def jsonable(settings) -> dict:
     return json.loads(json.dumps(settings, default=str))
 
 
-def best_method(curves: pd.DataFrame) -> str:
-    """The non-random method with the lowest mean delta_nll over fractions in (0, 0.5], compensation none.
-
-    Ties go to the alphabetically first name. HeadpruneError if no method has such points.
-    """
+def methods_by_curves(curves: pd.DataFrame) -> list[str]:
+    """The non-random methods, best first: by mean delta_nll over fractions in (0, 0.5], compensation none (ties:
+    alphabetically). Methods without such points are left out."""
     curves = check_curves(curves)
     sel = curves[(curves["method"] != RANDOM) & (curves["compensation"] == "none") & (curves["fraction"] > 0)
                  & (curves["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
     means = sel.groupby("method")["delta_nll"].mean().dropna()
-    if means.empty:
+    return sorted(means.index, key=lambda m: (means[m], m))
+
+
+def best_method(curves: pd.DataFrame) -> str:
+    """The first of :func:`methods_by_curves`. HeadpruneError if no method has such points."""
+    ranked = methods_by_curves(curves)
+    if not ranked:
         raise HeadpruneError("no non-random method has curve points with compensation none and 0 < fraction <= 0.5")
-    return min(means.index, key=lambda m: (means[m], m))
+    return ranked[0]
 
 
 def nearest_row(group: pd.DataFrame, target: float) -> pd.Series:

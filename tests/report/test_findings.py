@@ -194,7 +194,9 @@ def test_page_has_viewport_toc_scrolling_tables_and_headline_first(report_dir):
     assert {"name": "viewport", "content": "width=device-width, initial-scale=1"} in tree.meta
     assert tree.tables_outside == 0 and text.count("<table") >= 6
     assert tree.links and {link[1:] for link in tree.links} <= set(tree.ids)
-    assert tree.order[0] == ("findings", None) and tree.order[1] == ("img", "curves.png")
+    # the first screen: the answers, then the main curves figure (issue 39, item 4), then the findings
+    assert tree.order[0] == ("img", "curves.png") and tree.order[1] == ("findings", None)
+    assert text.index("What does pruning cost?") < text.index('alt="curves.png"') < text.index("<nav")
     assert tree.order[-1] == ("details", None)
     details = text[text.index("<details"):]
     assert "nested.k" in details and '{"k"' not in details and "timings.score_s" in details

@@ -37,8 +37,10 @@ from report_tables import (
 
 
 def pictures_for(methods):
-    return ({"curves.png", "curves_phone.png", "rank_correlation.png", "pruning_order.png", "heatmaps.png"}
-            | ({"scatters.png"} if "abl_zero" in methods and len(set(methods) - {"abl_zero"}) else set()))
+    return ({"curves.png", "curves_phone.png", "curves_all.png", "curves_all_phone.png", "rank_correlation.png",
+             "rank_correlation_phone.png", "pruning_order.png", "pruning_order_phone.png", "heatmaps.png"}
+            | ({"scatters.png", "scatters_phone.png"} if "abl_zero" in methods and len(set(methods) - {"abl_zero"})
+               else set()))
 
 
 TABLES = {"scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "predictiveness.csv", "summary.md",
@@ -111,7 +113,8 @@ def test_html_is_self_contained_and_well_formed(report):
     assert "link" not in page.tags and "http" not in text
     prefix = "data:image/png;base64,"
     # inline SVG; <source>
-    assert {img["alt"] for img in page.images} == pictures_for(METHODS) - {"heatmaps.png", "curves_phone.png"}
+    shown = {p for p in pictures_for(METHODS) if not p.endswith("_phone.png")} - {"heatmaps.png"}
+    assert {img["alt"] for img in page.images} == shown
     for img in page.images:
         assert img["src"].startswith(prefix)
         data = base64.b64decode(img["src"][len(prefix):], validate=True)

@@ -8,21 +8,51 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headprune.report.plots.common import COMPENSATED_STYLE, FAMILY_COLORS, curve_styles, method_color, render_png
-from headprune.report.tables import groups
+from headprune.report.plots.common import (
+    COMPENSATED_STYLE,
+    DPI,
+    FAMILY_COLORS,
+    PHONE_FONTS,
+    PHONE_WIDTH,
+    WIDE_FONTS,
+    curve_styles,
+    method_color,
+    render_png,
+)
+from headprune.report.plots.common import PHONE_DPI as PHONE_FIGURE_DPI
+from headprune.report.tables import groups, methods_by_curves
 from headprune.schema import LAYER_NORMALIZED, RANDOM, split_ranking
 
 LOG_Y_RATIO = 10.0  # curves.png uses a log y axis when max/min perplexity exceeds this
 
 
-def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None, keep: tuple[str, ...] = ()
-                ) -> bytes:
+MAIN_CURVES = 3  # curves.png draws the best few global rankings; curves_all.png every one
+
+
+def shown_methods(curves: pd.DataFrame, best: int | None, keep: tuple[str, ...] = ()) -> list[str]:
+    """The rankings a curves figure draws: the ``best`` global rankings by :func:`.tables.methods_by_curves`
+    (every global ranking where ``best`` is None), then those of ``keep``; random is drawn apart."""
+    ranked = [m for m in methods_by_curves(curves) if not split_ranking(m)[1]]
+    every = [m for m in dict.fromkeys(curves["method"]) if m != RANDOM and not split_ranking(m)[1]]
+    chosen = every if best is None else [m for m in ranked if m in every][:best]
+    return list(dict.fromkeys([*chosen, *[m for m in keep if m in set(curves["method"])]]))
+
+
+def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None, keep: tuple[str, ...] = (),
+                best: int | None = MAIN_CURVES, phone: bool = False) -> bytes:
     """Perplexity (left) and ΔNLL (right) against the % of heads pruned; a secondary x axis in heads removed.
-    Per-layer rankings (``<method>@layer``) have their own figure, but those in ``keep`` are drawn here too."""
-    fig = Figure(figsize=(11.0, 4.8))
-    ax_ppl, ax_nll = fig.subplots(1, 2)
-    curves = curves[curves["method"].isin(keep) | ~curves["method"].map(lambda m: split_ranking(m)[1])]
-    methods = [m for m in dict.fromkeys(curves["method"]) if m != RANDOM]
+    Draws the ``best`` global rankings (with their compensated curves; None: every one, :func:`shown_methods`),
+    the per-layer rankings (``<method>@layer``) in ``keep``, and random with its band. ``phone``: the two panels
+    stacked, :data:`.common.PHONE_WIDTH` wide, in :data:`.common.PHONE_FONTS`."""
+    fonts = PHONE_FONTS if phone else WIDE_FONTS
+    methods = shown_methods(curves, best, keep)
+    if phone:
+        fig = Figure(figsize=(PHONE_WIDTH, 8.0), layout="constrained")
+        ax_ppl, ax_nll = fig.subplots(2, 1)
+    else:
+        fig = Figure(figsize=(11.0, 3.6 if best is not None else 4.8), layout="constrained")  # 1st screen
+        ax_ppl, ax_nll = fig.subplots(1, 2)
+    curves = curves[curves["method"].isin([*methods, RANDOM])]
     styles = curve_styles(methods)
     seen: list[float] = []
     for (method, comp), g in groups(curves):
@@ -58,23 +88,24 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
     shown = shown[np.isfinite(shown) & (shown > 0)]
     if len(shown) and shown.max() / shown.min() > LOG_Y_RATIO:
         ax_ppl.set_yscale("log")
-    ax_ppl.set_ylabel("perplexity" + (" (log scale)" if ax_ppl.get_yscale() == "log" else ""))
-    ax_nll.set_ylabel("ΔNLL (nats/token)")
-    ax_ppl.set_title("Perplexity", fontsize=10)
-    ax_nll.set_title("NLL increase over the unpruned model (bands: 95% intervals)", fontsize=10)
+    ax_ppl.set_ylabel("perplexity" + (" (log scale)" if ax_ppl.get_yscale() == "log" else ""), fontsize=fonts.label)
+    ax_nll.set_ylabel("ΔNLL (nats/token)", fontsize=fonts.label)
+    ax_ppl.set_title("Perplexity", fontsize=fonts.title + 1)
+    ax_nll.set_title("NLL increase over the unpruned model" + ("\n" if phone else " ") + "(bands: 95% intervals)",
+                     fontsize=fonts.title + 1)
     for ax in (ax_ppl, ax_nll):
-        ax.set_xlabel("heads pruned (%)")
+        ax.set_xlabel("heads pruned (%)", fontsize=fonts.label)
+        ax.tick_params(labelsize=fonts.tick + 1)
         ax.grid(alpha=0.3, which="both")
         if n_heads:
             top = ax.secondary_xaxis("top", functions=(lambda p, n=n_heads: p * n / 100,
                                                        lambda k, n=n_heads: k * 100 / n))
-            top.set_xlabel("heads removed", fontsize=8)
-            top.tick_params(labelsize=8)
+            top.set_xlabel("heads removed", fontsize=fonts.label)
+            top.tick_params(labelsize=fonts.tick + (0 if phone else 1))
     handles, labels = ax_ppl.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(5, len(labels)), fontsize=8,
-               frameon=False)
-    fig.tight_layout()
-    return render_png(fig)
+    fig.legend(handles, labels, loc="outside lower center", ncol=2 if phone else min(6, len(labels)),
+               fontsize=fonts.legend, frameon=False)
+    return render_png(fig, PHONE_FIGURE_DPI if phone else DPI)
 
 
 PHONE_SIZE, PHONE_DPI = (4.2, 4.6), 2 * 110  # inches; drawn 924 px wide: sharp at 400 CSS px on a 2x screen
@@ -124,16 +155,19 @@ def _delta_interval(g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return dnll - std, dnll + std
 
 
-def plot_layer_normalized(curves: pd.DataFrame) -> bytes | None:
+def plot_layer_normalized(curves: pd.DataFrame, phone: bool = False) -> bytes | None:
     """Small multiples, one per score with a per-layer-normalized variant: ΔNLL of the global ranking (solid),
-    of the ranking within layers (dashed) and of random (grey, 95% band), on one y scale."""
+    of the ranking within layers (dashed) and of random (grey, 95% band), on one y scale. ``phone``: two per
+    row, :data:`.common.PHONE_WIDTH` wide, in :data:`.common.PHONE_FONTS`."""
     plain = curves[curves["compensation"] == "none"]
     pairs = [m for m in dict.fromkeys(plain["method"]) if m + LAYER_NORMALIZED in set(plain["method"])]
     if not pairs:
         return None
-    cols = min(3, len(pairs))
+    fonts = PHONE_FONTS if phone else WIDE_FONTS
+    cols = min(2 if phone else 3, len(pairs))
     rows = math.ceil(len(pairs) / cols)
-    fig = Figure(figsize=(3.6 * cols, 2.7 * rows + 0.6))
+    size = (PHONE_WIDTH, 2.3 * rows + 1.0) if phone else (3.6 * cols, 2.7 * rows + 0.6)
+    fig = Figure(figsize=size, layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel()
     rand = plain[plain["method"] == RANDOM].sort_values("fraction")
     for ax, method in zip(axes, pairs):
@@ -148,16 +182,15 @@ def plot_layer_normalized(curves: pd.DataFrame) -> bytes | None:
             lo, hi = _delta_interval(g)
             ax.plot(100 * g["fraction"], g["delta_nll"], color=color, ls=ls, lw=1.5, marker="o", ms=3, label=label)
             ax.fill_between(100 * g["fraction"], lo, hi, color=color, alpha=0.12, lw=0)
-        ax.set_title(method, fontsize=9)
+        ax.set_title(method, fontsize=fonts.title)
+        ax.tick_params(labelsize=fonts.tick)
         ax.grid(alpha=0.3)
     for ax in axes[len(pairs):]:
         ax.set_visible(False)
     for ax in axes[::cols]:
-        ax.set_ylabel("ΔNLL (nats/token)", fontsize=8)
+        ax.set_ylabel("ΔNLL (nats/token)", fontsize=fonts.label)
     for ax in axes[:len(pairs)][-cols:]:
-        ax.set_xlabel("heads pruned (%)", fontsize=8)
+        ax.set_xlabel("heads pruned (%)", fontsize=fonts.label)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
-               frameon=False)
-    fig.tight_layout()
-    return render_png(fig)
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=fonts.legend, frameon=False)
+    return render_png(fig, PHONE_FIGURE_DPI if phone else DPI)

@@ -9,7 +9,7 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.report.headline import best_layer_ranking
 from headprune.report.plots.common import Picture
-from headprune.report.plots.curves import plot_curves, plot_curves_phone, plot_layer_normalized
+from headprune.report.plots.curves import MAIN_CURVES, plot_curves, plot_curves_phone, plot_layer_normalized
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
 from headprune.report.tables import best_method, rank_correlations
@@ -25,22 +25,28 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     layer = best_layer_ranking(curves)
     keep = (layer,) if layer else ()
     shown = "" if layer is None else f" Of the per-layer normalised rankings, the best ({layer}) is drawn too."
-    pics = [Picture("curves.png", "Perplexity and NLL increase against the share of heads pruned (colour: method "
-                    "family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / optimal-compensated; left, grey "
-                    "band: random ± 1 std over seeds; right, bands: 95% paired-bootstrap intervals over the "
-                    "evaluation windows, for random over seeds and windows together; top axis: heads removed)."
-                    + shown, plot_curves(curves, baseline, len(scores), keep),
-                    phone_png=plot_curves_phone(curves, baseline, _phone_methods(curves, layer)))]
+    pics = [Picture("curves.png", f"Perplexity and NLL increase against the share of heads pruned: the {MAIN_CURVES} "
+                    "best rankings (lowest mean ΔNLL up to 50% pruned) and random; curves_all.png has every one "
+                    "(colour: method family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / "
+                    "optimal-compensated; left, grey band: random ± 1 std over seeds; right, bands: 95% "
+                    "paired-bootstrap intervals over the evaluation windows, for random over seeds and windows "
+                    "together; top axis: heads removed)." + shown, plot_curves(curves, baseline, len(scores), keep),
+                    phone_png=plot_curves_phone(curves, baseline, _phone_methods(curves, layer))),
+            Picture("curves_all.png", "Every ranking's curves, as in curves.png.",
+                    plot_curves(curves, baseline, len(scores), keep, best=None),
+                    phone_png=plot_curves(curves, baseline, len(scores), keep, best=None, phone=True))]
     normalized = plot_layer_normalized(curves)
     if normalized is not None:
         pics.append(Picture("curves_layer_normalized.png", "Each weight and activation score ranked globally "
                             "(solid) and with its scores divided by their layer's norm (dashed, Michel et al. 2019): "
-                            "a score that only fails across layers recovers when normalized.", normalized))
+                            "a score that only fails across layers recovers when normalized.", normalized,
+                            phone_png=plot_layer_normalized(curves, phone=True)))
     order = plot_pruning_order(scores)
     if order is not None:
         pics.append(Picture("pruning_order.png", "The order in which each method removes heads (1 = first), as the "
                             "curves prune: global ranking, lowest score first; dark: removed first, bright: removed "
-                            "last, the important heads, as in the heatmaps.", order))
+                            "last, the important heads, as in the heatmaps.", order,
+                            phone_png=plot_pruning_order(scores, phone=True)))
     methods = method_columns(scores)
     maps = "".join(f"<figure><figcaption>{html.escape(map_caption(scores, m))}</figcaption>{heatmap_svg(scores, m)}"
                    "</figure>" for m in methods)
@@ -56,9 +62,11 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
         bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""
         pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
                             f"heads that matter most by {TRUTH} named where their labels do not overlap; \u03c1 with "
-                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci)))
+                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci),
+                            phone_png=plot_scatters(scores, rho, scale, rho_ci, phone=True)))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
-                        plot_rank_correlation(*rank_correlations(scores))))
+                        plot_rank_correlation(*rank_correlations(scores)),
+                        phone_png=plot_rank_correlation(*rank_correlations(scores), phone=True)))
     return pics
 
 

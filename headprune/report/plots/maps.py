@@ -9,15 +9,22 @@ import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from headprune.report.plots.common import (
+    DPI,
     MISSING_COLOR,
+    PHONE_DPI,
+    PHONE_FONTS,
+    PHONE_WIDTH,
+    WIDE_FONTS,
     annotate_cells,
     display_exponent,
     head_grid,
     importance_rank,
     render_png,
     scaled_label,
+    wrapped,
 )
 from headprune.report.tables import pruning_order, ranked_methods
 from headprune.schema import METHOD_UNITS, ci_columns
@@ -44,18 +51,33 @@ def _head_ticks(ax, n_layers: int, n_heads: int, fontsize: float = 7) -> None:
     ax.set_yticks(range(0, n_layers, ls), [f"L{layer}" for layer in range(0, n_layers, ls)], fontsize=fontsize)
 
 
-def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value", unit: str | None = None) -> bytes:
+def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value",
+                  unit: str | dict[str, str] | None = None, scaled: bool = True, phone: bool = False,
+                  decimals: int = 2) -> bytes:
+    """:func:`heatmaps_figure` as PNG bytes (a phone version: one map per row, :data:`.common.PHONE_FONTS`)."""
+    return render_png(heatmaps_figure(scores, methods, scale, unit, scaled, phone, decimals),
+                      PHONE_DPI if phone else DPI)
+
+
+def heatmaps_figure(scores: pd.DataFrame, methods: list[str], scale: str = "value",
+                    unit: str | dict[str, str] | None = None, scaled: bool = True, phone: bool = False,
+                    decimals: int = 2) -> Figure:
     """Small multiples: one layer x head map per method. ``value``: each map on its own colour scale with a
-    colorbar in the method's unit (``unit``: one for all), every cell number in one format (2 decimals; the power
-    of ten in the colorbar label); ``rank``: every map on one shared scale of importance ranks (1 = highest
-    score), one colorbar."""
+    colorbar in the method's unit (``unit``: one for all, or one per column), every cell number in one format
+    (``decimals`` decimals; with ``scaled``, the power of ten left out of the numbers goes into the colorbar
+    label; without, the numbers and the colorbar are in the unit itself); ``rank``: every map on one shared scale
+    of importance ranks (1 = highest score), one colorbar. ``phone``: one map per row,
+    :data:`.common.PHONE_WIDTH` wide."""
     n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
-    cols = min(3, len(methods))
+    fonts = PHONE_FONTS if phone else WIDE_FONTS
+    cols = 1 if phone else min(3, len(methods))
     rows = -(-len(methods) // cols)
     w, h = min(6.0, max(3.2, 0.36 * n_heads + 1.8)), min(6.0, max(2.2, 0.32 * n_layers + 1.0))
+    if phone:
+        w, h = PHONE_WIDTH, max(2.4, 0.3 * n_layers + 1.2)
     fig = Figure(figsize=(cols * w, rows * h + 0.5), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    annotate = n_layers * n_heads <= 200
+    annotate = n_layers * n_heads <= 200 and (not phone or n_heads <= 12)
     image = None
     for ax, method in zip(axes, methods):
         if scale == "rank":
@@ -64,28 +86,32 @@ def plot_heatmaps(scores: pd.DataFrame, methods: list[str], scale: str = "value"
             vmin, vmax, cmap_name, k = 1.0, float(max(len(scores), 2)), "viridis_r", 0
         else:
             values = head_grid(scores, method).to_numpy(float)
-            k = display_exponent(values)
+            k = display_exponent(values) if scaled else 0
             values = values / 10.0**k
             vmin, vmax, cmap_name = _color_limits(values)
         cmap = colormaps[cmap_name].with_extremes(bad=MISSING_COLOR)
         image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-        ax.set_title(method, fontsize=9)
-        _head_ticks(ax, n_layers, n_heads)
+        ax.set_title(method, fontsize=fonts.title)
+        _head_ticks(ax, n_layers, n_heads, fonts.tick)
         if scale == "value":
             bar = fig.colorbar(image, ax=ax, shrink=0.9)
-            bar.set_label(scaled_label(unit or METHOD_UNITS.get(method, "score"), k), fontsize=7)
-            bar.ax.tick_params(labelsize=7)
+            name = unit.get(method) if isinstance(unit, dict) else unit
+            bar.set_label(scaled_label(name or METHOD_UNITS.get(method, "score"), k), fontsize=fonts.tick)
+            bar.ax.tick_params(labelsize=fonts.tick)
+            if isinstance(bar.formatter, ScalarFormatter):  # the numbers in the label's unit, no offset beside them
+                bar.formatter.set_useOffset(False)
         if annotate:
-            annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else "{:.2f}",
-                            fontsize=6 if n_heads <= 12 else 5)
+            annotate_cells(ax, values, cmap, vmin, vmax, "{:.0f}" if scale == "rank" else f"{{:.{decimals}f}}",
+                            fontsize=fonts.cell if phone else (6 if n_heads <= 12 else 5))
     for ax in axes[len(methods):]:
         ax.set_visible(False)
     if scale == "rank" and image is not None:
-        fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6,
-                     label="importance rank within the method (1 = highest score)")
-    what = "importance ranks, one shared scale" if scale == "rank" else unit or "scores"
-    fig.suptitle(f"Per-head {what} (rows: layers, columns: heads; grey: missing)", fontsize=10)
-    return render_png(fig)
+        bar = fig.colorbar(image, ax=list(axes[: len(methods)]), shrink=0.6)
+        bar.set_label("importance rank within the method (1 = highest score)", fontsize=fonts.label)
+    what = "importance ranks, one shared scale" if scale == "rank" else unit if isinstance(unit, str) else "scores"
+    title = f"Per-head {what} (rows: layers, columns: heads; grey: missing)"
+    fig.suptitle(wrapped(title, fonts.title + 1, PHONE_WIDTH) if phone else title, fontsize=fonts.title + 1)
+    return fig
 
 
 def map_caption(scores: pd.DataFrame, method: str) -> str:
@@ -116,6 +142,9 @@ def error_bars(values: np.ndarray, interval: tuple[np.ndarray, np.ndarray] | Non
     return np.nan_to_num(np.stack([values - lo, hi - values]), nan=0.0).clip(min=0.0)
 
 
+SVG_FONT, SVG_MIN_TEXT_PX = 7, 9  # the inline maps' font size (viewBox units) and its smallest size on screen
+
+
 def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     """One method's layer x head map as inline SVG: a ``<rect>`` per head whose ``<title>`` the browser shows on
     hover (head, value, rank), so maps of any size (GPT-2 XL: 1,200 heads) stay readable on the page."""
@@ -129,8 +158,9 @@ def heatmap_svg(scores: pd.DataFrame, method: str) -> str:
     cell, left, top = 12, 26, 12
     width, height = left + cell * n_heads, top + cell * n_layers
     unit = METHOD_UNITS.get(method, "")
-    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" '
-              f'aria-label="{html.escape(method)} per head" font-size="7" font-family="sans-serif">')]
+    readable = math.ceil(width * SVG_MIN_TEXT_PX / SVG_FONT)  # drawn no narrower: text >= SVG_MIN_TEXT_PX px
+    parts = [(f'<svg viewBox="0 0 {width} {height}" role="img" style="min-width:{readable}px" '
+              f'aria-label="{html.escape(method)} per head" font-size="{SVG_FONT}" font-family="sans-serif">')]
     hs, ls = max(1, math.ceil(n_heads / 16)), max(1, math.ceil(n_layers / 24))
     parts += [f'<text x="{left + cell * h + cell / 2}" y="{top - 3}" text-anchor="middle">{h}</text>'
               for h in range(0, n_heads, hs)]
@@ -167,37 +197,49 @@ def order_colors(steps: np.ndarray, n: int) -> np.ndarray:
     return cmap(np.ma.masked_invalid((np.asarray(steps, float) - 1) / span))
 
 
-def plot_pruning_order(scores: pd.DataFrame) -> bytes | None:
+def plot_pruning_order(scores: pd.DataFrame, phone: bool = False) -> bytes | None:
     """One small layer x head grid per ranking method: the step at which the head is removed (1 = first; dark,
-    the last bright: :data:`ORDER_CMAP`)."""
+    the last bright: :data:`ORDER_CMAP`). ``phone``: two grids per row, :data:`.common.PHONE_WIDTH` wide, in
+    :data:`.common.PHONE_FONTS`, without the step numbers (a colorbar gives them)."""
     grids = [(m, pruning_order(scores, m)) for m in ranked_methods(scores)]
     if not grids:
         return None
     n_layers, n_heads = int(scores["layer"].max()) + 1, int(scores["head"].max()) + 1
-    cols = min(4, len(grids))
+    fonts = PHONE_FONTS if phone else WIDE_FONTS
+    cols = min(2 if phone else 4, len(grids))
     rows = -(-len(grids) // cols)
     cell_w, cell_h = max(2.2, 0.34 * n_heads + 0.6), max(1.6, 0.3 * n_layers + 0.9)
-    fig = Figure(figsize=(cols * cell_w, rows * cell_h + 0.6))
+    if phone:
+        cell_w, cell_h = PHONE_WIDTH / cols, max(1.8, 0.25 * n_layers + 1.0)
+    fig = Figure(figsize=(cols * cell_w, rows * cell_h + (1.2 if phone else 0.6)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     n = len(scores)
     cmap = colormaps[ORDER_CMAP].with_extremes(bad=MISSING_COLOR)
+    tick = 9 if phone else 6
+    head_step, layer_step = (max(1, math.ceil(n_heads / 6)), max(1, math.ceil(n_layers / 8))) if phone else (1, 1)
+    image = None
     for ax, (method, grid) in zip(axes, grids):
-        ax.set_title(method, fontsize=9)
-        ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)] if n_heads <= 16 else [], fontsize=6)
-        ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)], fontsize=6)
+        ax.set_title(method, fontsize=fonts.title)
+        heads, layers = range(0, n_heads, head_step), range(0, n_layers, layer_step)
+        ax.set_xticks(heads, [str(h) for h in heads] if n_heads <= 16 or phone else [], fontsize=tick)
+        ax.set_yticks(layers, [f"L{layer}" for layer in layers], fontsize=tick)
         if grid is None:
-            ax.text(0.5, 0.5, "not ranked\n(a NaN score)", ha="center", va="center", fontsize=8,
+            ax.text(0.5, 0.5, "not ranked\n(a NaN score)", ha="center", va="center", fontsize=max(tick, 8),
                     transform=ax.transAxes)
             ax.set_xlim(-0.5, n_heads - 0.5)
             ax.set_ylim(n_layers - 0.5, -0.5)
             continue
         values = grid.to_numpy(float)
-        ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=1, vmax=max(n, 2), aspect="auto")
-        if n_layers * n_heads <= 200:
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=1, vmax=max(n, 2), aspect="auto")
+        if n_layers * n_heads <= 200 and not phone:
             annotate_cells(ax, values, cmap, 1.0, float(max(n, 2)), "{:.0f}", fontsize=5.5)
     for ax in axes[len(grids):]:
         ax.set_visible(False)
-    fig.suptitle("Pruning order: the step at which each head is removed (1 = first, dark; last = most important, "
-                 "bright, as in the heatmaps; rows: layers, columns: heads)", fontsize=10)
-    fig.tight_layout()
-    return render_png(fig)
+    if phone and image is not None:
+        bar = fig.colorbar(image, ax=list(axes[: len(grids)]), location="bottom", shrink=0.8, aspect=30)
+        bar.set_label("step at which the head is removed", fontsize=fonts.label)
+        bar.ax.tick_params(labelsize=fonts.tick)
+    title = ("Pruning order: the step at which each head is removed (1 = first, dark; last = most important, "
+             "bright, as in the heatmaps; rows: layers, columns: heads)")
+    fig.suptitle(wrapped(title, fonts.title + 1, PHONE_WIDTH) if phone else title, fontsize=fonts.title + 1)
+    return render_png(fig, PHONE_DPI if phone else DPI)
