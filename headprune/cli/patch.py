@@ -46,7 +46,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="patched copies x pairs per forward (default 16 on the CPU, 64 on a GPU)")
     add_bootstrap_arg(p)
     add_run_flags(p, "output table, .csv or .parquet; OUT_agreement, OUT_missed and OUT.json are written beside it "
-                     "(name it DIR/patch.csv and `headprune report --scores DIR/scores.csv` shows the study)")
+                     "(name it DIR/patch.csv and headprune report --scores DIR/scores.csv shows the study)")
     p.add_argument("--json", action="store_true", help="print a JSON summary (metric gap, top heads, agreement)")
 
 
