@@ -38,9 +38,10 @@ def close_names(name: str, n: int = 3) -> list[str]:
 
 
 def looks_like_path(source: str) -> bool:
-    """Whether ``source`` can only be a local path: it starts with ``.``, ``/`` or ``~``, or has more than one
-    ``/`` (a hub id has at most one)."""
-    return source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source
+    """Whether ``source`` can only be a local path: it starts with ``.``, ``/`` or ``~``, has more than one ``/``
+    (a hub id has at most one), or its ``owner/`` part is a local folder (``out/pruned`` before prune wrote it)."""
+    return (source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source
+            or ("/" in source and Path(source).parent.is_dir()))
 
 
 def _in_hub_cache(repo_id: str) -> bool:

@@ -50,10 +50,13 @@ def test_the_loader_says_it_too_and_lets_real_names_through(tiny_dir):
         check_model_source(name)  # known, an owner/name hub id, close to nothing, or a folder: the loader tries it
 
 
-def test_a_missing_model_folder_names_a_close_one(tmp_path, capsys, nothing_loads):
+def test_a_missing_model_folder_names_a_close_one(tmp_path, monkeypatch, capsys, nothing_loads):
     (tmp_path / "pruned").mkdir()
     assert main(["eval", "--model", str(tmp_path / "pruend")]) == 2
     assert f"does not exist; did you mean {tmp_path / 'pruned'}?" in one_error_line(capsys)
+    monkeypatch.chdir(tmp_path)  # owner/name where owner is a local folder: a path, not a hub id
+    assert main(["eval", "--model", "pruned/model"]) == 2
+    assert "model directory 'pruned/model' does not exist" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("argv, words", [
