@@ -110,19 +110,40 @@ def _fingerprint(table: pd.DataFrame) -> str:
     return str(table["model_fingerprint"].iloc[0])[:12] if "model_fingerprint" in table and len(table) else "?"
 
 
+def _score_facts(scores: ScoredHeads) -> list[tuple[str, Any]]:
+    """model, heads, methods, tokens (those the ablation baseline predicted where ablation ran, else those read),
+    baseline NLL and perplexity (where ablation ran), seconds."""
+    table = scores.table
+    facts: list[tuple[str, Any]] = [("model", _fingerprint(table)), ("heads", len(table)),
+                                    ("methods", ", ".join(method_columns(table)))]
+    tokens = scores.baseline["tokens"] if scores.baseline is not None else getattr(scores, "tokens", None)
+    facts += [("tokens", f"{int(tokens):,}")] if tokens is not None else []
+    if scores.baseline is not None:
+        nll = float(scores.baseline["nll"])
+        facts += [("baseline NLL", nll), ("perplexity", math.exp(nll))]
+    if scores.seconds:
+        facts.append(("seconds", round(sum(scores.seconds.values()), 1)))
+    return facts
+
+
+def scores_text(scores: ScoredHeads, top: int = 5) -> str:
+    """``print(scored)``: one line of :func:`_score_facts`, then the ``top`` heads by :func:`main_method`, then
+    where the full table is."""
+    facts = " · ".join(f"{k}: {_cell(v) if isinstance(v, float) else v}" for k, v in _score_facts(scores))
+    lines = [f"HeadScores({facts})"]
+    if (method := main_method(scores.table)) is not None:
+        best = top_heads(scores.table, method, top)
+        lines.append(f"top {len(best)} heads by {method}: "
+                     + ", ".join(f"{r['head_id']} {float(r[method]):.4g}" for _, r in best.iterrows()))
+    lines.append(".table: one row per head, a column per method (and its 95% interval)")
+    return "\n".join(lines)
+
+
 def scores_html(scores: ScoredHeads, top: int = 10) -> str:
     """The model's fingerprint, heads, methods, tokens and baseline NLL / perplexity (where ablation ran), then the
     ``top`` heads by :func:`main_method` with their 95% intervals."""
     table = scores.table
-    methods = method_columns(table)
-    facts: list[tuple[str, Any]] = [("model", _fingerprint(table)), ("heads", len(table)),
-                                    ("methods", ", ".join(methods))]
-    if scores.baseline is not None:
-        nll = float(scores.baseline["nll"])
-        facts += [("tokens", f"{int(scores.baseline['tokens']):,}"), ("baseline NLL", nll),
-                  ("perplexity", math.exp(nll))]
-    if scores.seconds:
-        facts.append(("seconds", round(sum(scores.seconds.values()), 1)))
+    facts = _score_facts(scores)
     method = main_method(table)
     if method is None:
         return _page("headprune scores", facts, [])

@@ -196,6 +196,17 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
 STAGE_ORDER = ("scoring", "curves", "compensated_curves", "patching", "gates")  # as settings list their seconds
 
 
+def stage_names(s: RunSettings) -> list[str]:
+    """The stages of a run with ``s``, in order: each gets one numbered line (:func:`stage_line`)."""
+    return ["ledger", "scoring", *(["gates"] if s.learn_gates else []), "pruning curves",
+            *(["patching"] if s.patch_task != "none" else []), "report"]
+
+
+def stage_line(stages: list[str], name: str, detail: str) -> str:
+    """``[k/n] name: detail`` after an empty line, so that it stands apart from the progress bars around it."""
+    return f"\n[{stages.index(name) + 1}/{len(stages)}] {name}: {detail}"
+
+
 def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerprint: dict, best: str,
                  seconds: dict[str, float], scored: HeadScores) -> dict:
     """The settings the report lists: the run's options, its data, the commands that reproduce its headline, and
@@ -261,9 +272,11 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     mine, others = progress_files(out / ".progress.jsonl")
     progress = Progress(mine, fingerprint, overwrite=overwrite, others=others)
     write_text(out / "ledger.txt", format_info(model, 1, windowing.seq_len) + "\n")
-    log(f"[1/4] ledger -> {out / 'ledger.txt'}")
+    stages = stage_names(s)
+    log(stage_line(stages, "ledger", f"parameters and shapes -> {out / 'ledger.txt'}"))
 
-    log(f"[2/4] scoring {len(model.head_ids)} heads on {s.score_data} (validation split), {len(score_ids):,} tokens")
+    log(stage_line(stages, "scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "
+                                      f"(validation split), {len(score_ids):,} tokens"))
     if not quiet:
         from headprune.cost import scoring_lines
 
@@ -277,19 +290,23 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     seconds["scoring"] = time.perf_counter() - t0
     head_sets = None
     if s.learn_gates:
-        log(f"[2/4] learning gates on {s.score_data} (validation split): {s.gate_steps} steps for each fraction")
+        log(stage_line(stages, "gates", f"learning them on {s.score_data} (validation split), {s.gate_steps} steps "
+                                        "for each fraction"))
         t0 = time.perf_counter()
         head_sets = gate_head_sets(model, windowing.batches(score_ids), list(s.fractions), s.gate_steps, seed=s.seed,
                                    progress=progress, show_progress=not quiet)
         seconds["gates"] = time.perf_counter() - t0
 
     rankings = rankings_of(s, ranked)
-    log(f"[3/4] pruning curves on {s.data} (test split), {len(inputs.eval_ids):,} tokens: {len(rankings) - 1} "
-        f"rankings + random ({s.seeds} seeds)")
+    log(stage_line(stages, "pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
+                                             f"(test split), {len(inputs.eval_ids):,} tokens"))
     t0 = time.perf_counter()
     curves, best, baseline, seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
                                                                         progress, quiet)
     seconds["curves"] = time.perf_counter() - t0
+    if s.patch_task != "none":
+        log(stage_line(stages, "patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
+                                           "exact patching of every head, AtP and AtP*"))
     t0 = time.perf_counter()
     patching = _patching(model, s, progress)  # every process: its exact sweeps are units like the scores'
     if patching is not None:
@@ -297,7 +314,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     settings = run_settings(s, methods, inputs, fingerprint, best, seconds, scored)
     if not is_main():
         return None
-    log("[4/4] report (with the head anatomy)")
+    log(stage_line(stages, "report", f"the head anatomy, then the report -> {out}"))
     report = report_stage(s, inputs, scored.table, curves, baseline, settings, patching, out, log)
     progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
     return {"report": report, "out": out, "best": best, "baseline": baseline,

@@ -11,11 +11,12 @@ import shlex
 from headprune.schema import DEFAULT_MAX_TOKENS, split_ranking
 
 
-def reproduce_commands(settings, ranking: str, fraction: float, scores: str = "scores.csv",
-                       pruned: str = "pruned") -> list[str]:
+def reproduce_commands(settings, ranking: str, fraction: float, scores: str = "out/scores.csv",
+                       pruned: str = "out/pruned") -> list[str]:
     """``headprune score``, ``prune`` and ``eval`` command lines (shell-quoted) whose perplexity is the curves
     table's (``ranking``, ``fraction``, compensation ``none``) point of a run with ``settings``
-    (:class:`headprune.pipeline.RunSettings`). ``ranking``: a method or ``<method>@layer``."""
+    (:class:`headprune.pipeline.RunSettings`). ``ranking``: a method or ``<method>@layer``. They write under
+    ``out/``, as the README's recipes do."""
     model = ["--model", settings.model]
     dtype = ["--dtype", settings.dtype] if settings.dtype != "fp32" else []
     loading = [*dtype, *(["--fold-value-bias"] if settings.fold_value_bias else [])]  # the export holds the fold

@@ -3,6 +3,7 @@ offline HF cache. Helper functions live in helpers.py."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 
@@ -19,6 +20,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """Under -q, pytest-xdist's status line is a bare "bringing up nodes..." written twice to a non-terminal: left
+    out (the summary line still gives the counts)."""
+    reporter = config.pluginmanager.get_plugin("terminaldistreporter")
+    if reporter is not None and config.option.verbose < 0 and hasattr(reporter, "ensure_show_status"):
+        reporter.ensure_show_status = lambda: None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The line coverage of headprune in one line (pyproject's addopts ask pytest-cov for no table)."""
+    controller = getattr(config.pluginmanager.get_plugin("_cov"), "cov_controller", None)
+    cov = getattr(controller, "cov", None)
+    if cov is None or any(config.getoption("cov_report", None) or {}):  # no coverage, or a report was asked for
+        return
+    try:
+        total = cov.report(ignore_errors=True, output_format="total", file=io.StringIO())
+    except Exception:  # noqa: BLE001 - coverage.exceptions.NoDataError and the like: no line to print
+        return
+    terminalreporter.write_line(f"line coverage of headprune: {total:.1f}% (--cov-report=term: per module)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -14,6 +14,7 @@ import sys
 from types import ModuleType
 
 from headprune import __version__
+from headprune.cli.inputs import check_inputs
 from headprune.cli.options import DESCRIPTION, EPILOG, HelpFormatter, check_counts
 from headprune.cli.workers import launch, resolve_workers
 from headprune.errors import HeadpruneError, os_error_line
@@ -55,13 +56,26 @@ def user_message(err: HeadpruneError, flags: dict[str, str]) -> str:
     return text
 
 
+def command_list() -> str:
+    """What ``headprune`` alone prints: each command on one line with what it does, then where the options are."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command_module(name).HELP}" for name in COMMANDS]
+    return "\n".join(["usage: headprune COMMAND [options]", "", "commands:", *lines, "",
+                      "Run headprune COMMAND --help for a command's options, headprune --help for examples."])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:  # no command: the commands, one line each
+        print(command_list())
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if sys.stdout is None:  # started with file descriptor 1 closed: results would vanish without a word
             raise HeadpruneError("standard output is closed; redirect it to a file or /dev/null")
         check_counts(args)
+        check_inputs(args, option_names(parser, args.command))  # before any model loads
         if getattr(args, "workers", None) is not None and (n := resolve_workers(args.workers, args.device)) > 1:
             return launch(sys.argv[1:] if argv is None else argv, n)
         if hasattr(args, "device"):

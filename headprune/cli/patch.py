@@ -40,7 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="patched copies x pairs per forward (default 16 on the CPU, 64 on a GPU)")
     add_bootstrap_arg(p)
-    add_run_flags(p, "output table, .csv or .parquet (the agreement table is written beside it)")
+    add_run_flags(p, "output table, .csv or .parquet; OUT_agreement, OUT_missed and OUT.json are written beside it "
+                     "(name it DIR/patch.csv and headprune report --scores DIR/scores.csv shows the study)")
     p.add_argument("--json", action="store_true", help="print a JSON summary (metric gap, top heads, agreement)")
 
 
@@ -67,12 +68,14 @@ def _print(study, out: Path, written: dict[str, Path]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from headprune.cli.sweeps import finish_sweep, sweep_progress, table_output
-    from headprune.io.files import write_table
+    from headprune.cli.sweeps import sweep_progress, table_output
+    from headprune.io.distributed import is_main
     from headprune.io.fingerprint import model_fingerprint
     from headprune.io.tokenizer import model_tokenizer
     from headprune.patching import read_pairs, task_pairs
     from headprune.patching.study import StudyOptions, patch_study
+    from headprune.patching.tasks import TASK_TEXT
+    from headprune.report.patching_section import PatchingReport, patching_paths, write_patching_files
 
     out = table_output(args)
     options = StudyOptions(metric=args.metric, direction=args.direction, activations=_list(args.activations),
@@ -93,16 +96,14 @@ def run(args: argparse.Namespace) -> None:
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
     progress = sweep_progress(args, out, settings)
     study = patch_study(model, pairs, options, progress=progress)
-    if not finish_sweep(progress, study.table, out):
+    info = study.summary | {"task": args.task, "by_position": args.by_position,
+                            **({"task_text": TASK_TEXT[args.task]} if args.task in TASK_TEXT else {})}
+    if is_main():  # the files `headprune report` reads beside its --scores where out is DIR/patch.csv
+        write_patching_files(out, PatchingReport(study.table, study.agreement, study.missed, info))
+    progress.remove()
+    if not is_main():
         return
-    written = {}
-    for what, table in (("agreement", study.agreement), ("missed", study.missed)):
-        beside = out.with_name(f"{out.stem}.{what}{out.suffix}")
-        if table is not None:
-            written[what] = beside
-            write_table(table, beside)
-        else:  # this run computes no such table: an earlier run's, left beside the new one, would pass for it
-            beside.unlink(missing_ok=True)
+    written = {k: path for k, path in patching_paths(out).items() if k != "table" and path.is_file()}
     if args.json:
         print(json.dumps({"out": str(out), **study.summary,
                           "agreement": study.agreement.to_dict("records") if study.agreement is not None else None}))

@@ -123,6 +123,13 @@ def load_texts(spec: str, split: str = "validation") -> list[str]:
     return _nonempty([src if isinstance(src, str) else src.read() for src in corpus_sources(spec, split)], spec)
 
 
+def check_corpus_spec(spec: str) -> None:
+    """Refuse a corpus spec that names a local path that does not exist (before anything loads)."""
+    if spec != "default" and not spec.startswith("hf:") and spec.strip() and not Path(spec).expanduser().exists():
+        raise HeadpruneError(f"corpus path {Path(spec).expanduser()} does not exist; give an existing file or "
+                             "directory, default, or hf:NAME[:CONFIG]:SPLIT")
+
+
 def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
     """:func:`load_texts`, except that ``.txt`` files stay unread :class:`TextFile` documents (streamed when
     tokenized; their emptiness is then checked by :func:`tokenize_corpus`)."""
@@ -135,10 +142,8 @@ def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
         return [text for name, text in default_documents() if split_of(name) == split]
     if spec.startswith("hf:"):
         return _nonempty(_load_hf(spec), spec)
+    check_corpus_spec(spec)
     path = Path(spec).expanduser()
-    if not path.exists():
-        raise HeadpruneError(f"corpus path {path} does not exist; give an existing file or directory, default, "
-                             "or hf:NAME[:CONFIG]:SPLIT")
     if not path.is_dir() and not path.is_file():  # a FIFO or device would block forever or never end
         raise HeadpruneError(f"corpus path {path} is not a regular file or directory; give a .txt/.jsonl/.parquet file")
     if path.is_dir():

@@ -33,13 +33,15 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from headprune.errors import HeadpruneError
 from headprune.io.files import clear_stale_temporaries, temp_prefix, write_failures
+
+if TYPE_CHECKING:  # torch is imported where a conversion runs: `headprune models` and name checks need none
+    import torch
 
 FORMAT_VERSION = 1  # of the converted folder; a new version converts again
 
@@ -205,6 +207,7 @@ def _open(path: Path) -> Any:
 
 
 def _state(reader: Any, arch: Architecture, hf: dict) -> dict[str, torch.Tensor]:
+    import torch
     from tqdm import tqdm
 
     state = {}

@@ -18,15 +18,13 @@ import torch
 
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
+from headprune.io.model_names import ZOO, check_model_source
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, SUPPORTED, ModelFamily
 from headprune.models.folding import fold_value_biases_
 from headprune.models.head_config import HeadConfig, Origin
 from headprune.models.meta import on_meta
 from headprune.schema import DEFAULT_MODEL
-
-ZOO = Path(__file__).parent.parent / "zoo"
-
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -59,9 +57,7 @@ def resolve_source(source: str | os.PathLike) -> Path:
     if path.exists():
         raise HeadpruneError(f"model {source!r} is a file; pass a GGUF file or the directory holding config.json "
                              "and weights")
-    if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep + os.sep in source:
-        raise HeadpruneError(f"model directory {source!r} does not exist; pass a model directory, GGUF file or "
-                             "hub id")
+    check_model_source(source)  # a missing path, or a typo of a known name: said before the hub is asked
     return _snapshot(source)
 
 

@@ -57,6 +57,7 @@ from headprune.report.anatomy import (
 )
 from headprune.report.page import render_html
 from headprune.report.patching_section import (
+    PATCH_TABLE,
     PatchingReport,
     patching_parts,
     read_patching_files,
@@ -137,7 +138,7 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
             _write_picture(out, pic)
         secs = before_pictures(secs, section)
     if patching is not None:  # after the anatomy, before the picture gallery
-        write_patching_files(out, patching)
+        write_patching_files(out / PATCH_TABLE, patching)
         section, patching_pictures = patching_parts(patching, scores, anatomy)
         for pic in patching_pictures:
             _write_picture(out, pic)

@@ -7,13 +7,15 @@ computes the inputs).
 - the top heads by exact patching with their importance (abl_zero) and anatomy roles;
 - per approximation of z, the bound on what the heads it leaves unverified can still move (AtP*'s diagnostic).
 
-Files: patch.csv, patch_agreement.csv, patch_missed.csv, patch.json (task, metric, the two runs' metrics,
-the bounds), so ``headprune report`` rebuilds the section.
+Files (:func:`patching_paths`, the one place that names them): patch.csv, patch_agreement.csv, patch_missed.csv,
+patch.json (task, metric, the two runs' metrics, the bounds). ``headprune run`` writes them into its report folder and
+``headprune patch --out DIR/patch.csv`` beside its table, so ``headprune report`` rebuilds the section from either.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +32,17 @@ from headprune.schema import TRUTH
 SECTION_TITLE = "Which heads carry a behaviour: activation patching"
 TOP_PATCHED = 8
 EFFECT_UNIT = "fraction of the gap"  # the maps' cells and colorbars, as the findings give it
-_FILES = {"table": "patch.csv", "agreement": "patch_agreement.csv", "missed": "patch_missed.csv"}
+PATCH_TABLE = "patch.csv"  # the study's head table in a report folder, and beside the scores `report` reads
+_TABLES = ("agreement", "missed")  # written beside the head table, in its format
+
+
+def patching_paths(table: str | os.PathLike) -> dict[str, Path]:
+    """Every file of one patching study whose head table is ``table`` (``DIR/STEM.SUFFIX``): ``table`` itself,
+    ``agreement`` and ``missed`` (DIR/STEM_agreement.SUFFIX, DIR/STEM_missed.SUFFIX) and ``info``
+    (DIR/STEM.json: task, metric, the runs' metrics, the bounds)."""
+    table = Path(table)
+    return {"table": table, **{k: table.with_name(f"{table.stem}_{k}{table.suffix}") for k in _TABLES},
+            "info": table.with_name(f"{table.stem}.json")}
 
 
 @dataclass
@@ -48,25 +60,35 @@ class PatchingReport:
         return [c for c in self.table.columns if c.startswith(("patch_", "atp_")) and not c.endswith(("_lo", "_hi"))]
 
 
-def write_patching_files(out: Path, p: PatchingReport) -> None:
-    for key, name in _FILES.items():
+def write_patching_files(table: str | os.PathLike, p: PatchingReport) -> None:
+    """The study's files (:func:`patching_paths` of ``table``), the head table last: a folder whose head table
+    exists holds the rest of the same study. A table the study lacks is removed (an earlier study's would pass
+    for this one's)."""
+    paths = patching_paths(table)
+    write_text(paths["info"], json.dumps(p.info, sort_keys=True) + "\n")
+    for key in _TABLES:
         if (df := getattr(p, key)) is not None:
-            write_table(df, out / name)
-    write_text(out / "patch.json", json.dumps(p.info, sort_keys=True) + "\n")
+            write_table(df, paths[key])
+        else:
+            paths[key].unlink(missing_ok=True)
+    write_table(p.table, paths["table"])
 
 
 def read_patching_files(folder: Path) -> PatchingReport | None:
-    """The patching study of a saved report folder, or None when it has none."""
-    if not (folder / _FILES["table"]).is_file():
+    """The patching study in ``folder`` (a report folder, or where ``headprune patch --out FOLDER/patch.csv``
+    wrote), or None when it has none or holds a by-position table (no section shows one)."""
+    paths = patching_paths(folder / PATCH_TABLE)
+    if not paths["table"].is_file():
         return None
     try:
-        info = json.loads((folder / "patch.json").read_text())
-        parts = {key: read_table(folder / name) if (folder / name).is_file() else None
-                 for key, name in _FILES.items() if key != "table"}
-        return PatchingReport(read_table(folder / _FILES["table"]), parts["agreement"], parts["missed"], dict(info))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise HeadpruneError(f"cannot read the patching study in {folder} ({type(err).__name__}); fix or remove "
-                             "patch.csv") from None
+        info = json.loads(paths["info"].read_text())
+        if info.get("by_position"):
+            return None
+        parts = {key: read_table(paths[key]) if paths[key].is_file() else None for key in _TABLES}
+        return PatchingReport(read_table(paths["table"]), parts["agreement"], parts["missed"], dict(info))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise HeadpruneError(f"cannot read the patching study in {folder} ({type(err).__name__}: {err}); run "
+                             f"headprune patch --out {paths['table']} again, or remove {PATCH_TABLE}") from None
 
 
 def top_patched(p: PatchingReport, scores: pd.DataFrame, anatomy: AnatomyReport | None, n: int = TOP_PATCHED

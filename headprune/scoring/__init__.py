@@ -62,11 +62,17 @@ class HeadScores:
     baseline: dict | None = None  # {tokens, nll} of the unablated model, where ablation ran
     seconds: dict[str, float] = field(default_factory=dict)  # per family
     optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
+    tokens: int | None = None  # token ids read, where a data method ran
 
     def _repr_html_(self) -> str:  # Jupyter's view: the key numbers and the top heads
         from headprune.display import scores_html
 
         return scores_html(self)
+
+    def __repr__(self) -> str:  # print(scored), or a console: the same summary as text
+        from headprune.display import scores_text
+
+        return scores_text(self)
 
 
 def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
@@ -161,7 +167,7 @@ def score_heads(
     baseline = None
     if side.baseline_nll is not None:
         baseline = {"tokens": side.baseline_tokens, "nll": side.baseline_nll}
-    return HeadScores(table, means, baseline, seconds, optimal)
+    return HeadScores(table, means, baseline, seconds, optimal, len(ids) if ids is not None and needs_data else None)
 
 
 def head_means(

@@ -37,10 +37,10 @@ def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, ca
     assert summary["gap"] == pytest.approx(float((exact.m_clean - exact.m_corrupt).mean()), abs=1e-6)  # float32 runs
     top = table.assign(size=table["patch_z"].abs()).sort_values("size", ascending=False)["head_id"].head(5).tolist()
     assert summary["top_heads"] == top
-    agreement = read_table(tmp_path / "patch.agreement.csv")
+    agreement = read_table(tmp_path / "patch_agreement.csv")
     assert list(agreement["method"]) == ["atp_z", "atp_star_z"]
     # the bound on what each approximation leaves unverified: the library's, with the same seed
-    missed = read_table(tmp_path / "patch.missed.csv")
+    missed = read_table(tmp_path / "patch_missed.csv")
     runs = run_pairs(model, pairs)
     for approx, bound in zip([atp, atp_star_z(model, pairs)], summary["bounds"], strict=True):
         want = missed_bound(model, runs, approx, subsampling=Subsampling(seed=3))
@@ -53,7 +53,7 @@ def test_patch_table_equals_the_library_on_the_same_pairs(tiny_dir, tmp_path, ca
     # rerun into the same --out without approximations: no agreement or bound of the first run stays beside it
     capsys.readouterr()
     assert main([*argv, "--approximations", "", "--overwrite"]) == 0
-    assert not (tmp_path / "patch.agreement.csv").exists() and not (tmp_path / "patch.missed.csv").exists()
+    assert not (tmp_path / "patch_agreement.csv").exists() and not (tmp_path / "patch_missed.csv").exists()
 
 
 @pytest.mark.parametrize("line, words", [

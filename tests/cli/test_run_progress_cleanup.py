@@ -1,20 +1,25 @@
 """``headprune run`` removes its progress file once the report is written; its second progress bar says it draws
-the compensated curves."""
+the compensated curves; each stage, patching included, has a line ``[k/n] stage: ...`` of its own."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 from headprune.io.progress import Progress
+from headprune.pipeline import RunSettings, stage_line, stage_names
 from headprune.pruning.curves import bar_label
+
+STAGE = re.compile(r"^\[(\d+)/(\d+)\] ([a-z ]+): \S")
 
 
 def _run(model, corpus, out, tmp_path, **env):
     cmd = [sys.executable, "-m", "headprune", "run", "--model", str(model), "--data", str(corpus), "--score-data",
            str(corpus), "--out", str(out), "--max-tokens", "200", "--batch-size", "2", "--fractions", "0,0.5",
-           "--seeds", "2", "--methods", "wo_fro,fluct", "--bootstrap", "0", "--patch-task", "none", "--device", "cpu"]
+           "--seeds", "2", "--methods", "wo_fro,fluct", "--bootstrap", "0", "--patch-task", "induction",
+           "--patch-pairs", "4", "--device", "cpu"]
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HEADPRUNE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **env})
 
@@ -32,6 +37,19 @@ def test_run_removes_progress_after_exit_0(tiny_dir, corpus, tmp_path):
     assert (out / "report.html").is_file() and _progress_files(out) == []
     # the bars: the plain curves, then the best method's mean-compensated ones, named as such
     assert "pruning curves (mean-compensated)" in done.stderr and "pruning curves:" in done.stderr
+    # every stage on a numbered line of its own, after a line that shows empty (a cleared bar's residue at most)
+    lines = done.stderr.splitlines()
+    found = [(i, m) for i, line in enumerate(lines) if (m := STAGE.match(line))]
+    names = ["ledger", "scoring", "pruning curves", "patching", "report"]
+    assert [(int(m[1]), int(m[2]), m[3]) for _, m in found] == [(k + 1, 5, n) for k, n in enumerate(names)], found
+    assert all(lines[i - 1].split("\r")[-1].strip() == "" for i, _ in found)
+    assert "the induction task, 4 clean/corrupt prompt pairs" in lines[found[3][0]]
+
+
+def test_the_stages_follow_the_settings():
+    assert stage_names(RunSettings(model="m", learn_gates=True, patch_task="none")) == [
+        "ledger", "scoring", "gates", "pruning curves", "report"]
+    assert stage_line(stage_names(RunSettings(model="m")), "patching", "x") == "\n[4/5] patching: x"
 
 
 def test_bar_label_names_the_compensations():

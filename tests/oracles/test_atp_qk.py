@@ -186,7 +186,7 @@ def test_cli_compares_q_and_k_rows_with_their_exact_patching(tiny_dir, tmp_path,
             "--approximations", "atp,atp_star,atp_qkfix"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
-    agreement = read_table(tmp_path / "patch.agreement.csv")
+    agreement = read_table(tmp_path / "patch_agreement.csv")
     assert [(r["method"], r["exact"]) for r in summary["agreement"]] == [
         ("atp_z", "patch_z"), ("atp_star_z", "patch_z"),
         ("atp_k", "patch_k"), ("atp_star_k", "patch_k"), ("atp_qkfix_k", "patch_k")]

@@ -251,6 +251,23 @@ def test_scores_html_lists_the_top_heads_and_the_key_numbers(ids):
     assert "tokens" not in weights_only
 
 
+def test_print_scored_is_a_short_summary(ids):
+    """print(scored) / repr: model, heads, methods, tokens read, seconds, and the top 5 heads by the preferred
+    method with their values, in three lines; not the dataclass's fields."""
+    model = from_hf(_trained_in_memory(seed=11))
+    w = Windowing.resolve(TINY["n_positions"], SEQ)
+    scored = score_heads(model, ids, "wo_fro,grad", windowing=w, show_progress=False)
+    lines = str(scored).splitlines()
+    assert repr(scored) == str(scored) and len(lines) == 3 and "table=" not in str(scored)
+    assert lines[0].startswith(f"HeadScores(model: {scored.table.model_fingerprint[0][:12]} · heads: "
+                               f"{TINY['n_layer'] * TINY['n_head']} · methods: wo_fro, grad · tokens: {len(ids):,}")
+    top = _expected_top(scored.table, "grad", 5)
+    grad = dict(zip(scored.table.head_id, scored.table.grad))
+    assert lines[1] == "top 5 heads by grad: " + ", ".join(f"{h} {grad[h]:.4g}" for h in top)
+    weights_only = str(score_heads(model, None, "wo_fro", show_progress=False))
+    assert "tokens" not in weights_only and "top 5 heads by wo_fro: " in weights_only
+
+
 def test_anatomy_html_lists_the_top_heads_per_role(ids):
     model = from_hf(_trained_in_memory(seed=10))
     anatomy = head_anatomy(model, repeated_random_tokens(TINY["vocab_size"], 16, 4), corpus_rows(ids, SEQ, 4))
