@@ -22,6 +22,7 @@ from headprune.errors import HeadpruneError
 #: environment variable that sets ``--workers``' default (e.g. 1 in a test suite that reads a command's output
 #: in-process)
 WORKERS_ENV = "HEADPRUNE_WORKERS"
+GRACE_SECONDS = 10  # how long rank 0 may take to fail on its own once another rank failed
 
 
 def resolve_workers(requested: str, device: str) -> int:
@@ -82,6 +83,11 @@ def _outcome(procs: list[subprocess.Popen], logs: list) -> int:
     """Stop the processes still running once one failed (they would wait for it in a collective); the exit status:
     0, rank 0's failure (it said why), or a quiet rank's, with its last line."""
     workers = len(procs)
+    if procs[0].poll() is None and any(p.returncode not in (None, 0) for p in procs):
+        try:  # the same bad input fails every rank: let rank 0 say it, rather than a quiet rank's copy
+            procs[0].wait(timeout=GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
     failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
     for p in procs:
         if p.poll() is None:
