@@ -51,8 +51,8 @@ def argv_of(command: str, model: str, max_tokens: int, tmp: Path) -> list[str]:
                 "--overwrite"]
     if command == "patch":
         return ["patch", *common, "--task", "induction", "--out", str(tmp / f"{model}-patch.csv"), "--overwrite"]
-    if command == "anatomy":
-        return ["anatomy", *common, "--max-tokens", str(max_tokens), "--out", str(tmp / f"{model}-anatomy")]
+    if command == "anatomy":  # (anatomy has no progress bars, hence no --quiet)
+        return ["anatomy", *common[:-1], "--max-tokens", str(max_tokens), "--out", str(tmp / f"{model}-anatomy")]
     if command == "run":
         return ["run", *common, "--max-tokens", str(max_tokens), "--methods", "wo_fro,grad,taylor",
                 "--out", str(tmp / f"{model}-run"), "--overwrite"]
