@@ -24,6 +24,7 @@ import torch
 
 from headprune.models.base import HeadModel
 from headprune.models.ledger import attention_table
+from headprune.models.nll import model_nll
 from headprune.schema import METHOD_SPECS
 
 #: Forward-equivalents of each scoring family, per method family of :data:`~headprune.schema.METHOD_SPECS`
@@ -86,16 +87,18 @@ def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, 
 
 def measured_rate(model: HeadModel, seq_len: int, repeats: int = 2) -> float:
     """FLOP/s of this machine on this model: the fastest of ``repeats`` timed forwards of one window (after one
-    untimed warm-up), in the model's dtype and threads."""
+    untimed warm-up), in the model's dtype and threads; the LM head in chunks (:func:`~headprune.models.nll.model_nll`)
+    as every pass runs it, never the window's (T,V) logits (1 GiB at Gemma 3's vocabulary)."""
+
     tokens = torch.zeros(1, seq_len, dtype=torch.long, device=model.device)
     best = float("inf")
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
-        model(tokens)
+        model_nll(model, tokens)
         for _ in range(repeats):
             sync()
             start = time.perf_counter()
-            model(tokens)
+            model_nll(model, tokens)
             sync()
             best = min(best, time.perf_counter() - start)
     return forward_flops(model, seq_len) * seq_len / best

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from headprune.errors import HeadpruneError, warn
 from headprune.models.base import HeadModel
-from headprune.models.nll import token_nll
+from headprune.models.nll import model_nll
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def window_sums(nll: Tensor, mask: Tensor) -> list[float]:
 def batch_nll_sum(model: HeadModel, batch: Batch, **forward_kwargs) -> tuple[Tensor, int]:
     """Sum of scored next-token NLLs (fp64 scalar) and their count for one batch."""
     batch = batch.to(model.device)
-    nll = token_nll(model(batch.tokens, **forward_kwargs), batch.tokens)  # (b, L-1)
+    nll = model_nll(model, batch.tokens, **forward_kwargs)  # (b, L-1)
     return (nll.double() * batch.mask).sum(), int(batch.mask.sum())
 
 
@@ -185,7 +185,7 @@ def evaluate(
     for batch in tqdm(window_batches(ids, seq_len, stride, batch_size), desc="perplexity", disable=not progress,
                       leave=False):
         batch = batch.to(model.device)
-        nll = token_nll(model(batch.tokens, **forward_kwargs), batch.tokens).double() * batch.mask  # (b, L-1)
+        nll = model_nll(model, batch.tokens, **forward_kwargs).double() * batch.mask  # (b, L-1)
         total += nll.sum().item()
         count += int(batch.mask.sum())
         sums.append(nll.sum(dim=1).cpu())

@@ -34,6 +34,7 @@ from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
+from headprune.models.memory import capture_windows
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Attribution:
 
 @torch.no_grad()
 def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> Attribution:
-    """DLA of every head (and of every other residual component) on ``tokens`` (B,T), rows scored independently."""
+    """DLA of every head (and of every other residual component) on ``tokens`` (B,T), rows scored independently,
+    at most :func:`~headprune.models.memory.capture_windows` rows at a time."""
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise HeadpruneError(f"logit attribution needs (batch, T) tokens with T >= 2, got shape {tuple(tokens.shape)}")
     model.require_heads("logit attribution")
@@ -61,8 +63,9 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
         sums[name] = sums[name] + total if name in sums else total
 
     logit_sum = 0.0
-    for start in range(0, len(tokens), batch_size):
-        chunk = tokens[start:start + batch_size].to(model.device)
+    step = min(batch_size, capture_windows(model.cfg, tokens.shape[1]))
+    for start in range(0, len(tokens), step):
+        chunk = tokens[start:start + step].to(model.device)
         capture = Capture()
         embed = model.embed(chunk)  # (b,T,d)
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
@@ -104,8 +107,9 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
             mlp_out = post.float() - capture.resid_pre[layer].float() - written
             add(f"mlp.{layer}", term(mlp_out))
         # the logit the terms split: the final norm and W_U (before any soft-capping, which is not linear)
-        logits = torch.nn.functional.linear(model.final_norm(final), model.W_U)[:, :-1].float()  # (b,T-1,V)
-        logit_sum += float(logits.gather(-1, chunk[:, 1:, None]).double().sum())
+        # (only the correct tokens' rows of W_U: u (b,T-1,d), never the (b,T-1,V) logits)
+        logits = (model.final_norm(final)[:, :-1].float() * u).sum(-1)  # (b,T-1)
+        logit_sum += float(logits.double().sum())
     n = tokens.shape[0] * (tokens.shape[1] - 1)
     rows = []
     for layer, head in model.head_ids:

@@ -29,11 +29,16 @@ def copying_score(eigenvalues: Tensor) -> Tensor:
     return eigenvalues.sum(-1).real / eigenvalues.abs().sum(-1)
 
 
+GRAM_ROWS = 16384  # vocabulary rows of W_U W_E formed at once in float64 (84 MB at d = 640)
+
+
 @torch.no_grad()
 def ov_circuit_cores(model: HeadModel) -> dict[int, Tensor]:
     """{layer: [h, d_k, d_k]} cores W_O^(i) (W_U W_E) W_V^(i), float64."""
-    W_E = model.W_E.double()  # [V, d]
-    gram = model.W_U.double().T @ W_E  # [d, d] = W_U W_E (W_U = unembedding rowsᵀ)
+    W_E, W_U = model.W_E, model.W_U  # [V, d] each, in the model's dtype
+    gram = torch.zeros(W_E.shape[1], W_E.shape[1], dtype=torch.float64, device=W_E.device)  # [d, d] = W_U W_E
+    for rows in range(0, W_E.shape[0], GRAM_ROWS):  # float64 a block of vocabulary rows at a time, not [V, d] twice
+        gram += W_U[rows:rows + GRAM_ROWS].double().T @ W_E[rows:rows + GRAM_ROWS].double()
     return {layer: model.h[layer].attn.W_O.double() @ gram @ model.h[layer].attn.W_V.double()
             for layer in model.active_layers}
 

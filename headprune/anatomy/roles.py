@@ -24,6 +24,7 @@ from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
+from headprune.models.memory import pattern_windows
 
 ROLES = ("previous_token", "duplicate_token", "induction")
 
@@ -76,21 +77,30 @@ def detect_heads(model: HeadModel, tokens: Tensor, batch_size: int = 8, roles: t
     """Role scores of every head on ``tokens`` (B,T): columns layer, head, head_id and one per role.
 
     Each sequence's score is Σ(A ⊙ P)/ΣA over its T×T pattern (TransformerLens ``detect_head``, "mul"); the
-    batch mean is reported.
+    batch mean is reported. At most :func:`~headprune.models.memory.pattern_windows` sequences run at once, and
+    each layer's pattern is reduced to its role scores inside the forward, so one layer's (b,h,T,T) is held at a
+    time.
     """
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise HeadpruneError(f"detect_heads needs (batch, T) tokens with T >= 2, got shape {tuple(tokens.shape)}")
     model.require_heads("detecting head roles")
     sums = {role: {layer: torch.zeros(len(k), dtype=torch.float64) for layer, k in enumerate(model.cfg.kept_heads)}
             for role in roles}
-    for start in range(0, len(tokens), batch_size):
-        chunk = tokens[start:start + batch_size].to(model.device)
-        probs = attention_probs(model, chunk)  # {l: (b,h,T,T)}
-        for role in roles:
-            pattern = PATTERNS[role](chunk)  # (b,T,T)
-            for layer, A in probs.items():
-                hit = torch.einsum("bhqk,bqk->bh", A, pattern)  # Σ(A ⊙ P) per sequence and head
-                sums[role][layer] += (hit / A.sum((2, 3))).sum(0).double().cpu()
+    step = min(batch_size, pattern_windows(model.cfg, tokens.shape[1]))
+    for start in range(0, len(tokens), step):
+        chunk = tokens[start:start + step].to(model.device)
+        patterns = [PATTERNS[role](chunk) for role in roles]  # (b,T,T) each
+
+        def scores(layer: int, probs: Tensor, patterns: list[Tensor] = patterns) -> Tensor:  # (b,h,T,T) -> (b,h,roles)
+            A = probs.float()
+            total = A.sum((2, 3))
+            return torch.stack([torch.einsum("bhqk,bqk->bh", A, P) / total for P in patterns], -1)  # Σ(A ⊙ P)/ΣA
+
+        capture = Capture(reduce_attn=scores)
+        model.run_blocks(model.embed(chunk), capture=capture, need_weights=True)
+        for layer in model.active_layers:
+            for i, role in enumerate(roles):
+                sums[role][layer] += capture.attn[layer][..., i].sum(0).double().cpu()
     rows = []
     for layer, head in model.head_ids:
         i = model.cfg.kept_heads[layer].index(head)

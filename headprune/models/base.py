@@ -29,6 +29,7 @@ from typing import Any, ClassVar, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from headprune.errors import HeadpruneError
 from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
@@ -196,7 +197,7 @@ class HeadAttention(nn.Module):
                 probs = hook.pattern(probs)
             z = probs @ v  # (B,h,T,d_k)
             if capture is not None and need_weights:
-                capture.attn[self.layer] = probs
+                capture.record_attn(self.layer, probs)
         else:
             mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
             gqa = k.shape[1] != h  # repeat_kv layout: SDPA pairs query head i with KV head ⌊i / r⌋
@@ -320,15 +321,23 @@ class HeadModel(nn.Module):
         fills: Sequence[Tensor | None] | None = None,
         capture: Capture | None = None,
         need_weights: bool = False,
+        checkpoint_layers: bool = False,
     ) -> Tensor:
-        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer."""
+        """Layers start..stop-1. ``gates[l]``/``fills[l]`` are indexed by absolute layer.
+
+        ``checkpoint_layers`` (under autograd): each block keeps only its input for the backward, which reruns the
+        block's forward when it reaches it; the saved activations are one block's instead of every block's, for
+        one more forward of the blocks (the same values: the rerun computes what the forward did)."""
         extra = self.block_inputs(resid)
         for layer in range(start, self.cfg.n_layers if stop is None else stop):
             if capture is not None:
                 capture.resid_pre[layer] = resid
             gate = gates[layer] if gates is not None else None
             fill = fills[layer] if fills is not None else None
-            resid = self.h[layer](resid, *extra, gate, fill, capture, need_weights)
+            if checkpoint_layers and torch.is_grad_enabled():
+                resid = checkpoint(self.h[layer], resid, *extra, gate, fill, capture, need_weights, use_reentrant=False)
+            else:
+                resid = self.h[layer](resid, *extra, gate, fill, capture, need_weights)
         return resid
 
     def forward(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -16,12 +16,19 @@ class Capture:
     """Activations a forward records, by absolute layer (pass one as ``capture=`` to a model's ``forward``).
 
     resid_pre[l]: (B,T,d) entering block l;  z[l]: (B,h,T,d_k) head outputs before gates and W_O;
-    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``).
+    attn[l]: (B,h,T,T) attention probabilities (only with ``need_weights=True``), or ``reduce_attn(l, probs)``
+    where that is set: what a caller needs of them (say the entropy per position), computed inside the forward so
+    that every layer's (B,h,T,T) is never held at once.
     """
 
     resid_pre: dict[int, Tensor] = field(default_factory=dict)
     z: dict[int, Tensor] = field(default_factory=dict)
     attn: dict[int, Tensor] = field(default_factory=dict)
+    reduce_attn: Callable[[int, Tensor], Tensor] | None = None
+
+    def record_attn(self, layer: int, probs: Tensor) -> None:
+        """Keep layer ``layer``'s probabilities (B,h,T,T), or what ``reduce_attn`` makes of them."""
+        self.attn[layer] = probs if self.reduce_attn is None else self.reduce_attn(layer, probs)
 
 
 class AttentionHook:

@@ -50,7 +50,7 @@ from headprune.io.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.interventions import Head
-from headprune.models.nll import token_nll
+from headprune.models.nll import model_nll
 from headprune.perplexity import Batch
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # Louizos et al.'s temperature and stretch interval
@@ -245,7 +245,7 @@ def learn_gates(
         u = torch.rand(batch.tokens.shape[0], n, generator=gen) * (1 - 2 * EPS) + EPS  # [B, N], on the CPU: seeded
         with torch.enable_grad():
             z = sample_gates(log_alpha, u.to(device))  # [B, N]
-            nll_tok = token_nll(model(batch.tokens, gates=_split(z, model)), batch.tokens)  # (B, T-1)
+            nll_tok = model_nll(model, batch.tokens, gates=_split(z, model))  # (B, T-1)
             nll = (nll_tok * batch.mask).sum() / batch.mask.sum()
             expected_open = prob_open(log_alpha).sum()
             if sparsity is None:
@@ -295,7 +295,7 @@ def gate_objective(model: HeadModel, batches: list[Batch], log_alpha: Tensor, pe
                 batch = batch.to(model.device)
                 u = torch.rand(batch.tokens.shape[0], len(log_alpha), generator=gen) * (1 - 2 * EPS) + EPS
                 z = sample_gates(log_alpha.to(model.device), u.to(model.device))
-                nll_tok = token_nll(model(batch.tokens, gates=_split(z, model)), batch.tokens)
+                nll_tok = model_nll(model, batch.tokens, gates=_split(z, model))
                 total += float((nll_tok * batch.mask).sum() / batch.mask.sum())
                 count += 1
     return total / count + penalty * float(prob_open(log_alpha).sum())

@@ -10,7 +10,10 @@ position counts once), with z_i ∈ R^{d_k} the output of head i before W_O:
     mean_z   = mean_t z_i(t)                               (the fill of mean ablation and compensation)
 
 Each batch yields per-window sums (float64), recorded as one unit, so a killed pass resumes where it stopped;
-per-window sums also give every score's bootstrap interval over windows (:mod:`headprune.bootstrap`).
+per-window sums also give every score's bootstrap interval over windows (:mod:`headprune.bootstrap`). A batch
+runs in sub-batches of :func:`headprune.models.memory.pattern_windows` windows when the entropy needs the
+attention probabilities, and each layer's probabilities become their entropy per position inside the forward
+(``Capture.reduce_attn``), so one layer's (b,h,T,T) is held at a time.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import Tensor
 from headprune.bootstrap import ratio
 from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
+from headprune.models.memory import pattern_windows
 from headprune.perplexity import Batch
 from headprune.schema import ACTIVATION_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit
@@ -36,13 +40,25 @@ def _per_window(t: Tensor, mask: Tensor) -> Tensor:
     return (t * m).sum(2)
 
 
+def attention_entropy(layer: int, probs: Tensor) -> Tensor:
+    """−Σ_s A(t,s) log A(t,s) (b,h,T) in float64 of probabilities (b,h,T,T), a window at a time (0·log 0 = 0)."""
+    return torch.cat([-torch.special.xlogy(p.double(), p.double()).sum(-1) for p in probs.split(1)])
+
+
 @torch.no_grad()
 def batch_sums(model: HeadModel, batch: Batch, entropy: bool = True) -> dict:
     """Per window of the batch and head: n, Σz, Σz², Σ‖z W_O‖, Σ entropy over its scored tokens (lists [b][H...])."""
     batch = batch.to(model.device)
+    windows = pattern_windows(model.cfg, batch.tokens.shape[1]) if entropy else len(batch.tokens)
+    parts = [_sums(model, Batch(t, m), entropy) for t, m in zip(batch.tokens.split(windows), batch.mask.split(windows))]
+    return {key: [row for p in parts for row in p[key]] for key in parts[0]}
+
+
+def _sums(model: HeadModel, batch: Batch, entropy: bool) -> dict:
+    """:func:`batch_sums` of windows that run as one forward."""
     mask = batch.mask
-    capture = Capture()
-    model(batch.tokens, capture=capture, need_weights=entropy)
+    capture = Capture(reduce_attn=attention_entropy)
+    model.run_blocks(model.embed(batch.tokens), capture=capture, need_weights=entropy)  # no LM head: not needed
     sums: dict[str, list[Tensor]] = {"sum_z": [], "sum_z2": [], "sum_norm": [], "sum_entropy": []}
     for layer in model.active_layers:
         z = capture.z[layer].double()  # (b, h, L, d_k)
@@ -53,8 +69,7 @@ def batch_sums(model: HeadModel, batch: Batch, entropy: bool = True) -> dict:
         sums["sum_z2"].append(_per_window(z * z, mask))
         sums["sum_norm"].append(_per_window(norm, mask))  # (b, h)
         if entropy:
-            probs = capture.attn[layer].double()  # (b, h, L, L)
-            sums["sum_entropy"].append(_per_window(-torch.special.xlogy(probs, probs).sum(-1), mask))  # 0·log 0 = 0
+            sums["sum_entropy"].append(_per_window(capture.attn[layer], mask))  # entropy (b, h, L) -> (b, h)
     out: dict[str, Any] = {"n": mask.sum(1).tolist()}
     out |= {key: torch.cat(parts, dim=1).tolist() if parts else [] for key, parts in sums.items()}
     return out

@@ -9,7 +9,10 @@ With L_w the mean NLL of window w over its n_w scored tokens and L = Σ_w (n_w/N
 
 Every window of a batch gets its own gate row (gates [b, n_heads] per layer): since window w's loss depends
 only on its own row, ∂(Σ_w L_w)/∂g[w] = ∂L_w/∂g[w], so one backward gives every window's gradient. Model
-weights need no gradient, so the backward pass costs about one forward (inputs only).
+weights need no gradient, so the backward pass costs about one forward (inputs only). A batch runs in
+sub-batches of windows sized by :func:`headprune.models.memory.backward_windows` (each window's gradient is its
+own, so splitting changes nothing but rounding), with each block checkpointed where one window's activations
+exceed the budget; the LM head's NLL is computed in checkpointed chunks (:func:`headprune.models.nll.unembed_nll`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 
 from headprune.bootstrap import ratio
 from headprune.models.base import HeadModel
-from headprune.models.nll import token_nll
+from headprune.models.memory import backward_windows
+from headprune.models.nll import model_nll
 from headprune.perplexity import Batch
 from headprune.schema import GRADIENT_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
@@ -30,15 +34,18 @@ from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 def batch_gate_grad(model: HeadModel, batch: Batch) -> dict:
     """Per window of the batch: n_w and ∂L_w/∂g for every head (layer-major), as lists."""
     batch = batch.to(model.device)
-    mask = batch.mask  # (b, L-1)
-    b = mask.shape[0]
-    gates = [torch.ones(b, blk.attn.n_heads, device=model.device, requires_grad=True) for blk in model.h]
-    n = mask.sum(1)  # (b,) scored tokens per window (every window scores at least one)
-    with torch.enable_grad():
-        nll = token_nll(model(batch.tokens, gates=gates), batch.tokens)  # (b, L-1)
-        loss = ((nll * mask).sum(1) / n.clamp_min(1)).sum()  # Σ_w L_w
-        grads = torch.autograd.grad(loss, [gates[l] for l in model.active_layers])
-    return {"n": n.tolist(), "dL_dg": torch.cat(grads, dim=1).double().tolist()}  # [b], [b][H]
+    windows, checkpoint_layers = backward_windows(model.cfg, batch.tokens.shape[1])
+    n = batch.mask.sum(1)  # (b,) scored tokens per window (every window scores at least one)
+    rows = []
+    for tokens, mask in zip(batch.tokens.split(windows), batch.mask.split(windows)):
+        b = mask.shape[0]
+        gates = [torch.ones(b, blk.attn.n_heads, device=model.device, requires_grad=True) for blk in model.h]
+        with torch.enable_grad():
+            nll = model_nll(model, tokens, gates=gates, checkpoint_layers=checkpoint_layers)  # (b, L-1)
+            loss = ((nll * mask).sum(1) / mask.sum(1).clamp_min(1)).sum()  # Σ_w L_w
+            grads = torch.autograd.grad(loss, [gates[l] for l in model.active_layers])
+        rows.append(torch.cat(grads, dim=1).double())
+    return {"n": n.tolist(), "dL_dg": torch.cat(rows).tolist()}  # [b], [b][H]
 
 
 def combine(units: list[dict]) -> FamilyScores:

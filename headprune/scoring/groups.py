@@ -22,7 +22,7 @@ from headprune.bootstrap import interval, window_counts
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.heads import group_id, head_id
-from headprune.models.nll import token_nll
+from headprune.models.nll import unembed_nll
 from headprune.perplexity import Windowing, window_batches, window_sums
 from headprune.schema import DESCRIPTIVE, method_columns
 from headprune.scoring.ablation import ablate_layer, cache_batch
@@ -57,7 +57,7 @@ def _group_sums(model: HeadModel, batch, resid_pre: Tensor, layer: int) -> list[
         gate = torch.tensor([0.0 if p == g else 1.0 for p in attn.kv_positions], device=model.device)
         gates[layer] = gate.expand(b, -1)
         resid = model.run_blocks(resid_pre, start=layer, gates=gates)
-        out.append(window_sums(token_nll(model.unembed(resid), batch.tokens), batch.mask))
+        out.append(window_sums(unembed_nll(model, resid, batch.tokens), batch.mask))
     return out
 
 

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
-from headprune.models.nll import token_nll
+from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
@@ -77,7 +77,7 @@ def _layer_losses(model: HeadModel, batches: list[Batch], resid: list[Tensor], l
                 leaf = fill.detach().requires_grad_(grad)
                 fills[layer] = leaf
                 out = model.run_blocks(resid_pre.repeat(len(chunk), 1, 1), start=layer, gates=gates, fills=fills)
-                loss = [(token_nll(model.unembed(copy), tokens).double() * mask).sum() for copy in out.split(b)]
+                loss = [(unembed_nll(model, copy, tokens).double() * mask).sum() for copy in out.split(b)]
                 if grad:
                     assert total_grad is not None
                     total_grad += torch.autograd.grad(torch.stack(loss).sum(), leaf)[0]
@@ -195,7 +195,7 @@ def fit_set(model: HeadModel, batches: list[Batch], heads: list[tuple[int, int]]
         with torch.enable_grad():
             for batch, r in zip(batches, resid):
                 out = model.run_blocks(r, start=start, gates=gates, fills=fills())
-                loss = (token_nll(model.unembed(out), batch.tokens).double() * batch.mask).sum()
+                loss = (unembed_nll(model, out, batch.tokens).double() * batch.mask).sum()
                 grad += torch.autograd.grad(loss, x)[0]
                 total += loss.detach().cpu()
         x.grad = grad
