@@ -24,6 +24,8 @@ DEFAULT_MODEL = "stdlib-gpt2-mini"  # the shipped zoo model (headprune/zoo)
 DEFAULT_MAX_TOKENS = 8192
 #: Random subsets of the heads an approximation leaves unverified, patched together to bound what they hide.
 DEFAULT_BOUND_SUBSETS = 64
+# headprune verify (headprune.scoring.verified): the ablations it verifies, its subsets and their inclusion probability
+VERIFIABLE, VERIFY_SUBSETS, VERIFY_INCLUSION = ("abl_zero", "abl_mean"), 32, 0.25
 
 # ---------------------------------------------------------------- methods
 

@@ -9,9 +9,9 @@ import argparse
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args, add_workers_arg
 from headprune.errors import HeadpruneError
-from headprune.scoring.verified import DEFAULT_INCLUSION, DEFAULT_SUBSETS, VERIFIABLE
+from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
 
-HELP = "ablation ranking from a cheap estimate: its top heads ablated exactly, a bound on the rest"
+HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
 
 
@@ -24,8 +24,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the estimate that ranks every head: a column of --scores, or computed here (taylor, the "
                         "first-order estimate of zero ablation, one forward and backward per batch)")
     p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score holding --estimate")
-    add_verification_args(p, "ablated", DEFAULT_SUBSETS)
-    p.add_argument("--inclusion", type=float, default=DEFAULT_INCLUSION,
+    add_verification_args(p, "ablated", VERIFY_SUBSETS)
+    p.add_argument("--inclusion", type=float, default=VERIFY_INCLUSION,
                    help="probability of each unverified head to be in a subset (small: ablating many heads at once "
                         "is not additive)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subsets")

@@ -45,10 +45,10 @@ from headprune.models.interventions import Head, fill_tensors, mask_gates
 from headprune.models.nll import unembed_nll
 from headprune.patching.missed import subsample_estimates
 from headprune.perplexity import Batch, Windowing, window_sums
+from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
 from headprune.scoring.ablation import cache_batch
 
-VERIFIABLE = ("abl_zero", "abl_mean")  # the ablations whose fills are known before the sweep
-DEFAULT_SUBSETS, DEFAULT_INCLUSION, DEFAULT_LEVEL = 32, 0.25, 0.95
+DEFAULT_LEVEL = 0.95
 CHUNK = 8  # head sets per resumable unit
 
 
@@ -59,8 +59,8 @@ class Verification:
     ``seed``; the bound holds at confidence ``level``; ``rows``: ablated copies × windows per forward."""
 
     verified: int | None = None
-    subsets: int = DEFAULT_SUBSETS
-    inclusion: float = DEFAULT_INCLUSION
+    subsets: int = VERIFY_SUBSETS
+    inclusion: float = VERIFY_INCLUSION
     level: float = DEFAULT_LEVEL
     seed: int = 0
     rows: int = 8
