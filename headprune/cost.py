@@ -25,7 +25,7 @@ import torch
 from headprune.models.base import HeadModel
 from headprune.models.ledger import attention_table
 from headprune.models.nll import model_nll
-from headprune.schema import METHOD_SPECS
+from headprune.schema import METHOD_SPECS, VERIFY_SUBSETS
 
 #: Forward-equivalents of each scoring family, per method family of :data:`~headprune.schema.METHOD_SPECS`
 #: (ablation and resample are per method: see :func:`ablation_fe`).
@@ -161,7 +161,7 @@ def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: in
     lines = [estimate.line(), *([hint] if hint is not None else [])]
     verifiable = [m for m in methods if m in ("abl_zero", "abl_mean")]
     if hint is not None and verifiable:
-        fe = verify_fe(model, seq_len, max(1, round(0.1 * len(model.head_ids))), 32)["total"]
+        fe = verify_fe(model, seq_len, max(1, round(0.1 * len(model.head_ids))), VERIFY_SUBSETS)["total"]
         seconds = fe * forward_flops(model, seq_len) * tokens / rate
         lines.append(f"or rank by {verifiable[0]} without its full sweep: headprune verify --method {verifiable[0]} "
                      f"(the estimate's top 10% ablated exactly, a bound on the rest) takes about {duration(seconds)}")

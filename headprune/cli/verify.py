@@ -9,7 +9,9 @@ import argparse
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args, add_workers_arg
 from headprune.errors import HeadpruneError
-from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
+from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
+
+CHEAP = ("weights", "activations", "gradients")  # score families that cost at most a forward and a backward
 
 HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
@@ -48,6 +50,11 @@ def run(args: argparse.Namespace) -> None:
     scores = read_scores(args.scores) if args.scores is not None else None
     if scores is not None and args.estimate not in scores.columns:
         raise HeadpruneError(f"{args.scores} has no column {args.estimate!r}; score it first or give --estimate")
+    if scores is None and (args.estimate not in METHOD_SPECS or METHOD_SPECS[args.estimate].family not in CHEAP):
+        raise HeadpruneError(f"--estimate {args.estimate!r}: computed here it must be a cheap score ("
+                             f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.family in CHEAP)}); an "
+                             "ablation score is what verify avoids computing for every head")
+    Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed).check()  # before the model loads
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     rows = args.ablation_rows or (64 if model.device.type == "cuda" else 8)
@@ -88,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"verified the {k} heads {args.estimate} ranks first by exact {args.method} (nats/token): "
           + ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"])))
     print(f"bound: no unverified head changes the NLL by more than {result.bound:.4f} nats/token "
-          f"({result.level:.0%} confidence, {result.subsets} subsets; worst {result.worst})")
+          f"({result.level:.0%} confidence if effects add up, {result.subsets} subsets; worst {result.worst})")
     print(f"recall of the true top {k} by |{args.method}|: at least {result.recall_lower:.2f} "
           f"(heads that could still outrank the smallest verified {result.threshold:.4f}: "
           f"{result.unresolved}) -> {out}")

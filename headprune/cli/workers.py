@@ -1,7 +1,7 @@
 """Both cores by default: a command whose work is shared out in units (``run``, ``score``, ``curve``, ``verify``)
 starts itself again as ``--workers`` single-threaded processes joined by torch.distributed (gloo on localhost) when
-it runs on the CPU alone. On 2 cores two single-threaded processes do 1.47x the ablation throughput of one
-two-thread process (reports/benchmarks.md); the outputs are byte-identical to one process' (tests/cli).
+it runs on the CPU alone. On 2 cores two single-threaded processes did 1.47x the ablation throughput of one
+two-thread process; the outputs are byte-identical to one process' (tests/cli/test_workers.py).
 
 The first process launches the others with ``WORLD_SIZE``/``RANK``/``MASTER_ADDR``/``MASTER_PORT`` set (what torchrun
 sets, without torchrun's own logging): rank 0 keeps the terminal, the other ranks' output is dropped unless one
@@ -11,6 +11,7 @@ fails alone, and a failing rank stops the others at once, so bad input is still 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,10 +29,13 @@ GRACE_SECONDS = 10  # how long rank 0 may take to fail on its own once another r
 def resolve_workers(requested: str, device: str) -> int:
     """Processes to run: ``requested`` (``auto`` or a count); ``auto`` is this machine's cores (at most 2, the
     measured win) on the CPU, 1 on a GPU, under torchrun (already sharded) or with one core."""
-    if os.environ.get("WORLD_SIZE") not in (None, "", "1"):
+    launched = os.environ.get("WORLD_SIZE") not in (None, "", "1") or any(
+        k.startswith("TORCHELASTIC_") or k == "LOCAL_WORLD_SIZE" for k in os.environ)
+    if launched:  # under torchrun or another launcher (even of one process): already placed
         return 1
-    if requested == "auto":
-        requested = os.environ.get(WORKERS_ENV, "auto")
+    name = "workers"
+    if requested == "auto" and os.environ.get(WORKERS_ENV):
+        requested, name = os.environ[WORKERS_ENV], f"environment variable {WORKERS_ENV}="
     if requested == "auto":
         if device != "cpu":
             import torch
@@ -44,7 +48,8 @@ def resolve_workers(requested: str, device: str) -> int:
     except ValueError:
         count = 0
     if count < 1:
-        raise HeadpruneError(f"workers {requested!r}: give auto or a whole number of processes, at least 1", "workers")
+        raise HeadpruneError(f"{name} {requested!r}: give auto or a whole number of processes, at least 1",
+                             "workers" if name == "workers" else None)
     return count
 
 
@@ -55,18 +60,34 @@ def _free_port() -> int:
 
 
 def launch(argv: list[str], workers: int) -> int:
-    """Run ``headprune ARGV`` as ``workers`` processes; their exit status (rank 0's, or the first failure's)."""
-    port, threads = _free_port(), max(1, (os.cpu_count() or workers) // workers)
-    logs, procs = [], []
-    for rank in range(workers):
-        env = {**os.environ, "WORLD_SIZE": str(workers), "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads)}
-        log = tempfile.TemporaryFile() if rank else None  # noqa: SIM115 - a quiet rank's stderr, shown if it fails
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "headprune", *argv], env=env,
-                                      stdout=subprocess.DEVNULL if rank else None, stderr=log))
+    """Run ``headprune ARGV`` as ``workers`` single-threaded processes (ranks above 0 with ``--quiet``); their exit
+    status: 0, or the first failure's, said on one line. SIGTERM and SIGHUP stop every process."""
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    logs: list = []
+    procs: list[subprocess.Popen] = []
+
+    def stop(signum, _frame):  # a scheduler's or a closed terminal's signal: no worker outlives this process
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while all(p.poll() is None or p.returncode == 0 for p in procs) and any(p.poll() is None for p in procs):
+        for rank in range(workers):
+            env = {**base, "WORLD_SIZE": str(workers), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            log = tempfile.TemporaryFile() if rank else None  # noqa: SIM115 - a quiet rank's stderr
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, "-m", "headprune", *argv, *(["--quiet"] if rank else [])],
+                                          env=env, stdout=subprocess.DEVNULL if rank else None, stderr=log))
+        while True:
+            codes = [p.poll() for p in procs]  # every process, every time
+            if any(c not in (None, 0) for c in codes) or all(c is not None for c in codes):
+                break
             time.sleep(0.2)
         return _outcome(procs, logs)
     except KeyboardInterrupt:  # the terminal interrupted every process; rank 0 says how to resume
@@ -74,6 +95,8 @@ def launch(argv: list[str], workers: int) -> int:
             p.wait()
         return 130
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for log in logs:
             if log is not None:
                 log.close()
@@ -81,26 +104,30 @@ def launch(argv: list[str], workers: int) -> int:
 
 def _outcome(procs: list[subprocess.Popen], logs: list) -> int:
     """Stop the processes still running once one failed (they would wait for it in a collective); the exit status:
-    0, rank 0's failure (it said why), or a quiet rank's, with its last line."""
+    0, or the first failure's, with one line saying why unless rank 0 said it."""
     workers = len(procs)
     if procs[0].poll() is None and any(p.returncode not in (None, 0) for p in procs):
         try:  # the same bad input fails every rank: let rank 0 say it, rather than a quiet rank's copy
             procs[0].wait(timeout=GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             pass
-    failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+    failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
     for p in procs:
         if p.poll() is None:
             p.terminate()
             p.wait()
     if not failed:
         return 0
-    if failed[0] and procs[0].returncode in (None, 0, -15):  # a quiet rank failed alone: its last line
-        log = logs[failed[0]]
-        assert log is not None
-        log.seek(0)
-        lines = log.read().decode(errors="replace").strip().splitlines()
-        print(lines[-1] if lines else f"headprune: error: worker {failed[0]} of {workers} stopped "
-              f"(exit status {procs[failed[0]].returncode})", file=sys.stderr)
-    code = procs[failed[0]].returncode
+    first = failed[0]
+    code = procs[first].returncode
+    said = first == 0 and code > 0  # rank 0 printed its own line (headprune exits 1, 2 or 130 after one)
+    if not said:
+        line = ""
+        if (log := logs[first]) is not None:
+            log.seek(0)
+            lines = log.read().decode(errors="replace").strip().splitlines()
+            line = lines[-1] if lines and lines[-1].startswith("headprune: ") else ""
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        print(line or f"headprune: error: worker {first} of {workers} stopped ({how}); rerun the same command to "
+              "resume, or give --workers 1", file=sys.stderr)
     return code if code > 0 else 1  # killed by a signal: a plain failure

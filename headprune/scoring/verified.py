@@ -18,13 +18,15 @@ estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward 
    changes the NLL by more than ``bound``. With t the smallest |ΔL({n})| in V, at most m = #{n∈U: u(n) ≥ t}
    unverified heads can belong to the true top K by |ΔL|, so the recall of the true top K is at least (K − m)/K.
 
-Cost: one estimate (about three forwards), K/2 forward-equivalents on average for V and R forwards for the
-subsets, against H/2 for the exact sweep of every head. Ablating many heads at once is not additive, so p is small
-(each subset ablates about p·|U| heads), and each head sits in exactly round(p·R) subsets (:func:`draw_subsets`).
+Cost: the estimate (taylor: a forward and a backward, about two forwards), K/2 forward-equivalents on average for V
+and R forwards for the subsets, against H/2 for the exact sweep of every head. Ablating many heads at once is not
+additive, so p is small (each subset ablates about p·|U| heads), and each head sits in exactly round(p·R) subsets,
+clipped to 2..R−2 (:func:`draw_subsets`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -65,12 +67,18 @@ class Verification:
     seed: int = 0
     rows: int = 8
 
-    def check(self, n_heads: int) -> int:
-        """The number of verified heads, after checking every field against a model of ``n_heads`` heads."""
-        k = max(1, round(0.1 * n_heads)) if self.verified is None else self.verified
-        if not 0 < k <= n_heads - 2:
-            raise HeadpruneError(f"verified {k} of {n_heads} heads leave too few to bound (give 1 to "
-                                 f"{n_heads - 2})", "verified")
+    def check(self, n_heads: int | None = None) -> int:
+        """The number of verified heads, after checking every field (the count against a model of ``n_heads``
+        heads, where given)."""
+        if n_heads is None:
+            k = 1 if self.verified is None else self.verified
+            if k < 1:
+                raise HeadpruneError(f"verified {k}: give at least 1 head", "verified")
+        else:
+            k = max(1, round(0.1 * n_heads)) if self.verified is None else self.verified
+            if not 0 < k <= n_heads - 2:
+                raise HeadpruneError(f"verified {k} of {n_heads} heads leave too few to bound (give 1 to "
+                                     f"{n_heads - 2})", "verified")
         if self.subsets < 8:
             raise HeadpruneError(f"subsets {self.subsets}: too few to estimate a spread (give at least 8)", "subsets")
         if not 0 < self.inclusion < 1:
@@ -130,7 +138,8 @@ def draw_subsets(n_heads: int, subsets: int, inclusion: float, seed: int) -> np.
     """[R, N] bool: each head in exactly m = round(inclusion·R) of the R subsets (clipped to 2..R−2), the m drawn
     uniformly for each head alone. The columns are independent and every subset holds a given head with
     probability m/R whatever the other heads, so mean_in − mean_out stays unbiased under additive effects, and no
-    head rests on fewer than m samples (Welch's degrees of freedom at least m − 1)."""
+    head rests on fewer than min(m, R − m) samples on either side (Welch's degrees of freedom at least
+    min(m, R − m) − 1)."""
     if subsets < 4:
         raise HeadpruneError(f"{subsets} subsets cannot hold every head in two and leave it out of two (give at least "
                              "4)", "subsets")
@@ -200,7 +209,8 @@ def verify_ranking(
     model.require_heads(f"verifying {method}")
     check_ids(ids, model.cfg.vocab_size, "verify_ranking")
     heads = model.head_ids
-    e = torch.as_tensor(list(estimate) if not isinstance(estimate, Tensor) else estimate, dtype=torch.float64)
+    e = (estimate.detach().cpu().double() if isinstance(estimate, Tensor)
+         else torch.as_tensor(list(estimate), dtype=torch.float64))
     if e.shape != (len(heads),):
         raise HeadpruneError(f"the estimate has {e.numel()} values for {len(heads)} heads", "estimate")
     if not bool(torch.isfinite(e).all()):
@@ -233,7 +243,9 @@ def verify_ranking(
     def unit(kb: int, sets: list[list[Head]]) -> list[list[float]]:
         return ablated_sums(model, batches[kb], cache(kb)[0], sets, fills, verification.rows)
 
-    tag = f"verify/{method}/k{k}/r{verification.subsets}/p{verification.inclusion}/s{verification.seed}"
+    chosen = hashlib.sha256(",".join(map(str, top)).encode()).hexdigest()[:12]  # which heads are verified
+    tag = (f"verify/{method}/{estimate_name}/{chosen}/k{k}/r{verification.subsets}/p{verification.inclusion}/"
+           f"s{verification.seed}")
     chunks = {"exact": [[exact_sets[i] for i in exact_order[c : c + CHUNK]] for c in range(0, k, CHUNK)],
               "subsets": [[subset_sets[i] for i in subset_order[c : c + CHUNK]]
                           for c in range(0, len(subset_sets), CHUNK)]}

@@ -33,12 +33,14 @@ def test_verify_equals_the_library_on_a_scores_file(tiny_dir, corpus, tmp_path, 
     assert main(["score", "--model", str(tiny_dir), "--data", str(corpus), *WINDOW, "--methods", "taylor",
                  "--bootstrap", "0", "--out", str(scores), "--quiet", "--json"]) == 0
     capsys.readouterr()
+    frame = read_table(scores)
+    frame.sample(frac=1.0, random_state=0).to_csv(scores, index=False)  # rows out of head order: read by head
     out = tmp_path / "v.csv"
     assert main(_cmd(tiny_dir, corpus, out, "--scores", str(scores), "--json")) == 0
     summary = json.loads(capsys.readouterr().out)
     model = load_model(tiny_dir)
     ids = corpus_ids(str(corpus), "validation", model_tokenizer(model), 96)
-    want = verify_ranking(model, ids, read_table(scores)["taylor"], verification=Verification(2, 8),
+    want = verify_ranking(model, ids, frame["taylor"], verification=Verification(2, 8),
                           windowing=Windowing.resolve(model.cfg.n_positions, 16, 16, 2), show_progress=False)
     got = read_table(out)
     for column in ("estimate", "exact", "sub_estimate", "upper"):
@@ -66,8 +68,14 @@ def test_a_killed_verify_resumes_to_the_same_table(tiny_dir, corpus, tmp_path):
     (["--scores", "missing.csv"], "missing.csv"),
     (["--verify", "11"], "--verify 11 of 12 heads"),
     (["--bound-subsets", "4"], "--bound-subsets 4"),
+    (["--inclusion", "1.5"], "--inclusion 1.5"),
+    (["--estimate", "abl_zero"], "--estimate 'abl_zero'"),
 ])
-def test_bad_input_is_one_line(tiny_dir, corpus, tmp_path, capsys, extra, message):
+def test_bad_input_is_one_line(tiny_dir, corpus, tmp_path, capsys, monkeypatch, extra, message):
+    from headprune.cli import verify
+
+    if extra[0] != "--verify":  # refused before the model loads
+        monkeypatch.setattr(verify, "load_from_args", lambda *a, **k: pytest.fail("the model loaded"))
     assert main(_cmd(tiny_dir, corpus, tmp_path / "v.csv", *extra)) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
