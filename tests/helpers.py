@@ -106,3 +106,18 @@ def save_gqa_family(name: str, folder, vocab: int, seed: int):
                 p.add_(0.3 * torch.randn_like(p))
     hf.save_pretrained(folder)
     return hf
+
+
+def edit_config(folder: Path, edits: dict, delete: object = None) -> Path:
+    """Set each key of ``edits`` in ``folder``'s config.json (a value that ``is delete`` removes the key)."""
+    import json
+
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in edits.items():
+        if value is delete:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+    return Path(folder)

@@ -6,8 +6,6 @@ any weight is read."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import transformers
@@ -15,6 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from headprune.errors import HeadpruneError
 from headprune.io.loading import load_model
+
+from helpers import edit_config
 
 DECODER = {"vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
            "intermediate_size": 48, "num_hidden_layers": 2, "max_position_embeddings": 64}
@@ -42,15 +42,7 @@ def written(tmp_path, family: str, built: dict | None, edit: dict | None):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     model.save_pretrained(tmp_path)
-    path = tmp_path / "config.json"
-    config = json.loads(path.read_text())
-    for key, value in (edit or {}).items():
-        if value is DEL:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    path.write_text(json.dumps(config))
-    return tmp_path
+    return edit_config(tmp_path, edit or {}, delete=DEL)
 
 
 MATCHED = {  # id: (family, built with, config.json edit)

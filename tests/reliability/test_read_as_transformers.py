@@ -4,8 +4,6 @@ API calls get a HeadpruneError naming the bad value, not a torch error."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
@@ -17,22 +15,15 @@ from headprune.patching.pairs import PromptPairs
 from headprune.patching.study import StudyOptions, patch_study
 from headprune.scoring import ScoringOptions, score_heads
 
+from helpers import edit_config
+
 SIZES = {"vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 48, "num_hidden_layers": 2, "max_position_embeddings": 64}
 
 
 def saved(hf_model, folder, **config_edits):
     hf_model.save_pretrained(folder)
-    if config_edits:
-        path = folder / "config.json"
-        config = json.loads(path.read_text())
-        for key, value in config_edits.items():
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
-        path.write_text(json.dumps(config))
-    return folder
+    return edit_config(folder, config_edits)
 
 
 def logits(model, x):
