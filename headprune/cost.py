@@ -25,7 +25,7 @@ import torch
 from headprune.models.base import HeadModel
 from headprune.models.ledger import attention_table
 from headprune.models.nll import model_nll
-from headprune.schema import METHOD_SPECS, VERIFY_SUBSETS
+from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_SUBSETS
 
 #: Forward-equivalents of each scoring family, per method family of :data:`~headprune.schema.METHOD_SPECS`
 #: (ablation and resample are per method: see :func:`ablation_fe`).
@@ -89,7 +89,6 @@ def measured_rate(model: HeadModel, seq_len: int, repeats: int = 2) -> float:
     """FLOP/s of this machine on this model: the fastest of ``repeats`` timed forwards of one window (after one
     untimed warm-up), in the model's dtype and threads; the LM head in chunks (:func:`~headprune.models.nll.model_nll`)
     as every pass runs it, never the window's (T,V) logits (1 GiB at Gemma 3's vocabulary)."""
-
     tokens = torch.zeros(1, seq_len, dtype=torch.long, device=model.device)
     best = float("inf")
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
@@ -121,11 +120,16 @@ class Estimate:
         return f"estimated time: {duration(self.total)} on {self.tokens:,} tokens" + (f" ({parts})" if parts else "")
 
 
+def seconds_per_fe(model: HeadModel, seq_len: int, tokens: int, rate: float | None = None) -> float:
+    """Wall seconds of one forward-equivalent over ``tokens`` tokens in windows of ``seq_len``, at ``rate`` FLOP/s
+    (default: :func:`measured_rate`)."""
+    return forward_flops(model, seq_len) * tokens / (rate or measured_rate(model, seq_len))
+
+
 def estimate_scoring(model: HeadModel, methods: list[str], tokens: int, seq_len: int,
                      rate: float | None = None) -> Estimate:
     """Wall seconds of scoring ``methods`` on ``tokens`` tokens in windows of ``seq_len``."""
-    rate = rate or measured_rate(model, seq_len)
-    per_fe = forward_flops(model, seq_len) * tokens / rate
+    per_fe = seconds_per_fe(model, seq_len, tokens, rate)
     return Estimate(tokens, {k: fe * per_fe for k, fe in methods_fe(model, methods, seq_len).items()})
 
 
@@ -155,14 +159,16 @@ def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: in
     options; nothing for the weight methods alone (no data, no forward)."""
     if not any(METHOD_SPECS[m].data_dependent for m in methods):
         return []
-    rate = measured_rate(model, seq_len)
+    rate = measured_rate(model, seq_len)  # one timed forward for both estimates
     estimate = estimate_scoring(model, methods, tokens, seq_len, rate)
     hint = cheaper_hint(estimate, methods)
     lines = [estimate.line(), *([hint] if hint is not None else [])]
-    verifiable = [m for m in methods if m in ("abl_zero", "abl_mean")]
+    verifiable = [m for m in methods if m in VERIFIABLE]
     if hint is not None and verifiable:
-        fe = verify_fe(model, seq_len, max(1, round(0.1 * len(model.head_ids))), VERIFY_SUBSETS)["total"]
-        seconds = fe * forward_flops(model, seq_len) * tokens / rate
+        from headprune.scoring.verified import Verification
+
+        k = Verification().check(len(model.head_ids))  # the default: 10% of the heads
+        seconds = verify_fe(model, seq_len, k, VERIFY_SUBSETS)["total"] * seconds_per_fe(model, seq_len, tokens, rate)
         lines.append(f"or rank by {verifiable[0]} without its full sweep: headprune verify --method {verifiable[0]} "
                      f"(the estimate's top 10% ablated exactly, a bound on the rest) takes about {duration(seconds)}")
     return lines

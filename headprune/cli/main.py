@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         check_counts(args)
         check_inputs(args, option_names(parser, args.command))  # before any model loads
         if getattr(args, "workers", None) is not None and (n := resolve_workers(args.workers, args.device)) > 1:
-            return launch(sys.argv[1:] if argv is None else argv, n)
+            return launch(argv, n)
         if hasattr(args, "device"):
             from headprune.io.distributed import init_from_env
             from headprune.runtime import reuse_freed_memory

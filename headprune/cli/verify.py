@@ -11,8 +11,6 @@ from headprune.cli.options import add_data_args, add_model_args, add_run_flags, 
 from headprune.errors import HeadpruneError
 from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
 
-CHEAP = ("weights", "activations", "gradients")  # score families that cost at most a forward and a backward
-
 HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
 
@@ -41,7 +39,7 @@ def run(args: argparse.Namespace) -> None:
     import json
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
-    from headprune.cost import duration, forward_flops, measured_rate, verify_fe
+    from headprune.cost import FAMILY_FE, duration, seconds_per_fe, verify_fe
     from headprune.io.files import read_scores, write_json
     from headprune.scoring import ScoringOptions, score_heads
     from headprune.scoring.verified import Verification, verify_ranking
@@ -50,15 +48,15 @@ def run(args: argparse.Namespace) -> None:
     scores = read_scores(args.scores) if args.scores is not None else None
     if scores is not None and args.estimate not in scores.columns:
         raise HeadpruneError(f"{args.scores} has no column {args.estimate!r}; score it first or give --estimate")
-    if scores is None and (args.estimate not in METHOD_SPECS or METHOD_SPECS[args.estimate].family not in CHEAP):
+    if scores is None and (args.estimate not in METHOD_SPECS or METHOD_SPECS[args.estimate].family not in FAMILY_FE):
         raise HeadpruneError(f"--estimate {args.estimate!r}: computed here it must be a cheap score ("
-                             f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.family in CHEAP)}); an "
+                             f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.family in FAMILY_FE)}); an "
                              "ablation score is what verify avoids computing for every head")
-    Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed).check()  # before the model loads
+    verification = Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed,
+                                rows=args.ablation_rows)
+    verification.check()  # before the model loads
     model = load_from_args(args)
     w = windowing_from_args(args, model)
-    rows = args.ablation_rows or (64 if model.device.type == "cuda" else 8)
-    verification = Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed, rows=rows)
     k = verification.check(len(model.head_ids))
     ids = data_from_args(args, model)
     if scores is not None:
@@ -68,7 +66,7 @@ def run(args: argparse.Namespace) -> None:
     if not args.json:
         print(data_line("data", args.data, args.split, ids, w))
         fe = verify_fe(model, w.seq_len, k, args.bound_subsets, estimate=scores is None)
-        seconds = fe["total"] * forward_flops(model, w.seq_len) * len(ids) / measured_rate(model, w.seq_len)
+        seconds = fe["total"] * seconds_per_fe(model, w.seq_len, len(ids))
         print(f"estimated time: {duration(seconds)} on {len(ids):,} tokens ({fe['total']:.0f} forward passes' worth; "
               f"the exact sweep of every head: {fe['sweep']:.0f})")
     settings = sweep_settings(args, model, ids, w, "verify", method=args.method, estimate=args.estimate,

@@ -37,7 +37,7 @@ from headprune.perplexity import Windowing
 from headprune.schema import LEARNED, METHOD_FAMILIES, METHOD_SPECS, check_methods, parse_methods
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
-from headprune.scoring.base import Family, ScoringContext, Unit, by_head
+from headprune.scoring.base import Family, ScoringContext, Unit, by_head, rows_per_forward
 from headprune.scoring.gradients import GradientScores
 from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
 from headprune.scoring.resample import RESAMPLE_DRAWS, ResampleScores
@@ -133,7 +133,7 @@ def score_heads(
         reading = ", ".join(m for m in methods if METHOD_SPECS[m].data_dependent)
         raise HeadpruneError(f"the methods {reading} read data: pass token ids (headprune.tokens(...))", "ids")
     batches = windowing.batches(ids) if ids is not None and needs_data else []
-    rows = options.ablation_rows or (64 if model.device.type == "cuda" else 8)
+    rows = rows_per_forward(model, options.ablation_rows)
     if options.resample_draws < 1:
         raise HeadpruneError(f"resample_draws {options.resample_draws} must be at least 1", "resample_draws")
     ctx = ScoringContext(model, batches, methods, rows, optimal_steps=options.optimal_steps,
@@ -205,7 +205,7 @@ def optimal_constants(
     check_ids(ids, model.cfg.vocab_size, "optimal_constants")
     means = head_means(model, ids, windowing, progress, show_progress)
     batches = windowing.batches(ids)
-    rows = ablation_rows or (64 if model.device.type == "cuda" else 8)
+    rows = rows_per_forward(model, ablation_rows)
     jobs: list[Unit] = []
     fitted: list[list[Head]] = []
     for layer in model.active_layers:

@@ -13,6 +13,7 @@ several ablated copies (one per head, each with its own gate row) run as one bat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -36,6 +37,20 @@ def cache_batch(model: HeadModel, batch: Batch) -> tuple[dict[int, Tensor], list
     capture = Capture()
     resid = model.run_blocks(model.embed(batch.tokens), capture=capture)
     return capture.resid_pre, window_sums(unembed_nll(model, resid, batch.tokens), batch.mask)
+
+
+def batch_caches(model: HeadModel, batches: list[Batch]) -> Callable[[int], tuple[dict[int, Tensor], list[float]]]:
+    """``cache(k)``: :func:`cache_batch` of ``batches[k]``, computed when first asked for and kept until another batch
+    is (units run batch by batch, so each batch's residual streams are computed once and one batch's are held)."""
+    memo: dict[int, tuple[dict[int, Tensor], list[float]]] = {}
+
+    def cache(k: int) -> tuple[dict[int, Tensor], list[float]]:
+        if k not in memo:
+            memo.clear()
+            memo[k] = cache_batch(model, batches[k])
+        return memo[k]
+
+    return cache
 
 
 @torch.no_grad()
@@ -84,14 +99,7 @@ class AblationScores(Family):
     def units(self, ctx: ScoringContext) -> list[Unit]:
         """A batch's residual-stream cache is computed once, when its first unit runs, and kept until the next."""
         model, batches = ctx.model, ctx.batches
-        memo: dict[int, tuple[dict[int, Tensor], list[float]]] = {}
-
-        def cache(k: int) -> tuple[dict[int, Tensor], list[float]]:
-            if k not in memo:
-                memo.clear()
-                memo[k] = cache_batch(model, batches[k])
-            return memo[k]
-
+        cache = batch_caches(model, batches)
         fills: dict[str, list[Tensor | None]] = {
             "abl_zero": [None] * model.cfg.n_layers,
             "abl_zero_folded": [blk.attn.b_V.detach() if blk.attn.n_heads else None for blk in model.h],  # [h, d_k]

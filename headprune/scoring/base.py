@@ -88,6 +88,12 @@ class Family:
         raise NotImplementedError
 
 
+def rows_per_forward(model: HeadModel, rows: int | None = None) -> int:
+    """Ablated copies × windows per forward: ``rows``, or 64 on a GPU (batching copies is the win there) and 8 on
+    the CPU (larger batches only cost cache)."""
+    return rows or (64 if model.device.type == "cuda" else 8)
+
+
 def by_head(model: HeadModel, flat: Tensor) -> dict[tuple[int, int], Tensor]:
     """A layer-major [H, ...] tensor -> {(layer, head): row}, in ``model.head_ids`` order."""
     return {head: flat[i] for i, head in enumerate(model.head_ids)}

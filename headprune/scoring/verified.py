@@ -48,7 +48,8 @@ from headprune.models.nll import unembed_nll
 from headprune.patching.missed import subsample_estimates
 from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
-from headprune.scoring.ablation import cache_batch
+from headprune.scoring.ablation import batch_caches
+from headprune.scoring.base import rows_per_forward
 
 DEFAULT_LEVEL = 0.95
 CHUNK = 8  # head sets per resumable unit
@@ -58,14 +59,15 @@ CHUNK = 8  # head sets per resumable unit
 class Verification:
     """How :func:`verify_ranking` checks an estimate: ``verified`` heads (default 10% of them, at least 1) ablated
     exactly, ``subsets`` random subsets of the others, each head in one with probability ``inclusion``, drawn with
-    ``seed``; the bound holds at confidence ``level``; ``rows``: ablated copies × windows per forward."""
+    ``seed``; the bound holds at confidence ``level``; ``rows``: ablated copies × windows per forward (default:
+    :func:`~headprune.scoring.base.rows_per_forward`)."""
 
     verified: int | None = None
     subsets: int = VERIFY_SUBSETS
     inclusion: float = VERIFY_INCLUSION
     level: float = DEFAULT_LEVEL
     seed: int = 0
-    rows: int = 8
+    rows: int | None = None
 
     def check(self, n_heads: int | None = None) -> int:
         """The number of verified heads, after checking every field (the count against a model of ``n_heads``
@@ -85,7 +87,7 @@ class Verification:
             raise HeadpruneError(f"inclusion {self.inclusion} must lie strictly between 0 and 1", "inclusion")
         if not 0 < self.level < 1:
             raise HeadpruneError(f"level {self.level} must lie strictly between 0 and 1", "level")
-        if self.rows < 1:
+        if self.rows is not None and self.rows < 1:
             raise HeadpruneError(f"rows {self.rows} must be at least 1", "rows")
         return k
 
@@ -203,7 +205,7 @@ def verify_ranking(
     show_progress: bool = True,
 ) -> VerifiedRanking:
     """The verified ranking of ``method`` by ``estimate`` on token ids ``ids`` (1-D): see the module docstring.
-    Resumable through ``progress``: a unit per batch for the exact heads and one per batch for the subsets."""
+    Resumable through ``progress``: per batch, a unit for its baseline and one per :data:`CHUNK` head sets."""
     if method not in VERIFIABLE:
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
     model.require_heads(f"verifying {method}")
@@ -232,16 +234,11 @@ def verify_ranking(
     subset_sets = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
     exact_order, subset_order = _lowest_layer_first(exact_sets), _lowest_layer_first(subset_sets)
 
-    memo: dict[int, tuple[dict[int, Tensor], list[float]]] = {}
-
-    def cache(kb: int) -> tuple[dict[int, Tensor], list[float]]:  # the residual streams of one batch at a time
-        if kb not in memo:
-            memo.clear()
-            memo[kb] = cache_batch(model, batches[kb])
-        return memo[kb]
+    cache = batch_caches(model, batches)
+    rows = rows_per_forward(model, verification.rows)
 
     def unit(kb: int, sets: list[list[Head]]) -> list[list[float]]:
-        return ablated_sums(model, batches[kb], cache(kb)[0], sets, fills, verification.rows)
+        return ablated_sums(model, batches[kb], cache(kb)[0], sets, fills, rows)
 
     chosen = hashlib.sha256(",".join(map(str, top)).encode()).hexdigest()[:12]  # which heads are verified
     tag = (f"verify/{method}/{estimate_name}/{chosen}/k{k}/r{verification.subsets}/p{verification.inclusion}/"
