@@ -64,6 +64,9 @@ class RunSettings:
     seq_len: int | None = None
     stride: int | None = None
     max_tokens: int | None = DEFAULT_MAX_TOKENS
+    # pick max_tokens (at most the given one) and, where seq_len is None, the window from the model's size
+    # (headprune.cost.run_budget); resolved once the model is loaded, into max_tokens and seq_len
+    budget: bool = False
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     seeds: int = DEFAULT_SEEDS  # random-baseline seeds: its band shows seed and data spread
     seed: int = 0
@@ -139,6 +142,7 @@ class RunInputs:
     score_ids: Tensor  # validation split of ``score_data``: heads are scored here
     seconds_load: float
     seconds_tokenize: float
+    budget: Any = None  # the headprune.cost.Budget a budgeted run picked (None: the given max_tokens)
 
     def fingerprint(self, s: RunSettings, methods: list[str]) -> dict:
         """What the run's progress file is valid for: settings, model, both token streams, windows, device."""
@@ -148,17 +152,44 @@ class RunInputs:
                              "device_type": self.model.device.type, "version": __version__}
 
 
+def run_plan(s: RunSettings) -> Any:
+    """The :class:`~headprune.cost.RunPlan` of ``s``: what its cost depends on."""
+    from headprune.cost import RunPlan
+
+    ranked = [m for m in s.methods if m in IMPORTANCE_METHODS]
+    return RunPlan(list(s.methods), len(rankings_of(s, ranked)) - 1, tuple(s.fractions), s.seeds,
+                   s.patch_pairs if s.patch_task != "none" else 0)
+
+
+def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
+    """With ``s.budget`` on a CPU: :func:`headprune.cost.run_budget` for ``s``, written into ``s.max_tokens`` and
+    ``s.seq_len`` (``s.budget`` then off, so that the settings are those of the explicit command); None otherwise
+    (a GPU runs the given budget)."""
+    if not s.budget:
+        return None
+    s.budget = False
+    if model.device.type != "cpu" or not s.max_tokens:
+        return None
+    from headprune.cost import run_budget
+
+    budget = run_budget(model, run_plan(s), s.max_tokens, s.seq_len)
+    s.max_tokens, s.seq_len = budget.tokens, budget.seq_len
+    return budget
+
+
 def load_inputs(s: RunSettings) -> RunInputs:
-    """The model of ``s`` on its device and dtype, its windows, and the tokens of both splits."""
+    """The model of ``s`` on its device and dtype, its windows, and the tokens of both splits (with ``s.budget``,
+    as many as :func:`resolve_budget` picks)."""
     t_start = time.perf_counter()
     model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
     t_load = time.perf_counter() - t_start
+    budget = resolve_budget(s, model)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
     tokenizer = model_tokenizer(model)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
-                     time.perf_counter() - t_start - t_load)
+                     time.perf_counter() - t_start - t_load, budget)
 
 
 def rankings_of(s: RunSettings, ranked: list[str]) -> list[str]:
@@ -273,6 +304,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     progress = Progress(mine, fingerprint, overwrite=overwrite, others=others)
     write_text(out / "ledger.txt", format_info(model, 1, windowing.seq_len) + "\n")
     stages = stage_names(s)
+    if inputs.budget is not None:
+        log(inputs.budget.line(DEFAULT_MAX_TOKENS))
     log(stage_line(stages, "ledger", f"parameters and shapes -> {out / 'ledger.txt'}"))
 
     log(stage_line(stages, "scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "

@@ -33,7 +33,9 @@ def data_from_args(args, model, data: str | None = None, split: str | None = Non
 def data_line(label: str, source: str, split: str, ids, w=None) -> str:
     """The header line of a command that read ``ids``: which corpus, split and token count (and windows), so a
     number it prints can be matched to the report's (which reads the same default budget)."""
-    where = f" ({split} split)" if source == "default" else ""
+    from headprune.data.sources import is_builtin
+
+    where = f" ({split} split)" if is_builtin(source) else ""
     windows = f"; windows: seq_len {w.seq_len}, stride {w.stride}" if w is not None else ""
     return f"{label}: {source}{where}, {len(ids):,} tokens{windows}"
 

@@ -22,13 +22,14 @@ def run(args: argparse.Namespace) -> None:
     import json
     import math
 
+    from headprune.data.sources import is_builtin
     from headprune.io.tokenizer import model_tokenizer
     from headprune.perplexity import evaluate, scored_bytes
 
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
-    header = {"model": args.model, "data": args.data, "split": args.split if args.data == "default" else None,
+    header = {"model": args.model, "data": args.data, "split": args.split if is_builtin(args.data) else None,
               "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
     if not args.json:
         print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids)}\n"

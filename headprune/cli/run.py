@@ -16,7 +16,7 @@ from headprune.cli.options import (
     add_workers_arg,
 )
 from headprune.errors import HeadpruneError
-from headprune.schema import METHODS
+from headprune.schema import DEFAULT_MAX_TOKENS, METHODS
 
 HELP = 'the whole analysis: ledger, scores, pruning curves, report'
 
@@ -24,7 +24,7 @@ HELP = 'the whole analysis: ledger, scores, pruning curves, report'
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_workers_arg(p)
-    add_data_args(p, "test")
+    add_data_args(p, "test", budget=True)
     p.set_defaults(split=None)  # run scores on --score-data's validation split and measures on --data's test split
     add_score_data_arg(p, "scoring")
     add_fraction_args(p)
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> None:
     settings = RunSettings(model=args.model, data=args.data, score_data=args.score_data, out=args.out,
                            device=args.device, dtype=args.dtype, fold_value_bias=args.fold_value_bias,
                            batch_size=args.batch_size, seq_len=args.seq_len,
-                           stride=args.stride, max_tokens=args.max_tokens or None,
+                           stride=args.stride, budget=args.max_tokens is None,
+                           max_tokens=DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens or None,
                            fractions=tuple(parse_fractions(args.fractions)), seeds=args.seeds, seed=args.seed,
                            bootstrap=args.bootstrap, optimal=args.optimal, learn_gates=args.learn_gates,
                            gate_steps=args.gate_steps, methods=(args.methods,), patch_task=args.patch_task,

@@ -4,11 +4,13 @@ A corpus *spec* names where the text comes from:
 
 - ``default``: the Python standard library's own documentation (:mod:`headprune.data.stdlib_docs`),
   split deterministically into train/validation/test by document name;
+- ``code``: the standard library's Python source, one document per module, split the same way (prose vs code);
 - a ``.txt`` file, or a directory of ``.txt`` files (read in sorted order, one document each; streamed);
 - a ``.jsonl`` or ``.parquet`` file with a ``text`` column (one document per row);
 - ``hf:NAME[:CONFIG]:SPLIT``: a Hugging Face dataset with a ``text`` column.
 
-Local files and ``hf:`` specs carry their own split; the ``split`` argument only selects from the default corpus."""
+Local files and ``hf:`` specs carry their own split; the ``split`` argument only selects from the built-in corpora
+(:data:`BUILTIN`)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from headprune.data.stdlib_docs import default_documents, split_of
+from headprune.data.stdlib_docs import code_documents, default_documents, split_of
 from headprune.errors import HeadpruneError
 
 SPLITS = ("train", "validation", "test")
+
+#: The corpora every machine has, by spec: their documents as ``(name, text)`` pairs, split by name.
+BUILTIN = {"default": default_documents, "code": code_documents}
+
+
+def is_builtin(spec: str) -> bool:
+    """Whether ``spec`` names a built-in corpus (split by the ``split`` argument) rather than a path or ``hf:``."""
+    return spec in BUILTIN
 
 
 def _nonempty(texts: list[str], source: str) -> list[str]:
@@ -125,9 +135,9 @@ def load_texts(spec: str, split: str = "validation") -> list[str]:
 
 def check_corpus_spec(spec: str) -> None:
     """Refuse a corpus spec that names a local path that does not exist (before anything loads)."""
-    if spec != "default" and not spec.startswith("hf:") and spec.strip() and not Path(spec).expanduser().exists():
+    if not is_builtin(spec) and not spec.startswith("hf:") and spec.strip() and not Path(spec).expanduser().exists():
         raise HeadpruneError(f"corpus path {Path(spec).expanduser()} does not exist; give an existing file or "
-                             "directory, default, or hf:NAME[:CONFIG]:SPLIT")
+                             "directory, default, code, or hf:NAME[:CONFIG]:SPLIT")
 
 
 def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
@@ -138,8 +148,8 @@ def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
     if not spec or not spec.strip():
         raise HeadpruneError("empty corpus spec; use default, a .txt/.jsonl/.parquet path, a directory "
                              "or hf:NAME[:CONFIG]:SPLIT")
-    if spec == "default":
-        return [text for name, text in default_documents() if split_of(name) == split]
+    if is_builtin(spec):
+        return [text for name, text in BUILTIN[spec]() if split_of(name) == split]
     if spec.startswith("hf:"):
         return _nonempty(_load_hf(spec), spec)
     check_corpus_spec(spec)

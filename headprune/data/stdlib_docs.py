@@ -141,7 +141,26 @@ def default_documents() -> list[tuple[str, str]]:
     return list(_default_documents())
 
 
+def code_documents() -> list[tuple[str, str]]:
+    """The code corpus as sorted ``(name, text)`` pairs: one document per standard-library module, its Python
+    source as written (``code:dotted.name``), the files :func:`default_documents` reads docstrings from (tests and
+    ``site-packages`` left out); files that are not UTF-8 or are empty are skipped. Split by :func:`split_of` of the
+    module name, so a module's docstrings (prose) and its source (code) fall in the same split."""
+    root = _stdlib_dir()
+    docs = {}
+    for path in _python_files(root):
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text:
+            docs[f"code:{_module_name(path, root)}"] = text
+    return sorted(docs.items())
+
+
 def split_of(name: str) -> str:
-    """Deterministic split of a document name: ~90% ``train``, ~5% ``validation``, ~5% ``test``."""
+    """Deterministic split of a document name: ~90% ``train``, ~5% ``validation``, ~5% ``test``; a module's code
+    document (``code:NAME``) falls where its docstrings (``module:NAME``) do."""
+    name = "module:" + name.removeprefix("code:") if name.startswith("code:") else name
     bucket = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % 100
     return "train" if bucket < 90 else "validation" if bucket < 95 else "test"

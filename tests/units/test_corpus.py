@@ -138,6 +138,23 @@ def test_default_splits_partition_corpus(docs):
     assert parts["test"] == expected_test
 
 
+def test_code_corpus_is_the_module_sources_split_with_their_docstrings(docs):
+    """``code``: each module's source file as written, in the split of the same module's docstrings."""
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    source = (root / "asyncio" / "futures.py").read_text(encoding="utf-8").strip()
+    split = split_of("module:asyncio.futures")
+    assert source in load_texts("code", split)
+    assert all(source not in load_texts("code", s) for s in ("train", "validation", "test") if s != split)
+    docstrings = dict(docs)["module:asyncio.futures"]
+    assert docstrings in load_texts("default", split)
+    n = len(stdlib_docs.code_documents())
+    parts = {s: load_texts("code", s) for s in ("train", "validation", "test")}
+    assert sum(map(len, parts.values())) == n and 0.02 < len(parts["test"]) / n < 0.08
+
+
 # --- local files ------------------------------------------------------------------------------
 
 

@@ -5,11 +5,27 @@ from __future__ import annotations
 
 import pytest
 
-from headprune.cost import Estimate, ablation_fe, block_flops, cheaper_hint, estimate_scoring, forward_flops
+from headprune.cost import (
+    MIN_WINDOWS,
+    REFERENCE_RATE,
+    RUN_BUDGET_SECONDS,
+    Estimate,
+    RunPlan,
+    ablation_fe,
+    block_flops,
+    cheaper_hint,
+    estimate_scoring,
+    forward_flops,
+    methods_fe,
+    run_budget,
+    run_fe,
+    run_seconds,
+)
 from headprune.io.loading import load_model
 from headprune.models.gemma3 import Gemma3, Gemma3Config
 from headprune.models.meta import on_meta
 from headprune.models.prune import prune_heads
+from headprune.schema import parse_methods
 
 
 def test_gpt2_forward_flops_by_hand(tiny_dir):
@@ -64,3 +80,45 @@ def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
     want = cost.verify_fe(model, T, 1, 32)["total"] * forward_flops(model, T) * tokens / 1e6  # 10% of 12 -> 1
     assert lines[-1].startswith("or rank by abl_zero without its full sweep: headprune verify --method abl_zero")
     assert lines[-1].endswith(f"takes about {cost.duration(want)}")
+
+
+def _smollm2_shapes():
+    """SmolLM2-135M's shapes on the meta device (no weights: the budget is arithmetic on shapes)."""
+    from headprune.models.llama import LlamaLike, LlamaLikeConfig
+
+    with on_meta():
+        return LlamaLike(LlamaLikeConfig(vocab_size=49152, n_positions=8192, d_model=576, n_layers=30, n_heads=9,
+                                         n_kv_heads=3, d_head=64, d_mlp=1536, tie_word_embeddings=True))
+
+
+RUN_PLAN = RunPlan(parse_methods(["all"]), rankings=16, fractions=tuple(round(0.1 * i, 1) for i in range(9)),
+                   seeds=5, patch_pairs=32)
+
+
+def test_run_stages_by_hand(tiny_dir):
+    """Curves: the baseline, then each of 16 rankings, 5 seeds and the mean-compensated best at the 8 fractions
+    above 0; scoring: the methods' sweeps and passes plus the anatomy and serving."""
+    model = load_model(tiny_dir)
+    fe = run_fe(model, RUN_PLAN, 64)
+    assert fe["curves"] == 1 + (16 + 5 + 1) * 8
+    assert fe["scoring"] == pytest.approx(sum(methods_fe(model, RUN_PLAN.methods, 64).values()), rel=1e-12)
+    seconds = run_seconds(model, RUN_PLAN, 1000, 64, rate=1e9)
+    assert seconds["curves"] == pytest.approx(fe["curves"] * forward_flops(model, 64) * 1000 / 1e9, rel=1e-12)
+
+
+def test_run_budget_keeps_the_shipped_models_default_and_cuts_smollm2s():
+    """The shipped model's run fits: 8,192 tokens in its 256-token windows (the committed report's budget).
+    SmolLM2's does not: the budget is the largest whole number of windows within the target, with 8 windows."""
+    shipped = load_model("stdlib-gpt2-mini")
+    kept = run_budget(shipped, RUN_PLAN, 8192, None)
+    assert (kept.tokens, kept.seq_len) == (8192, 256) and sum(kept.seconds.values()) <= RUN_BUDGET_SECONDS
+    assert "(the default)" in kept.line(8192)
+    smol = _smollm2_shapes()
+    cut = run_budget(smol, RUN_PLAN, 8192, None)
+    assert (cut.tokens, cut.seq_len) == (1024, 128)  # the number --max-tokens' help gives
+    assert sum(cut.seconds.values()) <= RUN_BUDGET_SECONDS < sum(
+        run_seconds(smol, RUN_PLAN, cut.tokens + cut.seq_len, cut.seq_len, REFERENCE_RATE).values())
+    assert cut.default_seconds == pytest.approx(sum(run_seconds(smol, RUN_PLAN, 8192, 1024, REFERENCE_RATE).values()))
+    assert "1,024 tokens per split in windows of 128" in cut.line(8192)
+    given = run_budget(smol, RUN_PLAN, 8192, 512)  # a given window is kept, the tokens fill whole windows of it
+    assert given.seq_len == 512 and given.tokens % 512 == 0 and given.tokens >= MIN_WINDOWS * 512
