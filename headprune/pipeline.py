@@ -94,11 +94,13 @@ class RunSettings:
 
 
 def _fields(s: RunSettings) -> dict:
-    """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged)."""
-    return {k: v for k, v in asdict(s).items() if s.learn_gates or k not in ("learn_gates", "gate_steps")}
+    """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged);
+    ``budget`` never (once resolved, max_tokens and seq_len hold what it picked)."""
+    return {k: v for k, v in asdict(s).items()
+            if k != "budget" and (s.learn_gates or k not in ("learn_gates", "gate_steps"))}
 
 
-def _patching(model, s: RunSettings, progress: Progress):
+def _patching(model, s: RunSettings, progress: Progress, quiet: bool = False):
     """The patching study of the built-in task ``s.patch_task`` (None for "none"), as the report shows it."""
     if s.patch_task == "none":
         return None
@@ -108,7 +110,7 @@ def _patching(model, s: RunSettings, progress: Progress):
 
     pairs = task_pairs(s.patch_task, model, n_pairs=s.patch_pairs, seed=s.seed)
     options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
-    study = patch_study(model, pairs, options, progress=progress)
+    study = patch_study(model, pairs, options, progress=progress, show_progress=not quiet)
     return PatchingReport(study.table, study.agreement, study.missed,
                           study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
 
@@ -162,13 +164,13 @@ def run_plan(s: RunSettings) -> Any:
 
 
 def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
-    """With ``s.budget`` on a CPU: :func:`headprune.cost.run_budget` for ``s``, written into ``s.max_tokens`` and
+    """With ``s.budget`` off a GPU: :func:`headprune.cost.run_budget` for ``s``, written into ``s.max_tokens`` and
     ``s.seq_len`` (``s.budget`` then off, so that the settings are those of the explicit command); None otherwise
     (a GPU runs the given budget)."""
     if not s.budget:
         return None
     s.budget = False
-    if model.device.type != "cpu" or not s.max_tokens:
+    if model.device.type == "cuda" or not s.max_tokens:
         return None
     from headprune.cost import run_budget
 
@@ -341,7 +343,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         log(stage_line(stages, "patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
                                            "exact patching of every head, AtP and AtP*"))
     t0 = time.perf_counter()
-    patching = _patching(model, s, progress)  # every process: its exact sweeps are units like the scores'
+    patching = _patching(model, s, progress, quiet)  # every process: its exact sweeps are units like the scores'
     if patching is not None:
         seconds["patching"] = time.perf_counter() - t0
     settings = run_settings(s, methods, inputs, fingerprint, best, seconds, scored)

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
                 "metric": args.metric, "direction": args.direction, "activations": list(options.activations),
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
     progress = sweep_progress(args, out, settings)
-    study = patch_study(model, pairs, options, progress=progress)
+    study = patch_study(model, pairs, options, progress=progress, show_progress=not getattr(args, "quiet", False))
     info = study.summary | {"task": args.task, "by_position": args.by_position,
                             **({"task_text": TASK_TEXT[args.task]} if args.task in TASK_TEXT else {})}
     if is_main():  # the files `headprune report` reads beside its --scores where out is DIR/patch.csv

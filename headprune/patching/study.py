@@ -17,6 +17,7 @@ from numbers import Integral
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.errors import HeadpruneError
@@ -133,8 +134,9 @@ def _missed(model: HeadModel, runs, options: StudyOptions, estimates: list[Patch
 
 
 def patch_study(model: HeadModel, pairs: PromptPairs, options: StudyOptions,
-                progress: Progress | NoProgress | None = None) -> Study:
-    """The study of ``pairs`` (see the module docstring); ``progress`` records the exact sweeps per layer."""
+                progress: Progress | NoProgress | None = None, show_progress: bool = False) -> Study:
+    """The study of ``pairs`` (see the module docstring); ``progress`` records the exact sweeps per layer,
+    ``show_progress`` draws a bar over each sweep's layers."""
     options = options.check()
     if options.by_position and not pairs.same_length:
         raise HeadpruneError("patching by position needs pairs of one length (positions must mean the same in "
@@ -155,7 +157,11 @@ def patch_study(model: HeadModel, pairs: PromptPairs, options: StudyOptions,
                              "corrupt)")
     patching = PatchOptions(metric=options.metric, direction=options.direction, by_position=options.by_position,
                             rows=options.rows)
-    exact = {a: patch(model, pairs, a, options=patching, progress=progress, runs=runs) for a in options.activations}
+    def bar(activation: str):
+        return lambda units: tqdm(units, desc=f"patching {activation}", disable=not show_progress, leave=False)
+
+    exact = {a: patch(model, pairs, a, options=patching, progress=progress, bar=bar(a), runs=runs)
+             for a in options.activations}
     summary: dict = {"pairs": len(pairs), "metric": options.metric, "direction": options.direction,
                      "metric_clean": float(runs.m_clean.mean()), "metric_corrupt": float(runs.m_corrupt.mean()),
                      "gap": float((runs.m_clean - runs.m_corrupt).mean())}

@@ -61,10 +61,21 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
                     device: str | torch.device = "cpu") -> dict:
     """Load ``folder`` in stock transformers on ``device`` and time ``work`` on random tokens (see the module
     docstring). ``check``: {"tokens": (B,T), "logits": (B,T,V)} of headprune's model, compared with transformers'."""
-    from transformers import AutoModelForCausalLM
+    import inspect
 
-    hf: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar, once per export
+    try:
+        hf: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     hf = hf.to(device).eval()
+    # the KV cache's argument and output field: ``cache`` in transformers 5.2x, ``past_key_values`` before
+    cache = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     cfg = hf.config
     gen = torch.Generator().manual_seed(work.seed)
     tokens = lambda *shape: torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
@@ -83,13 +94,13 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
     result |= rate_spread("prefill_tokens_per_s", x.numel(), seconds)
     for b in work.decode_batches:
         out = hf(tokens(b, work.prompt), use_cache=True, logits_to_keep=1)
-        past, seconds = out.past_key_values, []
+        past, seconds = getattr(out, cache), []
         for _ in range(work.steps):
             nxt = out.logits[:, -1:].argmax(-1)
             t0 = time.perf_counter()
-            out = hf(nxt, past_key_values=past, use_cache=True)
+            out = hf(nxt, use_cache=True, **{cache: past})
             seconds.append(time.perf_counter() - t0)
-            past = out.past_key_values
+            past = getattr(out, cache)
         result |= rate_spread(f"decode_b{b}_tokens_per_s", b, seconds)
         held = b * (work.prompt + work.steps)
         result["kv_bytes_per_token"] = sum(t.nbytes for layer in past.layers for t in (layer.keys, layer.values)) / held

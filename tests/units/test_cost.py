@@ -122,3 +122,20 @@ def test_run_budget_keeps_the_shipped_models_default_and_cuts_smollm2s():
     assert "1,024 tokens per split in windows of 128" in cut.line(8192)
     given = run_budget(smol, RUN_PLAN, 8192, 512)  # a given window is kept, the tokens fill whole windows of it
     assert given.seq_len == 512 and given.tokens % 512 == 0 and given.tokens >= MIN_WINDOWS * 512
+
+
+def test_run_resolves_its_budget_into_the_settings_of_the_explicit_command():
+    """``run`` without --max-tokens: the budget's tokens and window become the settings (what the report lists and
+    its reproduce commands say); a given --seq-len is kept; with --max-tokens nothing changes."""
+    from headprune.pipeline import RunSettings, resolve_budget
+
+    smol = _smollm2_shapes()
+    s = RunSettings(model="smollm2-135m-instruct", budget=True)
+    budget = resolve_budget(s, smol)
+    assert (s.max_tokens, s.seq_len, s.budget) == (1024, 128, False) and budget.tokens == 1024
+    assert resolve_budget(s, smol) is None and s.max_tokens == 1024  # resolved once
+    given = RunSettings(model="smollm2-135m-instruct", budget=True, seq_len=512)
+    resolve_budget(given, smol)
+    assert given.seq_len == 512 and given.max_tokens % 512 == 0
+    explicit = RunSettings(model="smollm2-135m-instruct", max_tokens=4096)
+    assert resolve_budget(explicit, smol) is None and (explicit.max_tokens, explicit.seq_len) == (4096, None)

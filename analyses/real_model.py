@@ -1,0 +1,429 @@
+"""The study of a real model, beside its ``headprune run`` report: what the run's report does not answer.
+
+    headprune run --model smollm2-135m-instruct --out reports/smollm2-135m-instruct
+    python -m analyses.real_model reports/smollm2-135m-instruct      -> study.md, study_*.csv, study_*.png there
+
+It reads the run's settings (model, token budget, windows, seed) and tables, and adds, on the same budget:
+
+- **prose vs code**: ``abl_zero`` of every head on the ``code`` corpus (the standard library's source, validation
+  split), beside the run's on ``default`` (its documentation): do the induction and previous-token heads the anatomy
+  finds cost the most when ablated, and on which data;
+- **units**: pruning curves by KV group (a group's query heads and their shared K/V removed together, ranked by
+  the group's joint ``abl_zero``) and by the best uniform prune (:func:`headprune.pruning.uniform.uniform_heads`,
+  what stock transformers loads at smaller shapes), against random groups;
+- **recovery**: the best ranking's prunes at 30% and 50% distilled from the unpruned model (KL, α = 1) for a few
+  steps on the train split;
+- **tasks**: each built-in patching task's clean accuracy (answer logit above the wrong one) and logit difference:
+  which the model performs, and an exact patching study of each performed task the run did not patch.
+
+Each part is written as it finishes and skipped when its table is already there with the same settings, so a
+killed study resumes (the code sweep also per layer, through its progress file). ``study.md``'s sentences are
+computed from the tables by :func:`findings` (tested against tables built by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analyses.common import save
+from headprune.io.files import write_text
+
+UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
+RECOVER_FRACTIONS = (0.3, 0.5)
+RANDOM_GROUP_SEEDS = 3
+BREAK_NATS = 0.1  # a curve "breaks" where ΔNLL first exceeds this (perplexity +10.5%)
+PERFORMS = 0.8  # a task is performed when at least this share of clean prompts ranks the answer above the wrong token
+TOP = 5
+
+
+# --- the parts, each one table ------------------------------------------------------------------------------------
+
+def code_scores(model, ids, windowing, bootstrap: int, seed: int, progress) -> pd.DataFrame:
+    """``abl_zero`` of every head on ``ids`` (the code corpus), with its 95% interval over windows."""
+    from headprune.scoring import ScoringOptions, score_heads
+
+    scored = score_heads(model, ids, ["abl_zero"], windowing=windowing,
+                         options=ScoringOptions(bootstrap=bootstrap, seed=seed), progress=progress)
+    t = scored.table
+    return t[["layer", "head", "head_id", "abl_zero", "abl_zero_ci_lo", "abl_zero_ci_hi"]]
+
+
+def unit_curves(model, score_ids, eval_ids, windowing, scores: pd.DataFrame, best: str, seed: int,
+                bootstrap: int, progress) -> pd.DataFrame:
+    """Curves by KV group (joint group ``abl_zero``), random groups (seeded), and the best uniform prune by ``best``
+    and by ``abl_zero``: each a head set per fraction, evaluated like the run's curves."""
+    from headprune.pruning.curves import pruning_curves
+    from headprune.pruning.options import CurveOptions, Selection
+    from headprune.pruning.uniform import uniform_heads
+    from headprune.schema import split_ranking
+    from headprune.scoring.groups import GROUP_METHOD, groups, score_groups
+
+    table, _ = score_groups(model, score_ids, scores, windowing, replicates=0, seed=seed)
+    members = {f"L{layer}G{kv}": [(layer, h) for h in heads] for layer, kv, heads in groups(model)}
+    n_groups = len(members)
+    order = table.sort_values([GROUP_METHOD, "group_id"])["group_id"].tolist()  # least important first
+    rng = np.random.default_rng(seed)
+    shuffles = [rng.permutation(sorted(members)).tolist() for _ in range(RANDOM_GROUP_SEEDS)]
+    sets: dict[tuple[str, float], list] = {}
+    name, by_layer = split_ranking(best)
+    selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
+    for f in UNIT_FRACTIONS:
+        k = round(f * n_groups)
+        sets[("group:abl_zero", f)] = [h for g in order[:k] for h in members[g]]
+        for s, shuffled in enumerate(shuffles):
+            sets[(f"group:random#{s}", f)] = [h for g in shuffled[:k] for h in members[g]]
+        sets[(f"uniform:{best}", f)] = uniform_heads(model, scores, name, fraction=f, selection=selection)
+        sets[("uniform:abl_zero", f)] = uniform_heads(model, scores, "abl_zero", fraction=f)
+    methods = sorted({m for m, _ in sets})
+    options = CurveOptions(fractions=UNIT_FRACTIONS, seeds=1, bootstrap=bootstrap, selection=Selection(seed=seed),
+                           windowing=windowing, head_sets=sets)
+    return pruning_curves(model, eval_ids, scores, [(m, "none") for m in methods], options, progress=progress)
+
+
+def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: str, steps: int, seed: int
+             ) -> pd.DataFrame:
+    """The best ranking's prune at each of :data:`RECOVER_FRACTIONS`, distilled ``steps`` steps (KL from the
+    unpruned model, batches of 4 windows of the run's length): test perplexity before and after."""
+    from headprune.perplexity import evaluate
+    from headprune.pruning.finetune import Recipe, finetune, gap_recovered
+    from headprune.pruning.options import Selection
+    from headprune.pruning.prune import prune_model
+    from headprune.pruning.selection import select_heads
+    from headprune.schema import split_ranking
+
+    name, by_layer = split_ranking(best)
+    selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
+    base = evaluate(model, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+    rows = []
+    for f in RECOVER_FRACTIONS:
+        heads = select_heads(scores, name, fraction=f, selection=selection)
+        pruned = prune_model(model, heads)
+        before = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+        recipe = Recipe(steps=steps, batch_size=4, seq_len=windowing.seq_len, seed=seed, distill_weight=1.0,
+                        temperature=1.0)
+        t0 = time.perf_counter()
+        finetune(pruned, train_ids, recipe, teacher=model, show_progress=True)
+        after = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+        rows.append({"method": best, "fraction": f, "heads_pruned": len(heads), "steps": steps,
+                     "train_tokens": steps * 4 * windowing.seq_len, "ppl_unpruned": base, "ppl_pruned": before,
+                     "ppl_distilled": after, "gap_recovered": gap_recovered(base, before, after),
+                     "seconds": time.perf_counter() - t0})
+    return pd.DataFrame(rows)
+
+
+def task_table(model, seed: int, pairs_per_task: int) -> pd.DataFrame:
+    """Each built-in task: its clean accuracy and mean logit differences (clean, corrupt), or why it cannot run."""
+    from headprune.errors import HeadpruneError
+    from headprune.patching.exact import run_pairs
+    from headprune.patching.tasks import TASKS, task_pairs
+
+    rows = []
+    for task in TASKS:
+        try:
+            pairs = task_pairs(task, model, n_pairs=pairs_per_task, seed=seed)
+        except HeadpruneError as e:
+            rows.append({"task": task, "pairs": 0, "accuracy": math.nan, "logit_diff_clean": math.nan,
+                         "logit_diff_corrupt": math.nan, "performs": False, "note": str(e)})
+            continue
+        runs = run_pairs(model, pairs)
+        accuracy = float((runs.m_clean > 0).double().mean())
+        rows.append({"task": task, "pairs": len(pairs), "accuracy": accuracy,
+                     "logit_diff_clean": float(runs.m_clean.mean()), "logit_diff_corrupt": float(runs.m_corrupt.mean()),
+                     "performs": accuracy >= PERFORMS, "note": ""})
+    return pd.DataFrame(rows)
+
+
+# --- findings: sentences computed from the tables ------------------------------------------------------------------
+
+def _heads(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else "".join(items)
+
+
+def _ranks(values: pd.Series) -> pd.Series:
+    """1 = the largest value."""
+    return values.rank(ascending=False, method="min").astype(int)
+
+
+def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame, seed: int = 0) -> list[str]:
+    """Do the strongest induction and previous-token heads cost the most when ablated, on prose and on code?"""
+    from headprune.report.anatomy import bootstrap_spearman
+
+    j = scores[["head_id", "abl_zero"]].merge(code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"}),
+                                              on="head_id").merge(anatomy, on="head_id")
+    n = len(j)
+    prose_rank, code_rank = _ranks(j["abl_zero"]), _ranks(j["code"])
+    out = []
+    for role, what in (("induction", "induction"), ("previous_token", "previous-token")):
+        top = j[role].sort_values(ascending=False).index[:TOP]
+        names = [f"{j.at[i, 'head_id']} ({j.at[i, role]:.2f})" for i in top]
+        rho_p = bootstrap_spearman(j[role].to_numpy(), j["abl_zero"].to_numpy(), seed=seed)
+        rho_c = bootstrap_spearman(j[role].to_numpy(), j["code"].to_numpy(), seed=seed)
+        out.append(
+            f"The {TOP} strongest {what} heads ({what} score in brackets: {_heads(names)}) rank "
+            f"{_heads(str(prose_rank[i]) for i in top)} of {n} by zero-ablation cost on prose and "
+            f"{_heads(str(code_rank[i]) for i in top)} on code (median ranks {np.median(prose_rank[top]):.0f} and "
+            f"{np.median(code_rank[top]):.0f}); Spearman ρ of the {what} score with the ablation cost over all heads: "
+            f"{rho_p[0]:+.2f} [{rho_p[1]:+.2f}, {rho_p[2]:+.2f}] on prose, {rho_c[0]:+.2f} "
+            f"[{rho_c[1]:+.2f}, {rho_c[2]:+.2f}] on code.")
+    rho = bootstrap_spearman(j["abl_zero"].to_numpy(), j["code"].to_numpy(), seed=seed)
+    top_p = set(j.nlargest(TOP, "abl_zero")["head_id"])
+    top_c = set(j.nlargest(TOP, "code")["head_id"])
+    moved = j.assign(shift=(prose_rank - code_rank).abs()).nlargest(3, "shift")
+    out.append(
+        f"Prose vs code: the heads' zero-ablation costs rank-correlate at ρ {rho[0]:+.2f} [{rho[1]:+.2f}, "
+        f"{rho[2]:+.2f}]; {len(top_p & top_c)} of the top {TOP} are shared (prose: {_heads(sorted(top_p))}; code: "
+        f"{_heads(sorted(top_c))}); the total over all heads is {j['abl_zero'].sum():.3f} nats/token on prose and "
+        f"{j['code'].sum():.3f} on code; the heads that move most: "
+        + _heads(f"{r.head_id} (rank {prose_rank[i]} → {code_rank[i]})" for i, r in moved.iterrows()) + ".")
+    return out
+
+
+def breakpoint(curves: pd.DataFrame, method: str) -> float | None:
+    """The smallest fraction at which ``method``'s uncompensated ΔNLL exceeds :data:`BREAK_NATS` (None: never)."""
+    c = curves[(curves["method"] == method) & (curves["compensation"] == "none")].sort_values("fraction")
+    over = c[c["delta_nll"] > BREAK_NATS]
+    return float(over["fraction"].iloc[0]) if len(over) else None
+
+
+def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str) -> list[str]:
+    """Where the best ranking and random break, and the units compared at each fraction."""
+    def at(frame: pd.DataFrame, method: str, f: float) -> pd.Series:
+        rows = frame[(frame["method"] == method) & (frame["compensation"] == "none") & np.isclose(frame["fraction"], f)]
+        return rows.iloc[0]
+
+    out = []
+    b_best, b_rand = breakpoint(curves, best), breakpoint(curves, "random")
+    last = float(curves["fraction"].max())
+    say = lambda b: f"at {b:.0%} of heads" if b is not None else f"not up to {last:.0%}"
+    out.append(f"Where pruning breaks (ΔNLL first above {BREAK_NATS} nats/token, perplexity +"
+               f"{math.expm1(BREAK_NATS):.1%}): {best} {say(b_best)}, random {say(b_rand)}.")
+    group_random = sorted(m for m in units["method"].unique() if m.startswith("group:random"))
+    uniform = sorted(m for m in units["method"].unique() if m.startswith("uniform:"))
+    for f in (0.3, 0.5):
+        head_best, head_rand = at(curves, best, f), at(curves, "random", f)
+        grp = at(units, "group:abl_zero", f)
+        rand_g = np.mean([at(units, m, f)["delta_nll"] for m in group_random])
+        parts = [f"by query head {best} {head_best.delta_nll:+.3f} (random {head_rand.delta_nll:+.3f})",
+                 (f"by KV group (joint abl_zero) {grp.delta_nll:+.3f} ({int(grp.heads_pruned)} heads; random "
+                  f"groups {rand_g:+.3f}, mean of {len(group_random)})")]
+        parts += [f"uniform by {m.split(':', 1)[1]} {at(units, m, f).delta_nll:+.3f} "
+                  f"({int(at(units, m, f).heads_pruned)} heads)" for m in uniform]
+        out.append(f"At {f:.0%} of heads removed, ΔNLL (nats/token): " + "; ".join(parts) + ".")
+    return out
+
+
+def recovery_sentence(rec: pd.DataFrame) -> str:
+    parts = [f"at {r.fraction:.0%} ({r.heads_pruned} heads) perplexity {r.ppl_unpruned:.2f} → {r.ppl_pruned:.2f}, "
+             f"distilled {r.ppl_distilled:.2f} ("
+             + (f"{r.gap_recovered:.0%} of the gap recovered)" if math.isfinite(r.gap_recovered)
+                else "no gap to recover)")
+             for r in rec.itertuples()]
+    r0 = rec.iloc[0]
+    return (f"Distillation from the unpruned model ({int(r0.steps)} steps, {int(r0.train_tokens):,} training tokens, "
+            f"{r0.method}'s prunes): " + "; ".join(parts) + ".")
+
+
+def task_sentences(tasks: pd.DataFrame, patched: dict[str, dict]) -> list[str]:
+    out = []
+    for r in tasks.itertuples():
+        if not r.pairs:
+            out.append(f"{r.task}: not run ({r.note})")
+            continue
+        verdict = "performs it" if r.performs else f"does not perform it (below {PERFORMS:.0%})"
+        line = (f"{r.task}: the model {verdict}: {r.accuracy:.0%} of {r.pairs} clean prompts rank the answer above "
+                f"the wrong token, logit difference {r.logit_diff_clean:+.2f} clean, {r.logit_diff_corrupt:+.2f} "
+                "corrupt")
+        if r.task in patched:
+            line += f"; exact patching: {_heads(patched[r.task]['top_heads'][:3])} restore most of the gap"
+        out.append(line + ".")
+    return out
+
+
+def serving_sentence(serving: pd.DataFrame) -> str:
+    rows = []
+    for r in serving.itertuples():
+        rows.append(f"{r.fraction:.0%} removed: {int(r.parameters) / 1e6:.1f} M parameters, perplexity {r.ppl:.2f}, "
+                    f"prefill {r.prefill_tokens_per_s:,.0f} tokens/s ({r.prefill_tokens_per_s_min:,.0f}–"
+                    f"{r.prefill_tokens_per_s_max:,.0f}), decode (32 sequences) {r.decode_b32_tokens_per_s:,.0f} "
+                    f"tokens/s ({r.decode_b32_tokens_per_s_min:,.0f}–{r.decode_b32_tokens_per_s_max:,.0f})")
+    return "Uniform exports in stock transformers (median of repeats after warm-up, slowest–fastest): " + "; ".join(
+        rows) + "."
+
+
+def findings(run: Path) -> list[str]:
+    """The study's sentences from the tables in ``run`` (the run's and the study's own)."""
+    from headprune.report.patching_section import patching_paths
+
+    settings = json.loads((run / "settings.json").read_text())
+    scores = pd.read_csv(run / "scores.csv")
+    curves = pd.read_csv(run / "curves.csv")
+    pred = pd.read_csv(run / "predictiveness.csv")
+    best = settings["commands"]["ranking"]
+    layer_total = scores.groupby("layer")["abl_zero"].sum()
+    first = int(layer_total.idxmax())
+    rest = layer_total.drop(first)
+    top = scores.nlargest(TOP, "abl_zero")
+    out = ["Which heads matter (zero-ablation on prose, 95% interval over windows): "
+           + _heads(f"{r.head_id} {r.abl_zero:.3f} [{r.abl_zero_ci_lo:.3f}, {r.abl_zero_ci_hi:.3f}]"
+                    for r in top.itertuples())
+           + f"; layer {first} holds {layer_total[first] / layer_total.sum():.0%} of the total "
+             f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token), the next layer {int(rest.idxmax())} "
+             f"{rest.max():.3f}."]
+    out += role_sentences(scores, pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"))
+    cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")].sort_values(
+        "spearman_rho", ascending=False)
+    good = cheap.iloc[0]
+    bad = cheap[cheap["spearman_ci_hi"] <= 0]["method"].tolist()
+    out.append(f"Cheap scores against zero-ablation (Spearman ρ over {int(good.n)} heads, 95% interval): "
+               + "; ".join(f"{r.method} {r.spearman_rho:+.2f} [{r.spearman_ci_lo:+.2f}, {r.spearman_ci_hi:+.2f}]"
+                           for r in cheap.itertuples())
+               + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "") + ".")
+    out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best)
+    out.append(recovery_sentence(pd.read_csv(run / "study_recovery.csv")))
+    tasks = pd.read_csv(run / "study_tasks.csv", keep_default_na=False, na_values=[""])
+    patched = {t: json.loads(patching_paths(p)["info"].read_text())
+               for t, p in [(settings.get("patch_task"), run / "patch.csv"),
+                            *[(t, run / f"study_patch_{t}.csv") for t in tasks["task"]]]
+               if t and patching_paths(p)["info"].is_file()}
+    out += task_sentences(tasks, patched)
+    if (run / "serving.csv").is_file():
+        out.append(serving_sentence(pd.read_csv(run / "serving.csv")))
+    return out
+
+
+# --- the figure ---------------------------------------------------------------------------------------------------
+
+def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, scores: pd.DataFrame,
+               code: pd.DataFrame, anatomy: pd.DataFrame, best: str):
+    """Left: ΔNLL against heads removed by unit (query head, KV group, uniform) and random, with the distilled
+    points; right: each head's zero-ablation cost on prose against code, the strongest induction and
+    previous-token heads marked."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    ax, bx = fig.subplots(1, 2)
+    n_heads = len(scores)
+
+    def line(frame: pd.DataFrame, method: str, label: str, **style) -> None:
+        c = frame[(frame["method"] == method) & (frame["compensation"] == "none")].sort_values("fraction")
+        ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], label=label, **style)
+
+    line(curves, best, f"{best} (query heads)", color="#0072B2", marker="o")
+    line(curves, "abl_zero", "abl_zero (query heads)", color="#009E73", marker="s")
+    line(curves, "random", "random query heads (mean of seeds)", color="grey", marker=".")
+    line(units, "group:abl_zero", "KV groups by joint abl_zero", color="#D55E00", marker="^")
+    rand = units[units["method"].str.startswith("group:random")].groupby("fraction")[["heads_pruned", "delta_nll"]]
+    rand = rand.mean().reset_index()
+    ax.plot(rand["heads_pruned"] / n_heads, rand["delta_nll"], color="grey", ls="--", marker="x",
+            label="random KV groups (mean)")
+    for m, color in zip(sorted(units["method"][units["method"].str.startswith("uniform:")].unique()),
+                        ("#CC79A7", "#E69F00")):
+        line(units, m, f"uniform by {m.split(':', 1)[1]}", color=color, marker="D", ls=":")
+    ax.scatter(rec["heads_pruned"] / n_heads, np.log(rec["ppl_distilled"] / rec["ppl_unpruned"]), marker="*", s=140,
+               color="#0072B2", zorder=5, label=f"{best} distilled ({int(rec['steps'].iloc[0])} steps)")
+    ax.set(xlabel="share of heads removed", ylabel="ΔNLL (nats/token, test split)",
+           title="Pruning by unit")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.legend(fontsize=8)
+    j = scores[["head_id", "abl_zero"]].merge(code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"}),
+                                              on="head_id").merge(anatomy, on="head_id")
+    bx.scatter(j["abl_zero"], j["code"], s=12, color="lightgrey", label="every head")
+    for role, color, marker in (("induction", "#D55E00", "^"), ("previous_token", "#0072B2", "s")):
+        top = j.nlargest(TOP, role)
+        bx.scatter(top["abl_zero"], top["code"], s=40, color=color, marker=marker,
+                   label=f"{TOP} strongest {role.replace('_', '-')} heads")
+    for r in j.nlargest(TOP, "abl_zero").itertuples():
+        bx.annotate(r.head_id, (r.abl_zero, r.code), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    bx.set(xlabel="abl_zero on prose (nats/token)", ylabel="abl_zero on code (nats/token)",
+           title="Which heads cost the most: prose vs code")
+    bx.set_xscale("symlog", linthresh=0.005)
+    bx.set_yscale("symlog", linthresh=0.005)
+    bx.legend(fontsize=8)
+    return fig
+
+
+# --- the script ---------------------------------------------------------------------------------------------------
+
+def _fresh(out: Path, name: str, meta: dict) -> bool:
+    """Whether part ``name`` must be computed: its table is absent or was made with other settings."""
+    record = out / f"{name}.json"
+    return not (out / f"{name}.csv").is_file() or not record.is_file() or json.loads(record.read_text()) != meta
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="the folder a headprune run wrote (its tables are read, the study is added)")
+    ap.add_argument("--recover-steps", type=int, default=50, help="distillation steps per prune")
+    ap.add_argument("--task-pairs", type=int, default=32, help="prompt pairs per task")
+    args = ap.parse_args()
+    from headprune.data.tokens import corpus_ids
+    from headprune.io.loading import load_model
+    from headprune.io.progress import Progress
+    from headprune.io.tokenizer import model_tokenizer
+    from headprune.patching.study import StudyOptions, patch_study
+    from headprune.patching.tasks import TASK_TEXT, task_pairs
+    from headprune.perplexity import Windowing
+    from headprune.report.patching_section import PatchingReport, patching_paths, write_patching_files
+
+    run = Path(args.run)
+    s = json.loads((run / "settings.json").read_text())
+    model = load_model(s["model"], dtype=s["dtype"])
+    tok = model_tokenizer(model)
+    w = Windowing.resolve(model.cfg.n_positions, s["seq_len"], s["stride"], s["batch_size"])
+    tokens, seed, bootstrap = s["max_tokens"], s["seed"], s["bootstrap"]
+    score_ids = corpus_ids(s["score_data"].split(" ")[0], "validation", tok, tokens)
+    eval_ids = corpus_ids(s["data"], "test", tok, tokens)
+    scores = pd.read_csv(run / "scores.csv")
+    best = s["commands"]["ranking"]
+    base = {"model_fingerprint": s["model_fingerprint"], "tokens": tokens, "seq_len": w.seq_len, "seed": seed}
+    progress = Progress(run / ".study-progress.jsonl", base)
+
+    if _fresh(run, "study_code_scores", meta := base | {"bootstrap": bootstrap}):
+        print("[1/4] zero-ablation of every head on code (the code corpus' validation split)")
+        code_ids = corpus_ids("code", "validation", tok, tokens)
+        save(run, "study_code_scores", table=code_scores(model, code_ids, w, bootstrap, seed, progress), meta=meta)
+    if _fresh(run, "study_units", meta := base | {"best": best, "fractions": list(UNIT_FRACTIONS)}):
+        print("[2/4] pruning curves by KV group and uniform prunes")
+        save(run, "study_units", table=unit_curves(model, score_ids, eval_ids, w, scores, best, seed, bootstrap,
+                                                   progress), meta=meta)
+    if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps}):
+        print(f"[3/4] distillation of {best}'s prunes, {args.recover_steps} steps each")
+        train_ids = corpus_ids(s["data"], "train", tok, args.recover_steps * 4 * w.seq_len + 1)
+        save(run, "study_recovery", table=recovery(model, train_ids, eval_ids, w, scores, best, args.recover_steps,
+                                                   seed), meta=meta)
+    if _fresh(run, "study_tasks", meta := base | {"pairs": args.task_pairs}):
+        print("[4/4] the built-in tasks: which the model performs; patching of those the run did not patch")
+        tasks = task_table(model, seed, args.task_pairs)
+        for r in tasks[tasks["performs"]].itertuples():
+            if r.task == s.get("patch_task"):
+                continue
+            study = patch_study(model, task_pairs(r.task, model, n_pairs=args.task_pairs, seed=seed),
+                                StudyOptions(bootstrap=bootstrap, seed=seed), progress=progress)
+            write_patching_files(run / f"study_patch_{r.task}.csv", PatchingReport(
+                study.table, study.agreement, study.missed,
+                study.summary | {"task": r.task, "task_text": TASK_TEXT[r.task]}))
+            assert patching_paths(run / f"study_patch_{r.task}.csv")["info"].is_file()
+        save(run, "study_tasks", table=tasks, meta=meta)
+    save(run, "study", fig=plot_study(pd.read_csv(run / "curves.csv"), pd.read_csv(run / "study_units.csv"),
+                                      pd.read_csv(run / "study_recovery.csv"), scores,
+                                      pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"),
+                                      best))
+    lines = findings(run)
+    write_text(run / "study.md", "# What the run's report does not answer\n\n"
+               + f"Computed by `python -m analyses.real_model {run}` from the tables in this folder; the figure is "
+               "study.png.\n\n![Pruning by unit; ablation cost on prose vs code](study.png)\n\n"
+               + "\n".join(f"- {line}" for line in lines) + "\n")
+    progress.remove()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

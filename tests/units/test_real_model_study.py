@@ -1,0 +1,101 @@
+"""The real-model study's sentences (analyses.real_model) against tables built by hand, and the committed study.md
+against its own tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses.real_model import (
+    breakpoint,
+    curve_sentences,
+    findings,
+    recovery_sentence,
+    role_sentences,
+    task_sentences,
+)
+
+STUDY = Path(__file__).resolve().parents[2] / "reports" / "smollm2-135m-instruct"
+
+
+def _curve(method: str, fractions, deltas, heads) -> list[dict]:
+    return [{"method": method, "compensation": "none", "fraction": f, "delta_nll": d, "heads_pruned": h}
+            for f, d, h in zip(fractions, deltas, heads)]
+
+
+def test_breakpoint_is_the_first_fraction_above_a_tenth_of_a_nat():
+    curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.3, 0.5], [0.0, 0.05, 0.1000001, 0.4], [0, 1, 3, 5])
+                          + _curve("random", [0.0, 0.1, 0.3, 0.5], [0.0, 0.09, 0.1, 0.1], [0, 1, 3, 5]))
+    assert breakpoint(curves, "grad") == 0.3
+    assert breakpoint(curves, "random") is None  # 0.1 is not above 0.1
+
+
+def test_roles_rank_against_the_ablation_cost_on_both_corpora():
+    """Six heads: the induction scores put L0H0 first and L1H1 second; prose ablation ranks them 6th and 1st, code
+    ablation 1st and 6th."""
+    ids = ["L0H0", "L0H1", "L0H2", "L1H0", "L1H1", "L1H2"]
+    prose = pd.DataFrame({"head_id": ids, "abl_zero": [0.01, 0.02, 0.03, 0.04, 0.06, 0.05]})
+    code = pd.DataFrame({"head_id": ids, "abl_zero": [0.9, 0.5, 0.4, 0.3, 0.1, 0.2]})
+    anatomy = pd.DataFrame({"head_id": ids, "induction": [0.9, 0.1, 0.2, 0.3, 0.8, 0.4],
+                            "previous_token": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]})
+    induction, previous, versus = role_sentences(prose, code, anatomy)
+    # top 5 by induction: L0H0 (0.9), L1H1 (0.8), L1H2 (0.4), L1H0 (0.3), L0H2 (0.2)
+    assert "L0H0 (0.90), L1H1 (0.80), L1H2 (0.40), L1H0 (0.30) and L0H2 (0.20)" in induction
+    assert "rank 6, 1, 2, 3 and 4 of 6 by zero-ablation cost on prose and 1, 6, 5, 4 and 3 on code" in induction
+    assert "(median ranks 3 and 4)" in induction
+    # previous-token increases with the prose cost except the last two, so ρ = 1 - 6·(1+1)/(6·35) = 0.94
+    assert "+0.94 [" in previous
+    assert "rank-correlate at ρ -1.00" in versus  # code reverses prose exactly
+    assert "total over all heads is 0.210 nats/token on prose and 2.400 on code" in versus
+
+
+def test_units_compared_at_thirty_and_fifty_percent():
+    fr = [0.0, 0.3, 0.5]
+    curves = pd.DataFrame(_curve("grad", fr, [0, 0.2, 0.6], [0, 3, 5]) + _curve("random", fr, [0, 0.5, 1.5], [0, 3, 5]))
+    units = pd.DataFrame(_curve("group:abl_zero", [0.3, 0.5], [0.3, 0.9], [3, 6])
+                         + _curve("group:random#0", [0.3, 0.5], [0.6, 1.0], [3, 6])
+                         + _curve("group:random#1", [0.3, 0.5], [0.8, 2.0], [3, 6])
+                         + _curve("uniform:grad", [0.3, 0.5], [0.25, 0.7], [4, 6]))
+    breaks, at30, at50 = curve_sentences(curves, units, "grad")
+    assert "grad at 30% of heads, random at 30% of heads" in breaks
+    assert at30 == ("At 30% of heads removed, ΔNLL (nats/token): by query head grad +0.200 (random +0.500); by KV "
+                    "group (joint abl_zero) +0.300 (3 heads; random groups +0.700, mean of 2); uniform by grad +0.250 "
+                    "(4 heads).")
+    assert "random groups +1.500, mean of 2" in at50
+
+
+def test_recovery_is_the_share_of_the_gap_won_back():
+    rec = pd.DataFrame([{"method": "grad", "fraction": 0.3, "heads_pruned": 81, "steps": 50, "train_tokens": 25600,
+                         "ppl_unpruned": 10.0, "ppl_pruned": 20.0, "ppl_distilled": 12.5, "gap_recovered": 0.75},
+                        {"method": "grad", "fraction": 0.5, "heads_pruned": 135, "steps": 50, "train_tokens": 25600,
+                         "ppl_unpruned": 10.0, "ppl_pruned": 10.0, "ppl_distilled": 10.5, "gap_recovered": np.nan}])
+    text = recovery_sentence(rec)
+    assert "(50 steps, 25,600 training tokens, grad's prunes)" in text
+    assert "at 30% (81 heads) perplexity 10.00 → 20.00, distilled 12.50 (75% of the gap recovered)" in text
+    assert "at 50% (135 heads) perplexity 10.00 → 10.00, distilled 10.50 (no gap to recover)" in text
+
+
+def test_a_task_is_performed_from_four_in_five_prompts():
+    tasks = pd.DataFrame([
+        {"task": "induction", "pairs": 32, "accuracy": 0.8, "logit_diff_clean": 3.0, "logit_diff_corrupt": -1.0,
+         "performs": True, "note": ""},
+        {"task": "brackets", "pairs": 32, "accuracy": 0.78125, "logit_diff_clean": 0.5, "logit_diff_corrupt": -2.0,
+         "performs": False, "note": ""},
+        {"task": "ioi", "pairs": 0, "accuracy": np.nan, "logit_diff_clean": np.nan, "logit_diff_corrupt": np.nan,
+         "performs": False, "note": "names are not one token"}])
+    lines = task_sentences(tasks, {"induction": {"top_heads": ["L3H1", "L4H0", "L2H2", "L1H1"]}})
+    assert lines[0] == ("induction: the model performs it: 80% of 32 clean prompts rank the answer above the wrong "
+                        "token, logit difference +3.00 clean, -1.00 corrupt; exact patching: L3H1, L4H0 and L2H2 "
+                        "restore most of the gap.")
+    assert "does not perform it (below 80%): 78%" in lines[1]
+    assert lines[2] == "ioi: not run (names are not one token)"
+
+
+@pytest.mark.skipif(not (STUDY / "study.md").is_file(), reason="the committed study is not in this checkout")
+def test_the_committed_study_is_its_tables_findings():
+    text = (STUDY / "study.md").read_text()
+    for line in findings(STUDY):
+        assert f"- {line}" in text
