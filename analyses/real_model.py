@@ -153,7 +153,8 @@ def _ranks(values: pd.Series) -> pd.Series:
 
 
 def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame, seed: int = 0) -> list[str]:
-    """Do the strongest induction and previous-token heads cost the most when ablated, on prose and on code?"""
+    """Do the strongest induction and previous-token heads cost the most when ablated, on prose and on code? Ranks:
+    1 = the costliest head."""
     from headprune.report.anatomy import bootstrap_spearman
 
     j = scores[["head_id", "abl_zero"]].merge(code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"}),
@@ -168,7 +169,7 @@ def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFra
         rho_c = bootstrap_spearman(j[role].to_numpy(), j["code"].to_numpy(), seed=seed)
         out.append(
             f"The {TOP} strongest {what} heads ({what} score in brackets: {_heads(names)}) rank "
-            f"{_heads(str(prose_rank[i]) for i in top)} of {n} by zero-ablation cost on prose and "
+            f"{_heads(str(prose_rank[i]) for i in top)} of {n} by zero-ablation cost (1 = costliest) on prose and "
             f"{_heads(str(code_rank[i]) for i in top)} on code (median ranks {np.median(prose_rank[top]):.0f} and "
             f"{np.median(code_rank[top]):.0f}); Spearman ρ of the {what} score with the ablation cost over all heads: "
             f"{rho_p[0]:+.2f} [{rho_p[1]:+.2f}, {rho_p[2]:+.2f}] on prose, {rho_c[0]:+.2f} "
@@ -193,11 +194,15 @@ def breakpoint(curves: pd.DataFrame, method: str) -> float | None:
     return float(over["fraction"].iloc[0]) if len(over) else None
 
 
-def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str) -> list[str]:
-    """Where the best ranking and random break, and the units compared at each fraction."""
+def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str, n_heads: int) -> list[str]:
+    """Where the best ranking and random break, and the units compared at 30% and 50% where both tables have them
+    (a uniform prune removes whole shapes: its own share is said)."""
     def at(frame: pd.DataFrame, method: str, f: float) -> pd.Series:
         rows = frame[(frame["method"] == method) & (frame["compensation"] == "none") & np.isclose(frame["fraction"], f)]
         return rows.iloc[0]
+
+    def share(row: pd.Series) -> str:
+        return f"{int(row.heads_pruned)} heads, {row.heads_pruned / n_heads:.0%}"
 
     out = []
     b_best, b_rand = breakpoint(curves, best), breakpoint(curves, "random")
@@ -207,15 +212,16 @@ def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str) -> lis
                f"{math.expm1(BREAK_NATS):.1%}): {best} {say(b_best)}, random {say(b_rand)}.")
     group_random = sorted(m for m in units["method"].unique() if m.startswith("group:random"))
     uniform = sorted(m for m in units["method"].unique() if m.startswith("uniform:"))
-    for f in (0.3, 0.5):
+    shared = set(np.round(curves["fraction"], 6)) & set(np.round(units["fraction"], 6))
+    for f in (f for f in (0.3, 0.5) if round(f, 6) in shared):
         head_best, head_rand = at(curves, best, f), at(curves, "random", f)
         grp = at(units, "group:abl_zero", f)
         rand_g = np.mean([at(units, m, f)["delta_nll"] for m in group_random])
         parts = [f"by query head {best} {head_best.delta_nll:+.3f} (random {head_rand.delta_nll:+.3f})",
-                 (f"by KV group (joint abl_zero) {grp.delta_nll:+.3f} ({int(grp.heads_pruned)} heads; random "
-                  f"groups {rand_g:+.3f}, mean of {len(group_random)})")]
-        parts += [f"uniform by {m.split(':', 1)[1]} {at(units, m, f).delta_nll:+.3f} "
-                  f"({int(at(units, m, f).heads_pruned)} heads)" for m in uniform]
+                 (f"by KV group (joint abl_zero) {grp.delta_nll:+.3f} ({share(grp)}; random groups "
+                  f"{rand_g:+.3f}, mean of {len(group_random)})")]
+        parts += [f"uniform by {m.split(':', 1)[1]} {at(units, m, f).delta_nll:+.3f} ({share(at(units, m, f))}: "
+                  "the nearest loadable shape)" for m in uniform]
         out.append(f"At {f:.0%} of heads removed, ΔNLL (nats/token): " + "; ".join(parts) + ".")
     return out
 
@@ -231,7 +237,9 @@ def recovery_sentence(rec: pd.DataFrame) -> str:
             f"{r0.method}'s prunes): " + "; ".join(parts) + ".")
 
 
-def task_sentences(tasks: pd.DataFrame, patched: dict[str, dict]) -> list[str]:
+def task_sentences(tasks: pd.DataFrame, patched: dict[str, pd.DataFrame]) -> list[str]:
+    """Per task: performed or not (and why not run); for a performed task with an exact patching table, the three
+    heads that restore the most of the clean-corrupt gap (patch_z, a share of the gap, denoising) and their sum."""
     out = []
     for r in tasks.itertuples():
         if not r.pairs:
@@ -241,8 +249,10 @@ def task_sentences(tasks: pd.DataFrame, patched: dict[str, dict]) -> list[str]:
         line = (f"{r.task}: the model {verdict}: {r.accuracy:.0%} of {r.pairs} clean prompts rank the answer above "
                 f"the wrong token, logit difference {r.logit_diff_clean:+.2f} clean, {r.logit_diff_corrupt:+.2f} "
                 "corrupt")
-        if r.task in patched:
-            line += f"; exact patching: {_heads(patched[r.task]['top_heads'][:3])} restore most of the gap"
+        if r.performs and r.task in patched:
+            top = patched[r.task].nlargest(3, "patch_z")
+            line += ("; exact patching: " + _heads(f"{h.head_id} {h.patch_z:.2f}" for h in top.itertuples())
+                     + f" of the gap each ({top['patch_z'].sum():.2f} together; the largest of {len(patched[r.task])})")
         out.append(line + ".")
     return out
 
@@ -260,8 +270,6 @@ def serving_sentence(serving: pd.DataFrame) -> str:
 
 def findings(run: Path) -> list[str]:
     """The study's sentences from the tables in ``run`` (the run's and the study's own)."""
-    from headprune.report.patching_section import patching_paths
-
     settings = json.loads((run / "settings.json").read_text())
     scores = pd.read_csv(run / "scores.csv")
     curves = pd.read_csv(run / "curves.csv")
@@ -275,8 +283,8 @@ def findings(run: Path) -> list[str]:
            + _heads(f"{r.head_id} {r.abl_zero:.3f} [{r.abl_zero_ci_lo:.3f}, {r.abl_zero_ci_hi:.3f}]"
                     for r in top.itertuples())
            + f"; layer {first} holds {layer_total[first] / layer_total.sum():.0%} of the total "
-             f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token), the next layer {int(rest.idxmax())} "
-             f"{rest.max():.3f}."]
+             f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token); the second-largest layer is "
+             f"{int(rest.idxmax())} ({rest.max():.3f})."]
     out += role_sentences(scores, pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"))
     cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")].sort_values(
         "spearman_rho", ascending=False)
@@ -286,13 +294,12 @@ def findings(run: Path) -> list[str]:
                + "; ".join(f"{r.method} {r.spearman_rho:+.2f} [{r.spearman_ci_lo:+.2f}, {r.spearman_ci_hi:+.2f}]"
                            for r in cheap.itertuples())
                + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "") + ".")
-    out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best)
+    out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best, len(scores))
     out.append(recovery_sentence(pd.read_csv(run / "study_recovery.csv")))
     tasks = pd.read_csv(run / "study_tasks.csv", keep_default_na=False, na_values=[""])
-    patched = {t: json.loads(patching_paths(p)["info"].read_text())
-               for t, p in [(settings.get("patch_task"), run / "patch.csv"),
-                            *[(t, run / f"study_patch_{t}.csv") for t in tasks["task"]]]
-               if t and patching_paths(p)["info"].is_file()}
+    patched = {t: pd.read_csv(p) for t, p in [(settings.get("patch_task"), run / "patch.csv"),
+                                               *[(t, run / f"study_patch_{t}.csv") for t in tasks["task"]]]
+               if t and p.is_file()}
     out += task_sentences(tasks, patched)
     if (run / "serving.csv").is_file():
         out.append(serving_sentence(pd.read_csv(run / "serving.csv")))
@@ -340,12 +347,17 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
         top = j.nlargest(TOP, role)
         bx.scatter(top["abl_zero"], top["code"], s=40, color=color, marker=marker,
                    label=f"{TOP} strongest {role.replace('_', '-')} heads")
-    for r in j.nlargest(TOP, "abl_zero").itertuples():
-        bx.annotate(r.head_id, (r.abl_zero, r.code), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    named = pd.concat([j.nlargest(3, "abl_zero"), j.nlargest(3, "code")]).drop_duplicates("head_id")
+    for k, r in enumerate(named.sort_values("abl_zero").itertuples()):  # labels alternate below and above
+        bx.annotate(r.head_id, (r.abl_zero, r.code), fontsize=8, textcoords="offset points",
+                    xytext=(-34, -12) if k % 2 else (4, 4))
     bx.set(xlabel="abl_zero on prose (nats/token)", ylabel="abl_zero on code (nats/token)",
            title="Which heads cost the most: prose vs code")
+    ticks = [-0.01, 0.0, 0.01, 0.1]
     bx.set_xscale("symlog", linthresh=0.005)
     bx.set_yscale("symlog", linthresh=0.005)
+    bx.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    bx.set_yticks(ticks, [f"{t:g}" for t in ticks])
     bx.legend(fontsize=8)
     return fig
 
@@ -364,6 +376,7 @@ def main() -> None:
     ap.add_argument("--recover-steps", type=int, default=50, help="distillation steps per prune")
     ap.add_argument("--task-pairs", type=int, default=32, help="prompt pairs per task")
     args = ap.parse_args()
+    from headprune.data.sources import is_builtin
     from headprune.data.tokens import corpus_ids
     from headprune.io.loading import load_model
     from headprune.io.progress import Progress
@@ -371,7 +384,7 @@ def main() -> None:
     from headprune.patching.study import StudyOptions, patch_study
     from headprune.patching.tasks import TASK_TEXT, task_pairs
     from headprune.perplexity import Windowing
-    from headprune.report.patching_section import PatchingReport, patching_paths, write_patching_files
+    from headprune.report.patching_section import PatchingReport, write_patching_files
 
     run = Path(args.run)
     s = json.loads((run / "settings.json").read_text())
@@ -379,7 +392,7 @@ def main() -> None:
     tok = model_tokenizer(model)
     w = Windowing.resolve(model.cfg.n_positions, s["seq_len"], s["stride"], s["batch_size"])
     tokens, seed, bootstrap = s["max_tokens"], s["seed"], s["bootstrap"]
-    score_ids = corpus_ids(s["score_data"].split(" ")[0], "validation", tok, tokens)
+    score_ids = corpus_ids(s["score_data"].split(" (validation split)")[0], "validation", tok, tokens)
     eval_ids = corpus_ids(s["data"], "test", tok, tokens)
     scores = pd.read_csv(run / "scores.csv")
     best = s["commands"]["ranking"]
@@ -396,6 +409,9 @@ def main() -> None:
                                                    progress), meta=meta)
     if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps}):
         print(f"[3/4] distillation of {best}'s prunes, {args.recover_steps} steps each")
+        if not is_builtin(s["data"]):
+            raise SystemExit(f"the run's data {s['data']} has no train split apart from its test text; distillation "
+                             "trains on a built-in corpus' train split (default or code)")
         train_ids = corpus_ids(s["data"], "train", tok, args.recover_steps * 4 * w.seq_len + 1)
         save(run, "study_recovery", table=recovery(model, train_ids, eval_ids, w, scores, best, args.recover_steps,
                                                    seed), meta=meta)
@@ -405,12 +421,14 @@ def main() -> None:
         for r in tasks[tasks["performs"]].itertuples():
             if r.task == s.get("patch_task"):
                 continue
+            task_progress = Progress(run / f".study-progress-{r.task}.jsonl", meta | {"task": r.task})
             study = patch_study(model, task_pairs(r.task, model, n_pairs=args.task_pairs, seed=seed),
-                                StudyOptions(bootstrap=bootstrap, seed=seed), progress=progress)
+                                StudyOptions(bootstrap=bootstrap, seed=seed), progress=task_progress,
+                                show_progress=True)
             write_patching_files(run / f"study_patch_{r.task}.csv", PatchingReport(
                 study.table, study.agreement, study.missed,
                 study.summary | {"task": r.task, "task_text": TASK_TEXT[r.task]}))
-            assert patching_paths(run / f"study_patch_{r.task}.csv")["info"].is_file()
+            task_progress.remove()
         save(run, "study_tasks", table=tasks, meta=meta)
     save(run, "study", fig=plot_study(pd.read_csv(run / "curves.csv"), pd.read_csv(run / "study_units.csv"),
                                       pd.read_csv(run / "study_recovery.csv"), scores,

@@ -259,37 +259,36 @@ class Budget:
         return f"budget: {self.tokens:,} tokens per split in windows of {self.seq_len} ({why})"
 
 
-def run_budget(model: HeadModel, plan: RunPlan, default_tokens: int, seq_len: int | None,
+def run_budget(model: HeadModel, plan: RunPlan, default_tokens: int, seq_len: int | None, stride: int | None = None,
                seconds: float = RUN_BUDGET_SECONDS, rate: float = REFERENCE_RATE) -> Budget:
     """The largest token budget per split (at most ``default_tokens``) whose run takes at most ``seconds`` at
-    ``rate``, and its window: ``seq_len`` when given, else the longest power of two up to the model's default window
-    that leaves :data:`MIN_WINDOWS` windows (at least :data:`MIN_SEQ_LEN`). A budget below ``MIN_WINDOWS`` windows
-    of :data:`MIN_SEQ_LEN` is raised to it (and overruns ``seconds``). Pure arithmetic on the model's shapes."""
+    ``rate``, in whole windows: ``seq_len`` when given, else the longest of the model's default window and its
+    halvings down to :data:`MIN_SEQ_LEN` (none shorter than ``stride``) that leaves :data:`MIN_WINDOWS` windows. A
+    budget below ``MIN_WINDOWS`` windows of the last candidate is raised to it (and overruns ``seconds``: the patching
+    and the report alone may). Pure arithmetic on the model's shapes."""
     from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 
     default_seq = min(model.cfg.n_positions, DEFAULT_MAX_SEQ_LEN)
-
-    def total(tokens: int, window: int) -> float:
-        return sum(run_seconds(model, plan, tokens, window, rate).values())
-
-    def window_for(tokens: int) -> int:
-        if seq_len is not None:
-            return seq_len
-        window = default_seq
-        while window > MIN_SEQ_LEN and tokens < MIN_WINDOWS * window:
-            window //= 2
-        return max(min(window, default_seq), 1)
-
+    if seq_len is not None:
+        windows = [seq_len]
+    else:
+        windows = [default_seq >> k for k in range(default_seq.bit_length())
+                   if (default_seq >> k) >= max(MIN_SEQ_LEN, stride or 1) or k == 0]
     fixed = sum(fixed_seconds(model, plan, rate).values())
-    tokens = default_tokens
-    if total(tokens, window_for(tokens)) > seconds:
-        window = window_for(tokens)
-        for _ in range(4):  # the window shrinks with the tokens, and the cost per token with the window
-            per_token = (total(tokens, window) - fixed) / tokens
-            tokens = min(default_tokens, int(max(seconds - fixed, 0.0) / per_token))
-            window = window_for(tokens)
-        window = window_for(tokens)
-        tokens = max(tokens // window * window, min(default_tokens, MIN_WINDOWS * window))
-    window = window_for(tokens)
-    return Budget(tokens, window, run_seconds(model, plan, tokens, window, rate),
-                  total(default_tokens, window_for(default_tokens)))
+
+    def seconds_per_token(window: int) -> float:  # overlapping windows (stride < window) repeat tokens
+        per_fe = forward_flops(model, window) / rate * window / min(stride or window, window)
+        return sum(run_fe(model, plan, window).values()) * per_fe
+
+    for window in windows:
+        tokens = min(default_tokens, int(max(seconds - fixed, 0.0) / seconds_per_token(window)))
+        if tokens >= MIN_WINDOWS * window:
+            break
+    tokens = max(tokens // window * window, min(default_tokens, MIN_WINDOWS * window))
+
+    def stages(tokens: int, window: int) -> dict[str, float]:
+        per_token = seconds_per_token(window)
+        return ({stage: fe / sum(run_fe(model, plan, window).values()) * per_token * tokens
+                 for stage, fe in run_fe(model, plan, window).items()} | fixed_seconds(model, plan, rate))
+
+    return Budget(tokens, window, stages(tokens, window), sum(stages(default_tokens, windows[0]).values()))

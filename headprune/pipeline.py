@@ -164,9 +164,10 @@ def run_plan(s: RunSettings) -> Any:
 
 
 def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
-    """With ``s.budget`` off a GPU: :func:`headprune.cost.run_budget` for ``s``, written into ``s.max_tokens`` and
-    ``s.seq_len`` (``s.budget`` then off, so that the settings are those of the explicit command); None otherwise
-    (a GPU runs the given budget)."""
+    """With ``s.budget`` off a GPU: :func:`headprune.cost.run_budget` for ``s``; where it cuts the tokens, its tokens
+    and window are written into ``s.max_tokens`` and ``s.seq_len`` (so that the settings, the fingerprint and the
+    reproduce commands are those of the explicit command). ``s.budget`` is then off; None without a budget (a GPU
+    runs the given one)."""
     if not s.budget:
         return None
     s.budget = False
@@ -174,8 +175,9 @@ def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
         return None
     from headprune.cost import run_budget
 
-    budget = run_budget(model, run_plan(s), s.max_tokens, s.seq_len)
-    s.max_tokens, s.seq_len = budget.tokens, budget.seq_len
+    budget = run_budget(model, run_plan(s), s.max_tokens, s.seq_len, s.stride)
+    if budget.tokens < s.max_tokens:
+        s.max_tokens, s.seq_len = budget.tokens, budget.seq_len
     return budget
 
 

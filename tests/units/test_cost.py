@@ -139,3 +139,20 @@ def test_run_resolves_its_budget_into_the_settings_of_the_explicit_command():
     assert given.seq_len == 512 and given.max_tokens % 512 == 0
     explicit = RunSettings(model="smollm2-135m-instruct", max_tokens=4096)
     assert resolve_budget(explicit, smol) is None and (explicit.max_tokens, explicit.seq_len) == (4096, None)
+    shipped = RunSettings(model="stdlib-gpt2-mini", budget=True)  # nothing cut: the settings stay the defaults
+    assert resolve_budget(shipped, load_model("stdlib-gpt2-mini")).tokens == 8192
+    assert (shipped.max_tokens, shipped.seq_len) == (8192, None)
+
+
+def test_a_model_whose_fixed_stages_overrun_the_target_gets_the_floor():
+    """SmolLM2-360M's shapes (32 layers of 15 heads, d 960): patching and the report alone pass 25 minutes at
+    4,000 prompt pairs, so the budget is the floor, 8 windows of 128; a stride keeps windows at least as long."""
+    from headprune.models.llama import LlamaLike, LlamaLikeConfig
+
+    with on_meta():
+        big = LlamaLike(LlamaLikeConfig(vocab_size=49152, n_positions=8192, d_model=960, n_layers=32, n_heads=15,
+                                        n_kv_heads=5, d_head=64, d_mlp=2560, tie_word_embeddings=True))
+    crowded = RunPlan(RUN_PLAN.methods, 16, RUN_PLAN.fractions, 5, patch_pairs=4000)
+    floor = run_budget(big, crowded, 8192, None)
+    assert (floor.tokens, floor.seq_len) == (1024, 128) and sum(floor.seconds.values()) > RUN_BUDGET_SECONDS
+    assert run_budget(big, RUN_PLAN, 8192, None, stride=512).seq_len >= 512

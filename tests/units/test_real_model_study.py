@@ -44,7 +44,8 @@ def test_roles_rank_against_the_ablation_cost_on_both_corpora():
     induction, previous, versus = role_sentences(prose, code, anatomy)
     # top 5 by induction: L0H0 (0.9), L1H1 (0.8), L1H2 (0.4), L1H0 (0.3), L0H2 (0.2)
     assert "L0H0 (0.90), L1H1 (0.80), L1H2 (0.40), L1H0 (0.30) and L0H2 (0.20)" in induction
-    assert "rank 6, 1, 2, 3 and 4 of 6 by zero-ablation cost on prose and 1, 6, 5, 4 and 3 on code" in induction
+    assert "rank 6, 1, 2, 3 and 4 of 6 by zero-ablation cost (1 = costliest) on prose and 1, 6, 5, 4 and 3 on code" \
+        in induction
     assert "(median ranks 3 and 4)" in induction
     # previous-token increases with the prose cost except the last two, so ρ = 1 - 6·(1+1)/(6·35) = 0.94
     assert "+0.94 [" in previous
@@ -59,12 +60,14 @@ def test_units_compared_at_thirty_and_fifty_percent():
                          + _curve("group:random#0", [0.3, 0.5], [0.6, 1.0], [3, 6])
                          + _curve("group:random#1", [0.3, 0.5], [0.8, 2.0], [3, 6])
                          + _curve("uniform:grad", [0.3, 0.5], [0.25, 0.7], [4, 6]))
-    breaks, at30, at50 = curve_sentences(curves, units, "grad")
+    breaks, at30, at50 = curve_sentences(curves, units, "grad", n_heads=10)
     assert "grad at 30% of heads, random at 30% of heads" in breaks
     assert at30 == ("At 30% of heads removed, ΔNLL (nats/token): by query head grad +0.200 (random +0.500); by KV "
-                    "group (joint abl_zero) +0.300 (3 heads; random groups +0.700, mean of 2); uniform by grad +0.250 "
-                    "(4 heads).")
+                    "group (joint abl_zero) +0.300 (3 heads, 30%; random groups +0.700, mean of 2); uniform by grad "
+                    "+0.250 (4 heads, 40%: the nearest loadable shape).")
     assert "random groups +1.500, mean of 2" in at50
+    # a fraction the run's curves lack is left out, not an error
+    assert len(curve_sentences(curves[curves["fraction"] != 0.5], units, "grad", n_heads=10)) == 2
 
 
 def test_recovery_is_the_share_of_the_gap_won_back():
@@ -86,11 +89,12 @@ def test_a_task_is_performed_from_four_in_five_prompts():
          "performs": False, "note": ""},
         {"task": "ioi", "pairs": 0, "accuracy": np.nan, "logit_diff_clean": np.nan, "logit_diff_corrupt": np.nan,
          "performs": False, "note": "names are not one token"}])
-    lines = task_sentences(tasks, {"induction": {"top_heads": ["L3H1", "L4H0", "L2H2", "L1H1"]}})
+    patched = pd.DataFrame({"head_id": ["L1H1", "L2H2", "L3H1", "L4H0"], "patch_z": [-0.5, 0.1, 0.4, 0.2]})
+    lines = task_sentences(tasks, {"induction": patched, "brackets": patched})
     assert lines[0] == ("induction: the model performs it: 80% of 32 clean prompts rank the answer above the wrong "
-                        "token, logit difference +3.00 clean, -1.00 corrupt; exact patching: L3H1, L4H0 and L2H2 "
-                        "restore most of the gap.")
-    assert "does not perform it (below 80%): 78%" in lines[1]
+                        "token, logit difference +3.00 clean, -1.00 corrupt; exact patching: L3H1 0.40, L4H0 0.20 and "
+                        "L2H2 0.10 of the gap each (0.70 together; the largest of 4).")
+    assert "does not perform it (below 80%): 78%" in lines[1] and "patching" not in lines[1]
     assert lines[2] == "ioi: not run (names are not one token)"
 
 
