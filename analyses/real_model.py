@@ -252,7 +252,8 @@ def task_sentences(tasks: pd.DataFrame, patched: dict[str, pd.DataFrame]) -> lis
         if r.performs and r.task in patched:
             top = patched[r.task].nlargest(3, "patch_z")
             line += ("; exact patching: " + _heads(f"{h.head_id} {h.patch_z:.2f}" for h in top.itertuples())
-                     + f" of the gap each ({top['patch_z'].sum():.2f} together; the largest of {len(patched[r.task])})")
+                     + f" of the gap each, the largest of {len(patched[r.task])} heads (single-head effects need not "
+                     f"add up: {top['patch_z'].sum():.2f} together)")
         out.append(line + ".")
     return out
 
@@ -260,7 +261,9 @@ def task_sentences(tasks: pd.DataFrame, patched: dict[str, pd.DataFrame]) -> lis
 def serving_sentence(serving: pd.DataFrame) -> str:
     rows = []
     for r in serving.itertuples():
-        rows.append(f"{r.fraction:.0%} removed: {int(r.parameters) / 1e6:.1f} M parameters, perplexity {r.ppl:.2f}, "
+        rows.append(f"{r.fraction:.0%} asked, {int(r.removed)} heads removed ({int(r.query_heads)} query / "
+                    f"{int(r.kv_heads)} KV heads per layer): {int(r.parameters) / 1e6:.1f} M parameters, "
+                    f"perplexity {r.ppl:.2f}, "
                     f"prefill {r.prefill_tokens_per_s:,.0f} tokens/s ({r.prefill_tokens_per_s_min:,.0f}–"
                     f"{r.prefill_tokens_per_s_max:,.0f}), decode (32 sequences) {r.decode_b32_tokens_per_s:,.0f} "
                     f"tokens/s ({r.decode_b32_tokens_per_s_min:,.0f}–{r.decode_b32_tokens_per_s_max:,.0f})")

@@ -93,7 +93,8 @@ def test_a_task_is_performed_from_four_in_five_prompts():
     lines = task_sentences(tasks, {"induction": patched, "brackets": patched})
     assert lines[0] == ("induction: the model performs it: 80% of 32 clean prompts rank the answer above the wrong "
                         "token, logit difference +3.00 clean, -1.00 corrupt; exact patching: L3H1 0.40, L4H0 0.20 and "
-                        "L2H2 0.10 of the gap each (0.70 together; the largest of 4).")
+                        "L2H2 0.10 of the gap each, the largest of 4 heads (single-head effects need not add up: 0.70 "
+                        "together).")
     assert "does not perform it (below 80%): 78%" in lines[1] and "patching" not in lines[1]
     assert lines[2] == "ioi: not run (names are not one token)"
 
