@@ -234,9 +234,11 @@ def fixed_seconds(model: HeadModel, plan: RunPlan, rate: float) -> dict[str, flo
     return {"patching": patching_seconds(model, plan, rate), "report": report}
 
 
-def run_seconds(model: HeadModel, plan: RunPlan, tokens: int, seq_len: int, rate: float) -> dict[str, float]:
-    """Wall seconds per stage of a run on ``tokens`` tokens per split in windows of ``seq_len``, at ``rate``."""
-    per_token = forward_flops(model, seq_len) * tokens / rate
+def run_seconds(model: HeadModel, plan: RunPlan, tokens: int, seq_len: int, rate: float,
+                stride: int | None = None) -> dict[str, float]:
+    """Wall seconds per stage of a run on ``tokens`` tokens per split in windows of ``seq_len`` (overlapping ones,
+    ``stride`` < ``seq_len``, repeat tokens), at ``rate``."""
+    per_token = forward_flops(model, seq_len) * tokens / rate * seq_len / min(stride or seq_len, seq_len)
     out = {stage: fe * per_token for stage, fe in run_fe(model, plan, seq_len).items()}
     return out | fixed_seconds(model, plan, rate)
 
@@ -276,9 +278,8 @@ def run_budget(model: HeadModel, plan: RunPlan, default_tokens: int, seq_len: in
                    if (default_seq >> k) >= max(MIN_SEQ_LEN, stride or 1) or k == 0]
     fixed = sum(fixed_seconds(model, plan, rate).values())
 
-    def seconds_per_token(window: int) -> float:  # overlapping windows (stride < window) repeat tokens
-        per_fe = forward_flops(model, window) / rate * window / min(stride or window, window)
-        return sum(run_fe(model, plan, window).values()) * per_fe
+    def seconds_per_token(window: int) -> float:
+        return (sum(run_seconds(model, plan, 1, window, rate, stride).values()) - fixed)
 
     for window in windows:
         tokens = min(default_tokens, int(max(seconds - fixed, 0.0) / seconds_per_token(window)))
@@ -286,9 +287,5 @@ def run_budget(model: HeadModel, plan: RunPlan, default_tokens: int, seq_len: in
             break
     tokens = max(tokens // window * window, min(default_tokens, MIN_WINDOWS * window))
 
-    def stages(tokens: int, window: int) -> dict[str, float]:
-        per_token = seconds_per_token(window)
-        return ({stage: fe / sum(run_fe(model, plan, window).values()) * per_token * tokens
-                 for stage, fe in run_fe(model, plan, window).items()} | fixed_seconds(model, plan, rate))
-
-    return Budget(tokens, window, stages(tokens, window), sum(stages(default_tokens, windows[0]).values()))
+    return Budget(tokens, window, run_seconds(model, plan, tokens, window, rate, stride),
+                  sum(run_seconds(model, plan, default_tokens, windows[0], rate, stride).values()))
