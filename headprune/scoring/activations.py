@@ -11,8 +11,9 @@ position counts once), with z_i ∈ R^{d_k} the output of head i before W_O:
 
 Each batch yields per-window sums (float64), recorded as one unit, so a killed pass resumes where it stopped;
 per-window sums also give every score's bootstrap interval over windows (:mod:`headprune.bootstrap`). A batch
-runs in sub-batches of :func:`headprune.models.memory.pattern_windows` windows when the entropy needs the
-attention probabilities, and each layer's probabilities become their entropy per position inside the forward
+runs in sub-batches of :func:`headprune.models.memory.capture_windows` windows (every layer's z is held until the
+forward ends), fewer (:func:`~headprune.models.memory.pattern_windows`) when the entropy needs the attention
+probabilities, and each layer's probabilities become their entropy per position inside the forward
 (``Capture.reduce_attn``), so one layer's (b,h,T,T) is held at a time.
 """
 
@@ -27,7 +28,7 @@ from torch import Tensor
 from headprune.bootstrap import ratio
 from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
-from headprune.models.memory import pattern_windows
+from headprune.models.memory import capture_windows, pattern_windows
 from headprune.perplexity import Batch
 from headprune.schema import ACTIVATION_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit
@@ -49,7 +50,9 @@ def attention_entropy(layer: int, probs: Tensor) -> Tensor:
 def batch_sums(model: HeadModel, batch: Batch, entropy: bool = True) -> dict:
     """Per window of the batch and head: n, Σz, Σz², Σ‖z W_O‖, Σ entropy over its scored tokens (lists [b][H...])."""
     batch = batch.to(model.device)
-    windows = pattern_windows(model.cfg, batch.tokens.shape[1]) if entropy else len(batch.tokens)
+    seq_len = batch.tokens.shape[1]
+    windows = capture_windows(model.cfg, seq_len)
+    windows = min(windows, pattern_windows(model.cfg, seq_len)) if entropy else windows
     parts = [_sums(model, Batch(t, m), entropy) for t, m in zip(batch.tokens.split(windows), batch.mask.split(windows))]
     return {key: [row for p in parts for row in p[key]] for key in parts[0]}
 

@@ -48,10 +48,16 @@ def test_entropy_reduced_in_the_forward_and_split_equals_the_whole_probabilities
     reference = torch.cat([(-torch.special.xlogy(probs_capture.attn[l], probs_capture.attn[l]).sum(-1)[:, :, :19]
                             * m[:, None]).sum(-1) for l in model.active_layers], 1)  # (b, H) from the whole (b,h,T,T)
     torch.testing.assert_close(f64(whole["sum_entropy"]), reference, rtol=1e-12, atol=1e-12)
-    monkeypatch.setattr(activations, "pattern_windows", lambda cfg, seq_len: 1)
-    split = activations.batch_sums(model, batch)
-    for key in whole:
-        torch.testing.assert_close(f64(split[key]), f64(whole[key]), rtol=1e-12, atol=1e-12)
+    assert capture_windows(model.cfg, 20) >= 4 and pattern_windows(model.cfg, 20) >= 4  # one forward
+    whole_z = activations.batch_sums(model, batch, entropy=False)  # no probabilities: the fused attention
+    for budget in ("pattern_windows", "capture_windows"):  # either budget alone splits the batch
+        with monkeypatch.context() as patched:
+            patched.setattr(activations, budget, lambda cfg, seq_len: 1)
+            for entropy, reference in ((True, whole), (False, whole_z)):
+                split = activations.batch_sums(model, batch, entropy)
+                assert split.keys() == reference.keys()
+                for key in reference:
+                    torch.testing.assert_close(f64(split[key]), f64(reference[key]), rtol=1e-12, atol=1e-12)
 
 
 def test_roles_and_attribution_one_window_at_a_time_equal_the_whole_batch(model_and_batch, monkeypatch):
