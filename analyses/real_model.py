@@ -152,13 +152,18 @@ def _ranks(values: pd.Series) -> pd.Series:
     return values.rank(ascending=False, method="min").astype(int)
 
 
+def prose_code_roles(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame) -> pd.DataFrame:
+    """One row per head: abl_zero on prose (``abl_zero``) and on code (``code``) beside its anatomy columns."""
+    code = code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"})
+    return scores[["head_id", "abl_zero"]].merge(code, on="head_id").merge(anatomy, on="head_id")
+
+
 def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame, seed: int = 0) -> list[str]:
     """Do the strongest induction and previous-token heads cost the most when ablated, on prose and on code? Ranks:
     1 = the costliest head."""
     from headprune.report.anatomy import bootstrap_spearman
 
-    j = scores[["head_id", "abl_zero"]].merge(code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"}),
-                                              on="head_id").merge(anatomy, on="head_id")
+    j = prose_code_roles(scores, code, anatomy)
     n = len(j)
     prose_rank, code_rank = _ranks(j["abl_zero"]), _ranks(j["code"])
     out = []
@@ -343,8 +348,7 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
            title="Pruning by unit")
     ax.set_yscale("symlog", linthresh=0.01)
     ax.legend(fontsize=8)
-    j = scores[["head_id", "abl_zero"]].merge(code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"}),
-                                              on="head_id").merge(anatomy, on="head_id")
+    j = prose_code_roles(scores, code, anatomy)
     bx.scatter(j["abl_zero"], j["code"], s=12, color="lightgrey", label="every head")
     for role, color, marker in (("induction", "#D55E00", "^"), ("previous_token", "#0072B2", "s")):
         top = j.nlargest(TOP, role)

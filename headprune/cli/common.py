@@ -9,10 +9,14 @@ from headprune.errors import HeadpruneError
 
 
 def load_from_args(args, dtype: str | None = None):
-    """``--model`` on ``--device`` in ``dtype`` (default ``--dtype``)."""
+    """``--model`` on ``--device`` in ``dtype`` (default ``--dtype``), with the allocator set for its size
+    (:func:`headprune.runtime.configure_allocator`)."""
     from headprune.io.loading import load_model
+    from headprune.runtime import configure_allocator
 
-    return load_model(args.model, device=args.device, dtype=dtype or args.dtype, fold_value_bias=args.fold_value_bias)
+    model = load_model(args.model, device=args.device, dtype=dtype or args.dtype, fold_value_bias=args.fold_value_bias)
+    configure_allocator(model)
+    return model
 
 
 def windowing_from_args(args, model):

@@ -61,6 +61,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     from headprune.perplexity import evaluate
     from headprune.pruning.finetune import Recipe, export_recovered, finetune, gap_recovered, load_pruned
     from headprune.pruning.provenance import check_teacher
+    from headprune.runtime import configure_allocator
 
     if args.distill_weight is not None and args.teacher is None:
         raise HeadpruneError("--distill-weight needs --teacher ORIGINAL (the unpruned model to distil from)")
@@ -71,6 +72,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     ckpt = checkpoint_path(args.out)
     check_writable(ckpt, file=True)
     model, marker = load_pruned(args.pruned, args.device, args.dtype, args.fold_value_bias)
+    configure_allocator(model)
     teacher = None
     if args.teacher is not None:  # loaded as the export's source was (folded or not), then checked to be it
         folded = bool(marker.get("fold_value_bias"))

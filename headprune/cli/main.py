@@ -80,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
             return launch(argv, n)
         if hasattr(args, "device"):
             from headprune.io.distributed import init_from_env
-            from headprune.runtime import reuse_freed_memory
-
-            reuse_freed_memory()
 
             init_from_env(args.device)
         command_module(args.command).run(args)

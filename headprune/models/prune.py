@@ -18,12 +18,15 @@ from headprune.models.head_config import Head
 from headprune.models.meta import on_meta
 
 
-def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:
+def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None,
+                share: bool = False) -> HeadModel:
     """A new, physically smaller model without query ``heads`` (the input is not changed).
 
     A KV head whose query heads all go is removed with them. ``fills``: {(layer, head): z̄ [d_head]}; when given,
     Σ z̄_i W_O^(i) is folded into each layer's b_O, so the result equals the model with those heads gated off and
-    filled with z̄ (mean or optimal compensation)."""
+    filled with z̄ (mean or optimal compensation). ``share``: the new model holds the input's tensors that pruning
+    leaves as they are (the embedding, every MLP, every layer without pruned heads) instead of copies, for a model
+    that is only evaluated: neither model may then be changed in place."""
     from headprune.models.heads import check_heads
     from headprune.models.interventions import check_fills
 
@@ -32,7 +35,7 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
     drop: dict[int, set[int]] = {}
     for layer, head in heads:
         drop.setdefault(layer, set()).add(head)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pruned: dict[str, Tensor] = {}  # the pruned layers' attention tensors
     for layer, gone in drop.items():
         attn, kept = model.h[layer].attn, model.cfg.kept_heads[layer]
         filled = [(p, checked[(layer, head)]) for p, head in enumerate(kept)
@@ -45,7 +48,9 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
                 compensation += fill.to(W_O) @ W_O[p]  # z̄_i W_O^(i)
             b_O = (b_O.double() + compensation).to(b_O.dtype)
         keep = [p for p, head in enumerate(kept) if head not in gone]
-        state.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O))
+        pruned.update(attn.pruned_state(f"h.{layer}.attn.", keep, b_O))
+    state = {k: v.detach() if share else v.detach().clone() for k, v in model.state_dict().items() if k not in pruned}
+    state |= pruned
     kept_heads = [[h for h in k if h not in drop.get(layer, ())] for layer, k in enumerate(model.cfg.kept_heads)]
     cfg = dataclasses.replace(model.cfg, kept_heads=kept_heads)
     if checked:

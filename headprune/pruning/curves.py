@@ -212,7 +212,8 @@ def pruning_curves(
         if key not in evaluated:
             # optimal: fitted for this set (single-head constants do not compose)
             fills = compensation.fills(comp, heads)
-            pruned = prune_model(model, heads, fills)  # a new model: recovering it leaves ``model`` as it is
+            # a new model; evaluated only, it shares what pruning leaves unchanged; recovering trains its own copy
+            pruned = prune_model(model, heads, fills, share=recovery is None)
             if recovery is not None:
                 recovery.train(pruned)  # every layer may change: evaluated from the embeddings
             keys = layer_keys(heads, fills, model.cfg.n_layers) if recovery is None else None

@@ -38,7 +38,6 @@ from headprune.io.files import atomic_path
 from headprune.io.progress import fingerprint
 from headprune.models.base import HeadModel
 from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
-from headprune.runtime import lean_allocator
 
 #: For tests only: SIGKILL the process right after this many optimiser steps (a deterministic kill).
 KILL_ENV = "HEADPRUNE_TEST_KILL_AFTER_STEPS"
@@ -200,7 +199,6 @@ def _load_checkpoint(path: Path, key: str, model: HeadModel, opt, sched, overwri
                              "afresh") from None
 
 
-@lean_allocator()
 def finetune(
     model: HeadModel,
     ids: Tensor,  # 1-D training token ids

@@ -52,7 +52,6 @@ from headprune.models.heads import head_id
 from headprune.models.interventions import Head
 from headprune.models.nll import model_nll
 from headprune.perplexity import Batch
-from headprune.runtime import lean_allocator
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # Louizos et al.'s temperature and stretch interval
 EPS = 1e-6  # u is drawn from [EPS, 1 − EPS]: log u and log(1 − u) stay finite
@@ -194,7 +193,6 @@ def check_gate_settings(steps: int, sparsity: float | None, penalty: float | Non
         raise HeadpruneError(f"penalty {penalty!r} must be a number >= 0", "penalty")
 
 
-@lean_allocator()
 def learn_gates(
     model: HeadModel,
     batches: list[Batch],  # the scoring split's windows (Windowing.batches); step k uses batch k mod len

@@ -35,11 +35,13 @@ def removed_heads(model: HeadModel) -> list[Head]:
     return [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if h not in cfg.kept_heads[l]]
 
 
-def prune_model(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None) -> HeadModel:
+def prune_model(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None,
+                share: bool = False) -> HeadModel:
     """A new, physically smaller model without query ``heads`` (the input is not changed): see
     :func:`headprune.models.prune.prune_heads`, which every family shares.
 
     ``fills``: {(layer, head): z̄ [d_head]}, the mean output of each pruned head; when given, Σ z̄_i W_O^(i)
     is folded into each layer's b_O, so the result equals ``model(tokens, mask_gates(...), fill_tensors(...))``.
+    ``share``: unchanged tensors are the input's, not copies (an evaluated model only; see :func:`prune_heads`).
     """
-    return prune_heads(model, heads, fills)
+    return prune_heads(model, heads, fills, share)

@@ -27,12 +27,10 @@ from headprune.models.base import HeadModel
 from headprune.models.memory import backward_windows
 from headprune.models.nll import model_nll
 from headprune.perplexity import Batch
-from headprune.runtime import lean_allocator
 from headprune.schema import GRADIENT_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 
-@lean_allocator()
 def batch_gate_grad(model: HeadModel, batch: Batch) -> dict:
     """Per window of the batch: n_w and ∂L_w/∂g for every head (layer-major), as lists."""
     batch = batch.to(model.device)

@@ -43,7 +43,6 @@ from headprune.models.base import HeadModel
 from headprune.models.hooks import Capture
 from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch
-from headprune.runtime import lean_allocator
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, SideOutputs, Unit, by_head
 
 STEPS = 16  # passes over the fit data per layer after the one at z̄ (each a forward and backward, all heads)
@@ -86,7 +85,6 @@ def _layer_losses(model: HeadModel, batches: list[Batch], resid: list[Tensor], l
     return sums, total_grad
 
 
-@lean_allocator()
 def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
               steps: int = STEPS, lr: float = FIRST_STEP, rows: int = 8) -> dict[str, Any]:
     """Optimal constants of the heads at ``positions`` of ``layer`` (default: all), starting at ``init``
@@ -156,7 +154,6 @@ def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, 
     return {"c": x.tolist(), "nll_init": nll_init.tolist(), "nll_best": f.tolist(), "best_step": best_step}
 
 
-@lean_allocator()
 def fit_set(model: HeadModel, batches: list[Batch], heads: list[tuple[int, int]], init: Tensor, steps: int = STEPS
             ) -> dict[str, Any]:
     """Jointly optimal constants for ablating the set ``heads`` together (what pruning them with compensation

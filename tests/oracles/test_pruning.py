@@ -79,6 +79,22 @@ def test_pruned_equals_masked_equals_hf_zeroed(tiny, tiny_dir):
     assert count_params(tiny) - count_params(pruned) == len(HEADS) * (3 * D * DK + 3 * DK + DK * D)
 
 
+def test_shared_pruning_holds_the_inputs_unchanged_tensors_and_equals_the_copy(tiny):
+    """share=True (the curve's evaluated points): the same model bit for bit, holding the input's own storage for
+    every tensor pruning leaves as it is (layer 1 here, the embeddings, the MLPs) and new tensors for the rest;
+    the default holds no storage of the input."""
+    heads = [(0, 1), (2, 0)]
+    x = random_tokens()
+    shared, copied = prune_model(tiny, heads, share=True), prune_model(tiny, heads)
+    with torch.no_grad():
+        assert torch.equal(shared(x), copied(x))
+    ours = {v.data_ptr() for v in tiny.state_dict().values()}
+    held = {k: v.data_ptr() in ours for k, v in shared.state_dict().items()}
+    touched = lambda k: k.startswith(("h.0.attn.", "h.2.attn."))
+    assert all(held[k] != touched(k) for k in held), [k for k in held if held[k] == touched(k)]
+    assert not any(v.data_ptr() in ours for v in copied.state_dict().values())
+
+
 def test_pruned_heads_keep_their_weights(tiny):
     pruned = prune_model(tiny, HEADS)
     for layer, kept in enumerate(pruned.cfg.kept_heads):
