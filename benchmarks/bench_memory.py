@@ -10,8 +10,9 @@ window is what sets a forward's size, the token count only how many forwards run
 (32 pairs); ``run`` the cheap methods. A command still running after ``--limit-s`` seconds is stopped and its peak
 so far reported (marked "stopped"): the peak of a sweep comes in its first units, which hold the same tensors as
 the rest. The peak is the process' maximum resident set size (``wait4``'s ``ru_maxrss``, as ``/usr/bin/time -v``
-reports it). ``--root`` runs another checkout's ``headprune`` (e.g. the code before a change) for a before/after
-table.
+reports it). ``score`` and ``curve`` run one worker (``--workers 1``): a stopped command's children are not reaped,
+so their peak would be lost, and each of several workers holds what one does. ``--root`` runs another checkout's
+``headprune`` (e.g. the code before a change) for a before/after table.
 """
 
 from __future__ import annotations
@@ -37,16 +38,17 @@ def argv_of(command: str, model: str, max_tokens: int, tmp: Path) -> list[str]:
     if command == "eval":
         return ["eval", *common, "--max-tokens", str(max_tokens), "--json"]
     if command == "score":
-        return ["score", *common, "--max-tokens", str(max_tokens), "--methods", "wo_fro,grad,taylor",
+        return ["score", *common, "--workers", "1", "--max-tokens", str(max_tokens), "--methods", "wo_fro,grad,taylor",
                 "--out", str(scores), "--overwrite"]
     if command == "score_ablation":
-        return ["score", *common, "--max-tokens", "1024", "--methods", "abl_zero", "--bootstrap", "0",
+        return ["score", *common, "--workers", "1", "--max-tokens", "1024", "--methods", "abl_zero", "--bootstrap", "0",
                 "--out", str(tmp / f"{model}-abl.csv"), "--overwrite"]
     if command == "curve":
         if not scores.exists():  # the curve ranks by a scores table: make one (weights only, seconds)
             subprocess.run([sys.executable, "-m", "headprune", "score", *common, "--methods", "wo_fro",
                             "--bootstrap", "0", "--out", str(scores), "--overwrite"], check=True, cwd=ROOT)
-        return ["curve", *common, "--max-tokens", str(max_tokens), "--scores", str(scores), "--methods", "wo_fro",
+        return ["curve", *common, "--workers", "1", "--max-tokens", str(max_tokens), "--scores", str(scores),
+                "--methods", "wo_fro",
                 "--fractions", "0,0.5", "--seeds", "1", "--bootstrap", "0", "--out", str(tmp / f"{model}-curve.csv"),
                 "--overwrite"]
     if command == "patch":

@@ -13,7 +13,7 @@ later request stays resident. Which setting wins depends on the size of a pass's
   Its temporaries run to tens of MiB in many sizes (a layer's attention probabilities, the backward's saved
   tensors), and a heap that keeps them grows with every window: on SmolLM2-135M the head-role pass over 4 windows
   of 1024 peaked at 2.9 GiB with 64 MiB blocks kept and 1.2 GiB lean, the gradient scores over 8 windows at 4.7 GiB
-  (256 MiB kept) and 1.4 GiB lean, and one Gemma 3 270M evaluation at 5.5 GiB (256 MiB kept) and 1.5 GiB lean.
+  (256 MiB kept) and 1.5 GiB lean, and one Gemma 3 270M evaluation at 5.5 GiB (256 MiB kept) and 1.5 GiB lean.
 """
 
 from __future__ import annotations
