@@ -24,6 +24,7 @@ computed from the tables by :func:`findings` (tested against tables built by han
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -371,6 +372,15 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
 
 # --- the script ---------------------------------------------------------------------------------------------------
 
+def ranking_key(scores: pd.DataFrame, best: str) -> str:
+    """A digest of the head orders the unit and recovery parts prune by (``best``'s and ``abl_zero``'s): a rerun of
+    the run that reorders heads recomputes them, one that moves scores in their last bits only does not."""
+    from headprune.schema import split_ranking
+
+    orders = [scores.sort_values([m, "head_id"])["head_id"].tolist() for m in (split_ranking(best)[0], "abl_zero")]
+    return hashlib.sha256(json.dumps(orders).encode()).hexdigest()[:16]
+
+
 def _fresh(out: Path, name: str, meta: dict) -> bool:
     """Whether part ``name`` must be computed: its table is absent or was made with other settings."""
     record = out / f"{name}.json"
@@ -410,11 +420,13 @@ def main() -> None:
         print("[1/4] zero-ablation of every head on code (the code corpus' validation split)")
         code_ids = corpus_ids("code", "validation", tok, tokens)
         save(run, "study_code_scores", table=code_scores(model, code_ids, w, bootstrap, seed, progress), meta=meta)
-    if _fresh(run, "study_units", meta := base | {"best": best, "fractions": list(UNIT_FRACTIONS)}):
+    if _fresh(run, "study_units", meta := base | {"best": best, "fractions": list(UNIT_FRACTIONS),
+                                                "ranking": ranking_key(scores, best)}):
         print("[2/4] pruning curves by KV group and uniform prunes")
         save(run, "study_units", table=unit_curves(model, score_ids, eval_ids, w, scores, best, seed, bootstrap,
                                                    progress), meta=meta)
-    if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps}):
+    if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps,
+                                                   "ranking": ranking_key(scores, best)}):
         print(f"[3/4] distillation of {best}'s prunes, {args.recover_steps} steps each")
         if not is_builtin(s["data"]):
             raise SystemExit(f"the run's data {s['data']} has no train split apart from its test text; distillation "

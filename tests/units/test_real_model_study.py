@@ -13,12 +13,14 @@ from analyses.real_model import (
     breakpoint,
     curve_sentences,
     findings,
+    ranking_key,
     recovery_sentence,
     role_sentences,
     task_sentences,
 )
 
-STUDY = Path(__file__).resolve().parents[2] / "reports" / "smollm2-135m-instruct"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+STUDIES = [REPORTS / name for name in ("smollm2-135m-instruct", "gemma-3-270m")]
 
 
 def _curve(method: str, fractions, deltas, heads) -> list[dict]:
@@ -51,6 +53,17 @@ def test_roles_rank_against_the_ablation_cost_on_both_corpora():
     assert "+0.94 [" in previous
     assert "rank-correlate at ρ -1.00" in versus  # code reverses prose exactly
     assert "total over all heads is 0.210 nats/token on prose and 2.400 on code" in versus
+
+
+def test_ranking_key_follows_the_head_orders_not_the_last_bits():
+    scores = pd.DataFrame({"head_id": ["L0H0", "L0H1", "L1H0"], "layer": [0, 0, 1], "head": [0, 1, 0],
+                           "abl_zero": [0.3, 0.1, 0.2], "out_norm": [1.0, 2.0, 3.0]})
+    key = ranking_key(scores, "out_norm@layer")
+    nudged = scores.assign(abl_zero=scores["abl_zero"] * (1 + 1e-7), out_norm=scores["out_norm"] + 1e-6)
+    assert ranking_key(nudged, "out_norm@layer") == key
+    assert ranking_key(scores.assign(out_norm=[3.0, 2.0, 1.0]), "out_norm@layer") != key
+    assert ranking_key(scores.assign(abl_zero=[0.1, 0.3, 0.2]), "out_norm@layer") != key
+    assert ranking_key(scores, "abl_zero") != key  # another best ranking
 
 
 def test_units_compared_at_thirty_and_fifty_percent():
@@ -99,8 +112,10 @@ def test_a_task_is_performed_from_four_in_five_prompts():
     assert lines[2] == "ioi: not run (names are not one token)"
 
 
-@pytest.mark.skipif(not (STUDY / "study.md").is_file(), reason="the committed study is not in this checkout")
-def test_the_committed_study_is_its_tables_findings():
-    text = (STUDY / "study.md").read_text()
-    for line in findings(STUDY):
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
+def test_the_committed_study_is_its_tables_findings(study: Path):
+    if not (study / "study.md").is_file():
+        pytest.skip(f"{study.name}'s committed study is not in this checkout")
+    text = (study / "study.md").read_text()
+    for line in findings(study):
         assert f"- {line}" in text
