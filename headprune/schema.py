@@ -26,6 +26,7 @@ DEFAULT_MAX_TOKENS = 8192
 DEFAULT_BOUND_SUBSETS = 64
 # headprune verify (headprune.scoring.verified): the ablations it verifies, its subsets and their inclusion probability
 VERIFIABLE, VERIFY_SUBSETS, VERIFY_INCLUSION = ("abl_zero", "abl_mean"), 32, 0.25
+VERIFY_ROUNDS = 2  # rounds of exact ablation: the estimate's top K, then the K the bound leaves most open
 
 # ---------------------------------------------------------------- methods
 

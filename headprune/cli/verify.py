@@ -9,7 +9,7 @@ import argparse
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args, add_workers_arg
 from headprune.errors import HeadpruneError
-from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
+from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
 
 HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
@@ -28,6 +28,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inclusion", type=float, default=VERIFY_INCLUSION,
                    help="probability of each unverified head to be in a subset (small: ablating many heads at once "
                         "is not additive)")
+    p.add_argument("--rounds", type=int, default=VERIFY_ROUNDS,
+                   help="rounds of --verify heads ablated exactly: the estimate's top, then those the bound leaves "
+                        "most open (the largest upper bounds)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subsets")
     p.add_argument("--ablation-rows", type=int, default=None,
                    help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
                              f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.family in FAMILY_FE)}); an "
                              "ablation score is what verify avoids computing for every head")
     verification = Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed,
-                                rows=args.ablation_rows)
+                                rows=args.ablation_rows, rounds=args.rounds)
     verification.check()  # before the model loads
     model = load_from_args(args)
     w = windowing_from_args(args, model)
@@ -65,13 +68,14 @@ def run(args: argparse.Namespace) -> None:
         check_scores_match(scores, model, args.scores)
     if not args.json:
         print(data_line("data", args.data, args.split, ids, w))
-        fe = verify_fe(model, w.seq_len, k, args.bound_subsets, estimate=scores is None)
+        fe = verify_fe(model, w.seq_len, k, args.bound_subsets, estimate=scores is None, rounds=args.rounds)
         seconds = fe["total"] * seconds_per_fe(model, w.seq_len, len(ids))
         print(f"estimated time: {duration(seconds)} on {len(ids):,} tokens ({fe['total']:.0f} forward passes' worth; "
               f"the exact sweep of every head: {fe['sweep']:.0f})")
     settings = sweep_settings(args, model, ids, w, "verify", method=args.method, estimate=args.estimate,
                               scores=None if scores is None else scores[args.estimate].tolist(), verify=k,
-                              subsets=args.bound_subsets, inclusion=args.inclusion, seed=args.seed)
+                              subsets=args.bound_subsets, inclusion=args.inclusion, seed=args.seed,
+                              rounds=args.rounds)
     progress = sweep_progress(args, out, settings)
     if scores is None:
         scored = score_heads(model, ids, [args.estimate], windowing=w, options=ScoringOptions(bootstrap=0),
@@ -89,11 +93,12 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(summary | {"out": str(out)}))
         return
-    top = result.table[result.table["verified"]].sort_values("exact", ascending=False, key=abs)
-    print(f"verified the {k} heads {args.estimate} ranks first by exact {args.method} (nats/token): "
-          + ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"])))
+    top = result.table[result.table["top"]].sort_values("exact", ascending=False, key=abs)
+    rounds = "" if args.rounds == 1 else f" and {k * (args.rounds - 1)} more with the largest bounds"
+    print(f"verified the {k} heads {args.estimate} ranks first{rounds}; the top {k} by exact {args.method} "
+          "(nats/token): " + ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"])))
     print(f"bound: no unverified head changes the NLL by more than {result.bound:.4f} nats/token "
           f"({result.level:.0%} confidence if effects add up, {result.subsets} subsets; worst {result.worst})")
     print(f"recall of the true top {k} by |{args.method}|: at least {result.recall_lower:.2f} "
-          f"(heads that could still outrank the smallest verified {result.threshold:.4f}: "
+          f"(unverified heads that could still outrank the top's smallest, {result.threshold:.4f}: "
           f"{result.unresolved}) -> {out}")

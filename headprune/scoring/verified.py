@@ -14,14 +14,18 @@ estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward 
    ĉ(n) = e(n) + δ(n) and u(n) = |ĉ(n)| + t_{1−δ/(2|U|), ν(n)}·se(n), with Welch's degrees of freedom ν(n) (a head
    sits in few subsets, where the normal quantile would under-cover). Under additive effects ĉ(n) is unbiased whatever
    the estimate, and a good estimate shrinks the spread of the d_r (so se) from Σ ΔL² to Σ (ΔL − e)²;
-3. bound = max_{n∈U} u(n): at confidence 1 − δ (normal approximation, additive effects), no unverified head
-   changes the NLL by more than ``bound``. With t the smallest |ΔL({n})| in V, at most m = #{n∈U: u(n) ≥ t}
-   unverified heads can belong to the true top K by |ΔL|, so the recall of the true top K is at least (K − m)/K.
+3. further rounds (``rounds`` > 1) verify, each, the K unverified heads with the largest u(n): those the bound
+   says could hide the most, chosen by the corrected ĉ and its spread rather than by e alone. The bound holds for
+   every head of U at once, so it still holds for those left;
+4. bound = max_{n∈U} u(n) over the heads still unverified: at confidence 1 − δ (normal approximation, additive
+   effects), none of them changes the NLL by more than ``bound``. The ranking claims as the top K the K verified
+   heads with the largest |ΔL({n})|; with t the K-th largest, at most m = #{n∈U: u(n) ≥ t} unverified heads can
+   belong to the true top K by |ΔL|, so the recall of the true top K is at least (K − m)/K.
 
-Cost: the estimate (taylor: a forward and a backward, about two forwards), K/2 forward-equivalents on average for V
-and R forwards for the subsets, against H/2 for the exact sweep of every head. Ablating many heads at once is not
-additive, so p is small (each subset ablates about p·|U| heads), and each head sits in exactly round(p·R) subsets,
-clipped to 2..R−2 (:func:`draw_subsets`).
+Cost: the estimate (taylor: a forward and a backward, about two forwards), K/2 forward-equivalents per round on
+average for V and R forwards for the subsets, against H/2 for the exact sweep of every head. Ablating many heads at
+once is not additive, so p is small (each subset ablates about p·|U| heads), and each head sits in exactly
+round(p·R) subsets, clipped to 2..R−2 (:func:`draw_subsets`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from headprune.models.interventions import Head, fill_tensors, mask_gates
 from headprune.models.nll import unembed_nll
 from headprune.patching.missed import subsample_estimates
 from headprune.perplexity import Batch, Windowing, window_sums
-from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_SUBSETS
+from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
 from headprune.scoring.ablation import batch_caches
 from headprune.scoring.base import rows_per_forward
 
@@ -57,8 +61,9 @@ CHUNK = 8  # head sets per resumable unit
 
 @dataclass(frozen=True)
 class Verification:
-    """How :func:`verify_ranking` checks an estimate: ``verified`` heads (default 10% of them, at least 1) ablated
-    exactly, ``subsets`` random subsets of the others, each head in one with probability ``inclusion``, drawn with
+    """How :func:`verify_ranking` checks an estimate: ``verified`` heads (K, default 10% of them, at least 1)
+    ablated exactly in each of ``rounds`` rounds (the first by the estimate, the others by the bound), ``subsets``
+    random subsets of the heads the first round leaves, each head in one with probability ``inclusion``, drawn with
     ``seed``; the bound holds at confidence ``level``; ``rows``: ablated copies × windows per forward (default:
     :func:`~headprune.scoring.base.rows_per_forward`)."""
 
@@ -68,6 +73,7 @@ class Verification:
     level: float = DEFAULT_LEVEL
     seed: int = 0
     rows: int | None = None
+    rounds: int = VERIFY_ROUNDS
 
     def check(self, n_heads: int | None = None) -> int:
         """The number of verified heads, after checking every field (the count against a model of ``n_heads``
@@ -81,6 +87,11 @@ class Verification:
             if not 0 < k <= n_heads - 2:
                 raise HeadpruneError(f"verified {k} of {n_heads} heads leave too few to bound (give 1 to "
                                      f"{n_heads - 2})", "verified")
+            if self.rounds >= 1 and k * self.rounds > n_heads - 2:
+                raise HeadpruneError(f"{self.rounds} rounds of {k} verified heads leave fewer than 2 of {n_heads} "
+                                     "heads to bound: give fewer rounds or fewer heads per round", "rounds")
+        if self.rounds < 1:
+            raise HeadpruneError(f"rounds {self.rounds}: give at least 1", "rounds")
         if self.subsets < 8:
             raise HeadpruneError(f"subsets {self.subsets}: too few to estimate a spread (give at least 8)", "subsets")
         if not 0 < self.inclusion < 1:
@@ -98,10 +109,12 @@ class VerifiedRanking:
     and upper bound where not; the bound and the recall it certifies."""
 
     method: str  # the ablation verified (abl_zero or abl_mean)
-    estimate: str  # the name of the estimate that chose the verified heads
-    table: pd.DataFrame  # head_id, layer, head, estimate, verified, exact, sub_estimate, se, upper
+    estimate: str  # the name of the estimate that chose the first round's heads
+    # head_id, layer, head, estimate, round (0: unverified), verified, top (the claimed top K), exact, and for every
+    # head the first round left: sub_estimate, se, upper
+    table: pd.DataFrame
     bound: float  # max upper over the unverified heads, nats/token
-    threshold: float  # the smallest |exact| among the verified heads
+    threshold: float  # the K-th largest |exact| among the verified heads: the smallest of the claimed top K
     recall_lower: float  # certified lower bound on the recall of the true top K (at ``level``)
     baseline_nll: float  # the unablated model's mean NLL on the scored tokens
     tokens: int  # scored tokens
@@ -116,6 +129,12 @@ class VerifiedRanking:
         return rows.iloc[np.argsort(-rows["estimate"].abs().to_numpy(), kind="stable")]["head_id"].tolist()
 
     @property
+    def top(self) -> list[str]:
+        """The claimed top K: the K verified heads with the largest |exact|, largest first."""
+        rows = self.table[self.table["top"]]
+        return rows.iloc[np.argsort(-rows["exact"].abs().to_numpy(), kind="stable")]["head_id"].tolist()
+
+    @property
     def worst(self) -> str:
         """The unverified head with the largest upper bound."""
         rest = self.table[~self.table["verified"]]
@@ -125,12 +144,13 @@ class VerifiedRanking:
     def unresolved(self) -> int:
         """Unverified heads whose upper bound reaches the smallest verified |ΔL|: those that could still belong
         to the true top K."""
-        return int((self.table["upper"] >= self.threshold).sum())
+        return int((self.table.loc[~self.table["verified"], "upper"] >= self.threshold).sum())
 
     def summary(self) -> dict:
         """The JSON summary a command writes beside the table."""
         return {"method": self.method, "estimate": self.estimate, "heads": len(self.table),
-                "verified": len(self.verified), "bound": self.bound, "threshold": self.threshold,
+                "verified": len(self.verified), "rounds": int(self.table["round"].max()), "top": self.top,
+                "bound": self.bound, "threshold": self.threshold,
                 "recall_lower": self.recall_lower, "unresolved": self.unresolved, "worst": self.worst,
                 "baseline_nll": self.baseline_nll, "tokens": self.tokens,
                 "subsets": self.subsets, "inclusion": self.inclusion, "level": self.level}
@@ -228,65 +248,88 @@ def verify_ranking(
                                   else [None] * model.cfg.n_layers)
 
     order = np.argsort(-e.abs().numpy(), kind="stable")
-    top, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
+    first, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
     masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]
-    exact_sets = [[heads[i]] for i in top]
-    subset_sets = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
-    exact_order, subset_order = _lowest_layer_first(exact_sets), _lowest_layer_first(subset_sets)
 
     cache = batch_caches(model, batches)
     rows = rows_per_forward(model, verification.rows)
-
-    def unit(kb: int, sets: list[list[Head]]) -> list[list[float]]:
-        return ablated_sums(model, batches[kb], cache(kb)[0], sets, fills, rows)
-
-    chosen = hashlib.sha256(",".join(map(str, top)).encode()).hexdigest()[:12]  # which heads are verified
-    tag = (f"verify/{method}/{estimate_name}/{chosen}/k{k}/r{verification.subsets}/p{verification.inclusion}/"
-           f"s{verification.seed}")
-    chunks = {"exact": [[exact_sets[i] for i in exact_order[c : c + CHUNK]] for c in range(0, k, CHUNK)],
-              "subsets": [[subset_sets[i] for i in subset_order[c : c + CHUNK]]
-                          for c in range(0, len(subset_sets), CHUNK)]}
-    units: list[tuple[str, Callable[[], object]]] = []
-    for kb in range(len(batches)):
-        units.append((f"{tag}/b{kb}/base", partial(lambda kb: cache(kb)[1], kb)))
-        units += [(f"{tag}/b{kb}/{kind}/{c}", partial(unit, kb, sets))
-                  for kind, parts in chunks.items() for c, sets in enumerate(parts)]
-    bar: Callable[[Iterable], Iterable] = lambda it: tqdm(it, desc=f"verifying {method}", disable=not show_progress,
-                                                          leave=False)
-    results = run_units(units, progress or NoProgress(), bar)
-
     n = float(sum(int(b.mask.sum()) for b in batches))  # scored tokens
-    base = np.array([s for kb in range(len(batches)) for s in results[f"{tag}/b{kb}/base"]])  # [W]
+    bases: dict[int, list[float]] = {}  # the unablated NLL sum of each window, per batch
 
-    def changes(kind: str, order: list[int]) -> np.ndarray:  # corpus ΔL of each set, in the sets' own order
-        per_batch = [[row for c in range(len(chunks[kind])) for row in results[f"{tag}/b{kb}/{kind}/{c}"]]
-                     for kb in range(len(batches))]  # [batches][sets][b], in run order
-        sums = np.concatenate([np.array(rows) for rows in per_batch], axis=1)  # [sets, W]
-        out = np.empty(len(order))
-        out[order] = (sums - base).sum(1) / n
+    def measure(groups: dict[str, list[list[Head]]], what: str) -> dict[str, np.ndarray]:
+        """Corpus ΔL of each head set of each group (``tag: sets``, the sets ablated together), in the sets' own
+        order: resumable units, batch by batch (one cached residual stream held), of :data:`CHUNK` sets, lowest layer
+        first; the first call also measures each batch's baseline."""
+        run_order = {tag: _lowest_layer_first(sets) for tag, sets in groups.items()}
+        parts = {tag: [[sets[i] for i in run_order[tag][c : c + CHUNK]] for c in range(0, len(sets), CHUNK)]
+                 for tag, sets in groups.items()}
+        units: list[tuple[str, Callable[[], object]]] = []
+        for kb in range(len(batches)):
+            if not bases:
+                units.append((f"verify/{method}/b{kb}/base", partial(lambda kb: cache(kb)[1], kb)))
+            units += [(f"{tag}/b{kb}/{c}", partial(lambda kb, part: ablated_sums(
+                model, batches[kb], cache(kb)[0], part, fills, rows), kb, part))
+                      for tag, chunks in parts.items() for c, part in enumerate(chunks)]
+        bar: Callable[[Iterable], Iterable] = lambda it: tqdm(it, desc=f"{what} ({method})", leave=False,
+                                                              disable=not show_progress)
+        results = run_units(units, progress or NoProgress(), bar)
+        for kb in range(len(batches)):
+            bases.setdefault(kb, results.get(f"verify/{method}/b{kb}/base", []))
+        base = np.concatenate([np.array(bases[kb]) for kb in range(len(batches))])  # [W]
+        out = {}
+        for tag, chunks in parts.items():
+            sums = np.concatenate([np.array([row for c in range(len(chunks)) for row in results[f"{tag}/b{kb}/{c}"]])
+                                   for kb in range(len(batches))], axis=1)  # [sets, W], in run order
+            out[tag] = np.empty(len(groups[tag]))
+            out[tag][run_order[tag]] = (sums - base).sum(1) / n
         return out
 
-    exact = changes("exact", exact_order)
-    est, se, upper = corrected_estimates(masks, changes("subsets", subset_order), e.numpy()[rest],
-                                         verification.level)
+    def heads_tag(kind: str, chosen: np.ndarray) -> str:  # which heads, so a resumed run with others recomputes
+        digest = hashlib.sha256(",".join(map(str, chosen)).encode()).hexdigest()[:12]
+        return f"verify/{method}/{estimate_name}/{kind}/{digest}"
+
+    subsets_tag = (f"{heads_tag('subsets', first)}/r{verification.subsets}/p{verification.inclusion}/"
+                   f"s{verification.seed}")
+    round_of = np.zeros(len(heads), dtype=int)
+    exact = np.full(len(heads), np.nan)
+    upper_all = np.full(len(heads), np.nan)
+    chosen = first
+    for r in range(1, verification.rounds + 1):
+        groups = {heads_tag(f"round{r}", chosen): [[heads[i]] for i in chosen]}
+        if r == 1:
+            groups[subsets_tag] = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
+        measured = measure(groups, f"verifying, round {r} of {verification.rounds}")
+        if r == 1:
+            est, se, upper = corrected_estimates(masks, measured[subsets_tag], e.numpy()[rest], verification.level)
+            upper_all[rest] = upper
+        exact[chosen] = measured[next(iter(groups))]
+        round_of[chosen] = r
+        left = np.flatnonzero(round_of == 0)
+        chosen = np.sort(left[np.argsort(-upper_all[left], kind="stable")[:k]])  # the bound's most open heads
+
+    verified = round_of > 0
+    top = np.flatnonzero(verified)[np.argsort(-np.abs(exact[verified]), kind="stable")[:k]]
     table = pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
-                          "head": [h for _, h in heads], "estimate": e.numpy(), "verified": False,
-                          "exact": np.nan, "sub_estimate": np.nan, "se": np.nan, "upper": np.nan})
-    table.loc[top, "verified"] = True
-    table.loc[top, "exact"] = exact
-    table.loc[rest, "sub_estimate"], table.loc[rest, "se"], table.loc[rest, "upper"] = est, se, upper
-    threshold = float(np.abs(exact).min())
-    return VerifiedRanking(method, estimate_name, table, float(upper.max()), threshold, certified_recall(exact, upper),
-                           float(base.sum() / n), int(n), verification.subsets, verification.inclusion,
-                           verification.level)
+                          "head": [h for _, h in heads], "estimate": e.numpy(), "round": round_of,
+                          "verified": verified, "top": False, "exact": exact, "sub_estimate": np.nan, "se": np.nan,
+                          "upper": upper_all})
+    table.loc[top, "top"] = True
+    table.loc[rest, "sub_estimate"], table.loc[rest, "se"] = est, se
+    unverified = upper_all[~verified]
+    return VerifiedRanking(method, estimate_name, table, float(unverified.max()), float(np.abs(exact[top]).min()),
+                           certified_recall(exact[verified], unverified, k),
+                           float(sum(map(sum, bases.values())) / n), int(n),
+                           verification.subsets, verification.inclusion, verification.level)
 
 
-def certified_recall(exact: np.ndarray, upper: np.ndarray) -> float:
-    """Lower bound on the recall of the true top K by |ΔL| (K = len(``exact``), the verified heads' exact ΔL), given
-    the unverified heads' upper bounds ``upper``: with t = min |exact|, at most m = #{u ≥ t} unverified heads can
-    outrank a verified one, so at least K − m of the true top K are verified."""
-    k = len(exact)
-    return max(0, k - int((upper >= np.abs(exact).min()).sum())) / k
+def certified_recall(exact: np.ndarray, upper: np.ndarray, k: int | None = None) -> float:
+    """Lower bound on the recall of the true top K by |ΔL| (default K = len(``exact``)) by the K verified heads with
+    the largest |ΔL| (``exact``: every verified head's), given the unverified heads' upper bounds ``upper``: with t
+    the K-th largest |exact|, at most m = #{u ≥ t} unverified heads can outrank a claimed one, so at least K − m of
+    the true top K are claimed."""
+    k = len(exact) if k is None else k
+    threshold = np.sort(np.abs(exact))[::-1][k - 1]
+    return max(0, k - int((upper >= threshold).sum())) / k
 
 
 def recall_at_k(exact_all: Iterable[float], verified: Iterable[bool]) -> float:

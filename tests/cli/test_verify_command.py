@@ -45,7 +45,8 @@ def test_verify_equals_the_library_on_a_scores_file(tiny_dir, corpus, tmp_path, 
     got = read_table(out)
     for column in ("estimate", "exact", "sub_estimate", "upper"):
         np.testing.assert_allclose(got[column], want.table[column], rtol=0, atol=1e-9)
-    assert summary["bound"] == pytest.approx(want.bound, abs=1e-9) and summary["verified"] == 2
+    assert summary["bound"] == pytest.approx(want.bound, abs=1e-9) and summary["verified"] == 4  # 2 rounds of 2
+    assert summary["top"] == want.top and len(want.top) == 2
     assert json.loads((tmp_path / "v.json").read_text())["recall_lower"] == pytest.approx(want.recall_lower)
 
 

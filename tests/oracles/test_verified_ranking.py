@@ -84,14 +84,42 @@ def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
 
 @pytest.mark.parametrize("method", ["abl_zero", "abl_mean"])
 def test_verified_heads_carry_the_exact_sweeps_values(model, ids, scored, method):
-    result = verify_ranking(model, ids, scored.table["taylor"], method, verification=Verification(3, 16, 0.25),
-                            windowing=WINDOWS, means=scored.means, show_progress=False)
+    result = verify_ranking(model, ids, scored.table["taylor"], method,
+                            verification=Verification(3, 16, 0.25, rounds=1), windowing=WINDOWS, means=scored.means,
+                            show_progress=False)
     table = result.table
     top3 = np.argsort(-scored.table["taylor"].abs().to_numpy(), kind="stable")[:3]
-    assert sorted(np.flatnonzero(table["verified"])) == sorted(top3)
+    assert sorted(np.flatnonzero(table["verified"])) == sorted(top3) == sorted(np.flatnonzero(table["top"]))
     np.testing.assert_allclose(table.loc[top3, "exact"], scored.table.loc[top3, method], rtol=0, atol=1e-9)
     assert result.baseline_nll == pytest.approx(scored.baseline["nll"], abs=1e-12)
     assert table["upper"].isna().sum() == 3 and result.bound == pytest.approx(table["upper"].max())
+    assert result.threshold == pytest.approx(scored.table.loc[top3, method].abs().min(), abs=1e-9)
+
+
+def test_a_second_round_verifies_the_heads_the_bound_leaves_most_open(model, ids, scored):
+    """Round 2 ablates the 3 heads with the largest upper bounds after round 1 (the same subsets, so the same
+    bounds); the claimed top 3 are the 3 largest |exact| of the 6 verified; the bound, threshold and certified recall
+    follow from the heads left."""
+    taylor = scored.table["taylor"]
+    one = verify_ranking(model, ids, taylor, verification=Verification(3, 16, 0.25, rounds=1), windowing=WINDOWS,
+                         show_progress=False).table
+    result = verify_ranking(model, ids, taylor, verification=Verification(3, 16, 0.25), windowing=WINDOWS,
+                            show_progress=False)
+    table = result.table
+    first = np.flatnonzero(one["verified"])
+    second = one["upper"].nlargest(3).index.to_numpy()
+    assert sorted(np.flatnonzero(table["round"] == 1)) == sorted(first)
+    assert sorted(np.flatnonzero(table["round"] == 2)) == sorted(second)
+    np.testing.assert_allclose(table["upper"], one["upper"], rtol=0, atol=0)  # bounds from the same subsets
+    verified = np.concatenate([first, second])
+    np.testing.assert_allclose(table.loc[verified, "exact"], scored.table.loc[verified, "abl_zero"], rtol=0, atol=1e-9)
+    exact = scored.table.loc[verified, "abl_zero"].abs()
+    assert sorted(np.flatnonzero(table["top"])) == sorted(exact.nlargest(3).index)
+    assert result.threshold == pytest.approx(exact.nlargest(3).min(), abs=1e-9)
+    left = one["upper"].drop(index=verified)
+    assert result.bound == pytest.approx(left.max(), abs=0)
+    assert result.recall_lower == max(0, 3 - int((left >= result.threshold).sum())) / 3
+    assert result.unresolved == int((left >= result.threshold).sum())
 
 
 def test_subset_changes_feed_the_estimates(model, ids, scored):
@@ -99,7 +127,7 @@ def test_subset_changes_feed_the_estimates(model, ids, scored):
     one set per forward in the drawn order (the ranking batches them, lowest layer first, in resumable chunks)."""
     v = Verification(2, 12, 0.3, seed=4)
     result = verify_ranking(model, ids, scored.table["taylor"], verification=v, windowing=WINDOWS, show_progress=False)
-    rest = np.flatnonzero(~result.table["verified"].to_numpy())
+    rest = np.flatnonzero(result.table["round"].to_numpy() != 1)  # the subsets hold every head round 1 left
     masks = draw_subsets(len(rest), 12, 0.3, 4)
     heads = model.head_ids
     sets = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
@@ -164,6 +192,8 @@ def test_certified_recall_and_recall_by_hand():
     assert certified_recall(np.array([0.5, 0.2, -0.3]), np.array([0.25, 0.2, 0.19, 0.01])) == pytest.approx(1 / 3)
     assert certified_recall(np.array([0.5, 0.2]), np.array([0.1, 0.19])) == 1.0
     assert certified_recall(np.array([0.5]), np.array([0.6, 0.7])) == 0.0
+    # four verified, top 2 claimed (0.5 and -0.3): threshold 0.3, one unverified head (0.35) could reach it
+    assert certified_recall(np.array([0.5, 0.01, -0.3, 0.2]), np.array([0.35, 0.29, 0.1]), k=2) == 0.5
     # true top 2 by |value|: heads 3 (-0.9) and 0 (0.5); the verified set {0, 1} holds one of them
     assert recall_at_k([0.5, 0.4, 0.1, -0.9], [True, True, False, False]) == 0.5
 
@@ -185,6 +215,8 @@ def test_draw_subsets_puts_each_head_in_the_same_number():
     ({"verification": Verification(verified=11)}, "verified 11 of 12 heads"),
     ({"verification": Verification(subsets=4)}, "subsets 4"),
     ({"verification": Verification(inclusion=1.0)}, "inclusion 1.0"),
+    ({"verification": Verification(rounds=0)}, "rounds 0"),
+    ({"verification": Verification(verified=4, rounds=3)}, "3 rounds of 4 verified heads"),
 ])
 def test_refusals_name_the_bad_value(model, ids, kwargs, match):
     args = {"estimate": [0.1] * 12} | kwargs

@@ -71,9 +71,11 @@ def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
     model = load_model(tiny_dir)  # 12 heads
     T = 32
     sweep = ablation_fe(model, T)
-    fe = cost.verify_fe(model, T, verified=2, subsets=16)
+    fe = cost.verify_fe(model, T, verified=2, subsets=16, rounds=1)
     assert fe["sweep"] == sweep
     assert fe["total"] == pytest.approx(2 + 1 + 2 * (sweep - 1) / 12 + 16, rel=1e-12)  # taylor, base, K, R
+    two = cost.verify_fe(model, T, verified=2, subsets=16)  # the default: a second round, its own cached forward
+    assert two["total"] == pytest.approx(2 + 2 * (1 + 2 * (sweep - 1) / 12) + 16, rel=1e-12)
     monkeypatch.setattr(cost, "measured_rate", lambda model, seq_len: 1e6)  # slow enough to pass ten minutes
     tokens = 10_000
     lines = cost.scoring_lines(model, ["grad", "abl_zero"], tokens, T)
