@@ -76,7 +76,9 @@ class RunSettings:
     optimal: bool = False
     learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
     gate_steps: int = 200  # training steps per fraction
-    patch_task: str = "brackets"  # the built-in task of the patching section ("none": no patching)
+    # the built-in task of the patching section ("none": no patching; "auto": brackets where the model's tokenizer
+    # can build its pairs, induction (random tokens: any tokenizer) where not); resolved once the model is loaded
+    patch_task: str = "auto"
     patch_pairs: int = 32
     methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the opt-in abl_zero_folded, abl_opt,
     #                                      abl_resample; abl_opt with `optimal`); those that rank heads also get
@@ -86,8 +88,8 @@ class RunSettings:
         from headprune.patching.tasks import TASKS
 
         self.methods = tuple(parse_methods([*self.methods, *(["abl_opt"] if self.optimal else [])]))
-        if self.patch_task not in (*TASKS, "none"):
-            raise HeadpruneError(f"patch task {self.patch_task!r} is not one of {', '.join(TASKS)} or none",
+        if self.patch_task not in (*TASKS, "none", "auto"):
+            raise HeadpruneError(f"patch task {self.patch_task!r} is not one of {', '.join(TASKS)}, auto or none",
                                  "patch-task")
         if self.patch_pairs < 2:
             raise HeadpruneError(f"patch pairs {self.patch_pairs} must be at least 2", "patch-pairs")
@@ -145,6 +147,7 @@ class RunInputs:
     seconds_load: float
     seconds_tokenize: float
     budget: Any = None  # the headprune.cost.Budget a budgeted run picked (None: the given max_tokens)
+    patch_note: str | None = None  # why the patching task differs from the first choice (resolve_patch_task)
 
     def fingerprint(self, s: RunSettings, methods: list[str]) -> dict:
         """What the run's progress file is valid for: settings, model, both token streams, windows, device."""
@@ -181,6 +184,31 @@ def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
     return budget
 
 
+AUTO_PATCH_TASKS = ("brackets", "induction")  # --patch-task auto: the first whose pairs the tokenizer builds
+
+
+def resolve_patch_task(s: RunSettings, model: HeadModel, tokenizer) -> str | None:
+    """Check, before anything is spent, that ``s.patch_task``'s pairs build for this model and tokenizer (a task
+    that cannot raises here, not after the scoring); ``auto`` becomes the first of :data:`AUTO_PATCH_TASKS` that
+    builds. Returns a line saying why a task was passed over (None where none was)."""
+    from headprune.patching.tasks import task_pairs
+
+    if s.patch_task == "none":
+        return None
+    passed: list[str] = []
+    for task in AUTO_PATCH_TASKS if s.patch_task == "auto" else (s.patch_task,):
+        try:
+            task_pairs(task, model, tokenizer, n_pairs=s.patch_pairs, seed=s.seed)
+        except HeadpruneError as err:
+            if s.patch_task != "auto":
+                raise HeadpruneError(f"--patch-task: {err} (give another task, or none)", "patch-task") from err
+            passed.append(f"{task} ({err})")
+            continue
+        s.patch_task = task
+        return f"patching task: {task}, in place of {'; '.join(passed)}" if passed else None
+    raise AssertionError("induction pairs are random tokens: they build for every tokenizer")
+
+
 def load_inputs(s: RunSettings) -> RunInputs:
     """The model of ``s`` on its device and dtype, its windows, and the tokens of both splits (with ``s.budget``,
     as many as :func:`resolve_budget` picks)."""
@@ -191,10 +219,11 @@ def load_inputs(s: RunSettings) -> RunInputs:
     budget = resolve_budget(s, model)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
     tokenizer = model_tokenizer(model)
+    patch_note = resolve_patch_task(s, model, tokenizer)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
-                     time.perf_counter() - t_start - t_load, budget)
+                     time.perf_counter() - t_start - t_load, budget, patch_note)
 
 
 def rankings_of(s: RunSettings, ranked: list[str]) -> list[str]:
@@ -310,6 +339,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     stages = stage_names(s)
     if inputs.budget is not None:
         log(inputs.budget.line(DEFAULT_MAX_TOKENS))
+    if inputs.patch_note is not None:
+        log(inputs.patch_note)
     log(stage_line(stages, "ledger", f"parameters and shapes -> {out / 'ledger.txt'}"))
 
     log(stage_line(stages, "scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "

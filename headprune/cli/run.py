@@ -39,9 +39,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="all",
                    help="all, or a comma-separated list of the methods to score (those that "
                         f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
-    p.add_argument("--patch-task", default="brackets",
+    p.add_argument("--patch-task", default="auto",
                    help="built-in task of the report's patching section: brackets (closing a call's bracket, which "
-                        "the shipped model does), induction, ioi (GPT-2's tokenizer), or none")
+                        "the shipped model does), induction, ioi (GPT-2's tokenizer), none, or auto (brackets where "
+                        "the model's tokenizer builds its pairs, else induction; checked before the scoring)")
     p.add_argument("--patch-pairs", type=int, default=32, help="prompt pairs of that task")
     add_run_flags(p, "report directory", "headprune-report")
 
