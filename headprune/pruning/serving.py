@@ -125,14 +125,17 @@ def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tenso
             heads = uniform_heads(model, scores, method, fraction) if fraction > 0 else []
             key = frozenset(heads)
             if key not in served:
-                pruned: Any = prune_heads(model, heads) if heads else model
+                # the pruned model shares the tensors pruning leaves unchanged (embeddings, MLPs) with ``model``,
+                # and is let go before transformers loads the export: two full models in memory at most
+                pruned: Any = prune_heads(model, heads, share=True) if heads else model
                 folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
                 with torch.no_grad():
                     check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
                 ppl = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size,
                                progress=False).ppl
-                served[key] = {"removed": len(heads), "ppl": ppl,
-                               "layout": "compact" if is_compact(pruned) or not heads else "zeroed",
+                layout = "compact" if is_compact(pruned) or not heads else "zeroed"
+                del pruned
+                served[key] = {"removed": len(heads), "ppl": ppl, "layout": layout,
                                **measure_serving(folder, work, check, model.device)}
             rows.append({"fraction": fraction, **served[key]})
     return pd.DataFrame(rows, columns=list(SERVING_COLUMNS))
