@@ -415,18 +415,19 @@ def main() -> None:
     best = s["commands"]["ranking"]
     base = {"model_fingerprint": s["model_fingerprint"], "tokens": tokens, "seq_len": w.seq_len, "seed": seed}
     progress = Progress(run / ".study-progress.jsonl", base)
+    ranking = ranking_key(scores, best)
 
     if _fresh(run, "study_code_scores", meta := base | {"bootstrap": bootstrap}):
         print("[1/4] zero-ablation of every head on code (the code corpus' validation split)")
         code_ids = corpus_ids("code", "validation", tok, tokens)
         save(run, "study_code_scores", table=code_scores(model, code_ids, w, bootstrap, seed, progress), meta=meta)
     if _fresh(run, "study_units", meta := base | {"best": best, "fractions": list(UNIT_FRACTIONS),
-                                                "ranking": ranking_key(scores, best)}):
+                                                "ranking": ranking}):
         print("[2/4] pruning curves by KV group and uniform prunes")
         save(run, "study_units", table=unit_curves(model, score_ids, eval_ids, w, scores, best, seed, bootstrap,
                                                    progress), meta=meta)
     if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps,
-                                                   "ranking": ranking_key(scores, best)}):
+                                                   "ranking": ranking}):
         print(f"[3/4] distillation of {best}'s prunes, {args.recover_steps} steps each")
         if not is_builtin(s["data"]):
             raise SystemExit(f"the run's data {s['data']} has no train split apart from its test text; distillation "

@@ -102,15 +102,15 @@ def _fields(s: RunSettings) -> dict:
             if k != "budget" and (s.learn_gates or k not in ("learn_gates", "gate_steps"))}
 
 
-def _patching(model, s: RunSettings, progress: Progress, quiet: bool = False):
-    """The patching study of the built-in task ``s.patch_task`` (None for "none"), as the report shows it."""
-    if s.patch_task == "none":
+def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = False):
+    """The patching study of ``pairs``, the built-in task ``s.patch_task``'s (None for "none"), as the report shows
+    it."""
+    if pairs is None:
         return None
     from headprune.patching.study import StudyOptions, patch_study
-    from headprune.patching.tasks import TASK_TEXT, task_pairs
+    from headprune.patching.tasks import TASK_TEXT
     from headprune.report.patching_section import PatchingReport
 
-    pairs = task_pairs(s.patch_task, model, n_pairs=s.patch_pairs, seed=s.seed)
     options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
     study = patch_study(model, pairs, options, progress=progress, show_progress=not quiet)
     return PatchingReport(study.table, study.agreement, study.missed,
@@ -147,6 +147,7 @@ class RunInputs:
     seconds_load: float
     seconds_tokenize: float
     budget: Any = None  # the headprune.cost.Budget a budgeted run picked (None: the given max_tokens)
+    patch_pairs: Any = None  # the PromptPairs of s.patch_task (None for "none"), built by resolve_patch_task
     patch_note: str | None = None  # why the patching task differs from the first choice (resolve_patch_task)
 
     def fingerprint(self, s: RunSettings, methods: list[str]) -> dict:
@@ -187,25 +188,25 @@ def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
 AUTO_PATCH_TASKS = ("brackets", "induction")  # --patch-task auto: the first whose pairs the tokenizer builds
 
 
-def resolve_patch_task(s: RunSettings, model: HeadModel, tokenizer) -> str | None:
-    """Check, before anything is spent, that ``s.patch_task``'s pairs build for this model and tokenizer (a task
-    that cannot raises here, not after the scoring); ``auto`` becomes the first of :data:`AUTO_PATCH_TASKS` that
-    builds. Returns a line saying why a task was passed over (None where none was)."""
+def resolve_patch_task(s: RunSettings, model: HeadModel, tokenizer) -> tuple[Any, str | None]:
+    """Build, before anything is spent, ``s.patch_task``'s pairs for this model and tokenizer (a task that cannot
+    raises here, not after the scoring); ``auto`` becomes the first of :data:`AUTO_PATCH_TASKS` that builds.
+    Returns (the pairs, None for "none"; a line saying why a task was passed over, None where none was)."""
     from headprune.patching.tasks import task_pairs
 
     if s.patch_task == "none":
-        return None
+        return None, None
     passed: list[str] = []
     for task in AUTO_PATCH_TASKS if s.patch_task == "auto" else (s.patch_task,):
         try:
-            task_pairs(task, model, tokenizer, n_pairs=s.patch_pairs, seed=s.seed)
+            pairs = task_pairs(task, model, tokenizer, n_pairs=s.patch_pairs, seed=s.seed)
         except HeadpruneError as err:
             if s.patch_task != "auto":
                 raise HeadpruneError(f"--patch-task: {err} (give another task, or none)", "patch-task") from err
             passed.append(f"{task} ({err})")
             continue
         s.patch_task = task
-        return f"patching task: {task}, in place of {'; '.join(passed)}" if passed else None
+        return pairs, (f"patching task: {task}, in place of {'; '.join(passed)}" if passed else None)
     raise AssertionError("induction pairs are random tokens: they build for every tokenizer")
 
 
@@ -219,11 +220,11 @@ def load_inputs(s: RunSettings) -> RunInputs:
     budget = resolve_budget(s, model)
     windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
     tokenizer = model_tokenizer(model)
-    patch_note = resolve_patch_task(s, model, tokenizer)
+    patch_pairs, patch_note = resolve_patch_task(s, model, tokenizer)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
-                     time.perf_counter() - t_start - t_load, budget, patch_note)
+                     time.perf_counter() - t_start - t_load, budget, patch_pairs, patch_note)
 
 
 def rankings_of(s: RunSettings, ranked: list[str]) -> list[str]:
@@ -376,7 +377,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         log(stage_line(stages, "patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
                                            "exact patching of every head, AtP and AtP*"))
     t0 = time.perf_counter()
-    patching = _patching(model, s, progress, quiet)  # every process: its exact sweeps are units like the scores'
+    # every process patches: its exact sweeps are units like the scores'
+    patching = _patching(model, s, inputs.patch_pairs, progress, quiet)
     if patching is not None:
         seconds["patching"] = time.perf_counter() - t0
     settings = run_settings(s, methods, inputs, fingerprint, best, seconds, scored)

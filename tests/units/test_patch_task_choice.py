@@ -13,6 +13,13 @@ from headprune.patching import tasks
 from headprune.pipeline import RunSettings, resolve_patch_task
 
 
+def _same(pairs, expected):
+    """The pairs the run patches are the task's own (same prompts, answers and name)."""
+    assert pairs.name == expected.name and len(pairs) == len(expected) == 32
+    for field in ("clean", "corrupt", "lengths", "answer", "wrong"):
+        assert getattr(pairs, field).equal(getattr(expected, field)), field
+
+
 def _no_brackets(tokenizer, n_pairs=32, seed=0):
     raise HeadpruneError("brackets: 'f(x' / 'f[x' do not tokenize to equal lengths with one-token answers")
 
@@ -25,14 +32,21 @@ def model(tiny_dir):
 def test_auto_is_brackets_where_the_tokenizer_builds_them(model):
     s = RunSettings(model="m")
     assert s.patch_task == "auto"
-    assert resolve_patch_task(s, model, model_tokenizer(model)) is None and s.patch_task == "brackets"
+    pairs, note = resolve_patch_task(s, model, model_tokenizer(model))
+    assert note is None and s.patch_task == "brackets"
+    _same(pairs, tasks.task_pairs("brackets", model, n_pairs=s.patch_pairs, seed=s.seed))
+
+
+def test_none_builds_no_pairs(model):
+    assert resolve_patch_task(RunSettings(model="m", patch_task="none"), model, None) == (None, None)
 
 
 def test_auto_falls_back_to_induction_and_says_why(model, monkeypatch):
     monkeypatch.setattr(tasks, "brackets", _no_brackets)
     s = RunSettings(model="m")
-    note = resolve_patch_task(s, model, model_tokenizer(model))
+    pairs, note = resolve_patch_task(s, model, model_tokenizer(model))
     assert s.patch_task == "induction"
+    _same(pairs, tasks.task_pairs("induction", model, n_pairs=s.patch_pairs, seed=s.seed))
     assert note == ("patching task: induction, in place of brackets (brackets: 'f(x' / 'f[x' do not tokenize to "
                     "equal lengths with one-token answers)")
 
