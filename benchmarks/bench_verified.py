@@ -55,9 +55,8 @@ def main() -> None:
     rows = []
     for rounds in map(int, args.rounds.split(",")):
         t0 = time.perf_counter()
-        result = verify_ranking(model, ids, taylor, verification=Verification(
-            subsets=args.subsets, inclusion=args.inclusion, rounds=rounds), windowing=w,
-                                show_progress=False)
+        verification = Verification(subsets=args.subsets, inclusion=args.inclusion, rounds=rounds)
+        result = verify_ranking(model, ids, taylor, verification=verification, windowing=w, show_progress=False)
         verify_s = taylor_s + time.perf_counter() - t0
         table = result.table
         verified, top = table["verified"].to_numpy(), table["top"].to_numpy()
