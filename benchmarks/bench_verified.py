@@ -71,12 +71,12 @@ def main() -> None:
                      "spearman_taylor_abl_zero": float(spearmanr(taylor, exact).statistic),
                      "exact_matches_sweep": float(np.abs(table["exact"].to_numpy()[verified] - exact[verified]).max())})
         print(json.dumps(rows[-1], indent=1))
-    path = Path(args.out)
     def key(r: dict) -> tuple:
         return (r["model"], r["tokens"], r["seq_len"], r.get("rounds", 1), r.get("subsets", VERIFY_SUBSETS),
                 r.get("inclusion", VERIFY_INCLUSION))
 
-    kept = [r for r in (json.loads(path.read_text()) if path.exists() else []) if key(r) not in set(map(key, rows))]
+    path, replaced = Path(args.out), {key(r) for r in rows}
+    kept = [r for r in (json.loads(path.read_text()) if path.exists() else []) if key(r) not in replaced]
     path.write_text(json.dumps(kept + rows, indent=1) + "\n")
 
 
