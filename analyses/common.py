@@ -38,7 +38,7 @@ def setup(name: str, doc: str, add_arguments: Callable[[argparse.ArgumentParser]
     args = ap.parse_args()
     model = load_model(args.model)
     tok = model_tokenizer(model)
-    args.windowing = Windowing.resolve(model.cfg.n_positions, args.seq_len)
+    args.windowing = Windowing.for_model(model, args.seq_len)
     args.seq_len = args.windowing.seq_len
     score_ids = corpus_ids(args.data, "validation", tok, args.max_tokens)
     eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens)

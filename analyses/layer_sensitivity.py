@@ -14,13 +14,13 @@ from headprune.scoring import score_heads
 
 args, model, score_ids, eval_ids, out = setup("layer_sensitivity", __doc__)
 scores = score_heads(model, score_ids, ["abl_zero"], windowing=args.windowing).table
-base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
+base = evaluate(model, eval_ids, args.windowing).nll
 rows = []
 for layer, kept in enumerate(model.cfg.kept_heads):
     ranked = scores[scores.layer == layer].sort_values(["abl_zero", "head"])
     half = [(layer, int(h)) for h in ranked["head"][: len(kept) // 2]]
     for label, heads in (("all heads", [(layer, h) for h in kept]), ("least important half", half)):
-        nll = evaluate(prune_model(model, heads), eval_ids, args.seq_len, args.seq_len, progress=False).nll
+        nll = evaluate(prune_model(model, heads), eval_ids, args.windowing, progress=False).nll
         rows.append({"layer": layer, "pruned": label, "heads_pruned": len(heads), "delta_nll": nll - base})
 table = pd.DataFrame(rows)
 fig = Figure(figsize=(7, 3.6), layout="constrained")

@@ -34,16 +34,16 @@ w = args.windowing
 
 
 def test_nll(heads) -> float:
-    return evaluate(prune_model(model, heads), eval_ids, w.seq_len, w.stride, w.batch_size, progress=False).nll
+    return evaluate(prune_model(model, heads), eval_ids, w, progress=False).nll
 
 
-base = evaluate(model, eval_ids, w.seq_len, w.stride, w.batch_size, progress=False)
+base = evaluate(model, eval_ids, w, progress=False)
 seconds: dict[str, float] = {}
 t0 = time.perf_counter()
 scores = score_heads(model, score_ids, ["abl_zero", "abl_mean"], windowing=w, show_progress=False).table
 seconds["one-shot scores (abl_zero, abl_mean)"] = time.perf_counter() - t0
 t0 = time.perf_counter()
-gate_batches = Windowing.resolve(model.cfg.n_positions, SEQ, None, BATCH).batches(score_ids)
+gate_batches = Windowing.for_model(model, SEQ, None, BATCH).batches(score_ids)
 gates = gate_head_sets(model, gate_batches, list(FRACTIONS), STEPS, show_progress=False)
 seconds[f"learned gates ({len(FRACTIONS)} fractions x {STEPS} steps)"] = time.perf_counter() - t0
 rows = []

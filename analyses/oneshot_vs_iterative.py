@@ -16,13 +16,13 @@ from headprune.scoring import score_heads
 METHOD, STEPS = "taylor", 4
 args, model, score_ids, eval_ids, out = setup("oneshot_vs_iterative", __doc__)
 scores = score_heads(model, score_ids, [METHOD], windowing=args.windowing, show_progress=False).table
-base = evaluate(model, eval_ids, args.seq_len, args.seq_len).nll
+base = evaluate(model, eval_ids, args.windowing).nll
 rows = []
 for fraction in [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
     for steps in (1, STEPS):
         pruned, heads = prune_iteratively(model, scores, METHOD, fraction=fraction, options=PruningOptions(steps=steps),
                                           data=ScoringData(score_ids, args.windowing), show_progress=False)
-        nll = evaluate(pruned, eval_ids, args.seq_len, args.seq_len, progress=False).nll
+        nll = evaluate(pruned, eval_ids, args.windowing, progress=False).nll
         rows.append({"fraction": fraction, "schedule": "one-shot" if steps == 1 else f"iterative ({steps} steps)",
                      "heads_pruned": len(heads), "delta_nll": nll - base})
 table = pd.DataFrame(rows)

@@ -101,17 +101,17 @@ def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: 
 
     name, by_layer = split_ranking(best)
     selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
-    base = evaluate(model, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+    base = evaluate(model, eval_ids, windowing, False).ppl
     rows = []
     for f in RECOVER_FRACTIONS:
         heads = select_heads(scores, name, fraction=f, selection=selection)
         pruned = prune_model(model, heads)
-        before = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+        before = evaluate(pruned, eval_ids, windowing, False).ppl
         recipe = Recipe(steps=steps, batch_size=4, seq_len=windowing.seq_len, seed=seed, distill_weight=1.0,
                         temperature=1.0)
         t0 = time.perf_counter()
         finetune(pruned, train_ids, recipe, teacher=model, show_progress=True)
-        after = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size, False).ppl
+        after = evaluate(pruned, eval_ids, windowing, False).ppl
         rows.append({"method": best, "fraction": f, "heads_pruned": len(heads), "steps": steps,
                      "train_tokens": steps * 4 * windowing.seq_len, "ppl_unpruned": base, "ppl_pruned": before,
                      "ppl_distilled": after, "gap_recovered": gap_recovered(base, before, after),
@@ -407,13 +407,14 @@ def main() -> None:
     s = json.loads((run / "settings.json").read_text())
     model = load_model(s["model"], dtype=s["dtype"])
     tok = model_tokenizer(model)
-    w = Windowing.resolve(model.cfg.n_positions, s["seq_len"], s["stride"], s["batch_size"])
+    w = Windowing.for_model(model, s["seq_len"], s["stride"], s["batch_size"])
     tokens, seed, bootstrap = s["max_tokens"], s["seed"], s["bootstrap"]
     score_ids = corpus_ids(s["score_data"].split(" (validation split)")[0], "validation", tok, tokens)
     eval_ids = corpus_ids(s["data"], "test", tok, tokens)
     scores = pd.read_csv(run / "scores.csv")
     best = s["commands"]["ranking"]
-    base = {"model_fingerprint": s["model_fingerprint"], "tokens": tokens, "seq_len": w.seq_len, "seed": seed}
+    base = {"model_fingerprint": s["model_fingerprint"], "tokens": tokens, "seq_len": w.seq_len, "bos": w.bos,
+            "seed": seed}
     progress = Progress(run / ".study-progress.jsonl", base)
     ranking = ranking_key(scores, best)
 

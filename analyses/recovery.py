@@ -68,7 +68,7 @@ methods = [m.strip() for m in args.methods.split(",") if m.strip()]
 
 
 def ppl(m: GPT2) -> float:
-    return evaluate(m, eval_ids, w.seq_len, w.stride, w.batch_size, progress=False).ppl
+    return evaluate(m, eval_ids, w, progress=False).ppl
 
 
 unpruned = ppl(model)
@@ -81,7 +81,7 @@ head_sets = {f"one-shot {best}": list(oneshot_table.heads[0])}
 gate_seconds = 0.0
 if args.gate_steps:
     t0 = time.perf_counter()
-    gate_batches = Windowing.resolve(model.cfg.n_positions, GATE_SEQ, None, GATE_BATCH).batches(score_ids)
+    gate_batches = Windowing.for_model(model, GATE_SEQ, None, GATE_BATCH).batches(score_ids)
     head_sets[GATES] = gate_head_sets(model, gate_batches, [args.fraction], args.gate_steps, seed=args.seed,
                                       show_progress=False)[(GATE, args.fraction)]
     gate_seconds = time.perf_counter() - t0

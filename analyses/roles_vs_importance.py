@@ -22,8 +22,10 @@ from headprune.scoring import score_heads
 PROBE_LENGTH, PROBE_COUNT, ROWS, SEED, PRUNED = 32, 8, 8, 0, 0.5
 
 args, model, score_ids, _, out = setup("roles_vs_importance", __doc__)
-probe = repeated_random_tokens(model.cfg.vocab_size, min(PROBE_LENGTH, model.cfg.n_positions // 2), PROBE_COUNT, SEED)
-anatomy = head_anatomy(model, probe, corpus_rows(score_ids, args.seq_len, ROWS))
+bos = args.windowing.bos
+length = min(PROBE_LENGTH, (model.cfg.n_positions - (bos is not None)) // 2)
+probe = repeated_random_tokens(model.cfg.vocab_size, length, PROBE_COUNT, SEED, bos)
+anatomy = head_anatomy(model, probe, corpus_rows(score_ids, args.seq_len, ROWS, bos))
 scores = score_heads(model, score_ids, ["abl_zero"], windowing=args.windowing).table
 heads = scores[["layer", "head", "head_id", "abl_zero"]].merge(anatomy.heads.drop(columns=["layer", "head"]),
                                                                on="head_id")

@@ -36,7 +36,7 @@ def worker(args) -> None:
     rank, world = rank_and_world()
     model = load_model(args.dir)
     ids = torch.randint(0, model.cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0))
-    windowing = Windowing.resolve(model.cfg.n_positions, args.seq, batch_size=args.tokens // args.seq)
+    windowing = Windowing.for_model(model, args.seq, batch_size=args.tokens // args.seq)
     ctx = ScoringContext(model, windowing.batches(ids), ["abl_zero"], ablation_rows=8)
     family = AblationScores()
     rows = {}

@@ -17,7 +17,7 @@ from scipy import stats
 from headprune.data.tokens import corpus_ids
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import model_tokenizer
-from headprune.perplexity import evaluate
+from headprune.perplexity import Windowing, evaluate
 from headprune.scoring import score_heads
 
 METHODS = ["fluct", "grad", "abl_zero"]
@@ -32,8 +32,9 @@ def main() -> None:
     tok = model_tokenizer(models["fp32"])
     test = corpus_ids("default", "test", tok, args.max_tokens)
     val = corpus_ids("default", "validation", tok, args.max_tokens)
-    seq = models["fp32"].cfg.n_positions
-    nll = {dt: evaluate(m, test, seq, seq, 8, progress=False).nll for dt, m in models.items()}
+    windows = Windowing.for_model(models["fp32"], batch_size=8)
+    seq = windows.seq_len
+    nll = {dt: evaluate(m, test, windows, progress=False).nll for dt, m in models.items()}
     x = test[: min(seq, len(test))].view(1, -1)
     with torch.no_grad():
         ref, low = models["fp32"](x).float(), models["bf16"](x).float()

@@ -33,14 +33,14 @@ def main() -> None:
     args = ap.parse_args()
     model = load_model()
     tokenizer = model_tokenizer(model)
-    w = Windowing.resolve(model.cfg.n_positions)
+    w = Windowing.for_model(model)
     score_ids = corpus_ids("default", "validation", tokenizer, args.max_tokens)
     eval_ids = corpus_ids("default", "test", tokenizer, args.max_tokens)
 
     def evaluation() -> tuple[float, float]:
-        evaluate(model, eval_ids, w.seq_len, w.stride, w.batch_size, progress=False)  # warm-up
+        evaluate(model, eval_ids, w, progress=False)  # warm-up
         t0 = time.perf_counter()
-        nll = [evaluate(model, eval_ids, w.seq_len, w.stride, w.batch_size, progress=False).nll for _ in range(3)]
+        nll = [evaluate(model, eval_ids, w, progress=False).nll for _ in range(3)]
         return (time.perf_counter() - t0) / 3, nll[0]
 
     t_default, nll_default = evaluation()

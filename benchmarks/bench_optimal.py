@@ -44,11 +44,11 @@ def main() -> None:
     args = ap.parse_args()
     model = load_model(args.model, device="cpu")
     ids = corpus_ids("default", "validation", model_tokenizer(model), args.max_tokens)
-    w = Windowing.resolve(model.cfg.n_positions)
+    w = Windowing.for_model(model)
     print(f"{args.model}: {len(model.head_ids)} heads, {len(ids):,} scoring tokens, {args.steps} BFGS passes, "
           f"{torch.get_num_threads()} threads")
-    evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False)  # warm-up
-    _, t_fwd = _timed(lambda: evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=False))
+    evaluate(model, ids, w, progress=False)  # warm-up
+    _, t_fwd = _timed(lambda: evaluate(model, ids, w, progress=False))
     means = score_heads(model, ids, "abl_mean", windowing=w, show_progress=False)  # mean_z (and abl_mean) once
     ctx = ScoringContext(model, w.batches(ids), ["abl_mean", "abl_opt"], 8, optimal_steps=args.steps)
     ctx.side.mean_z = torch.stack([means.means[h] for h in model.head_ids]).double()

@@ -43,7 +43,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = load_model(args.model)
     ids = tokens("default", "validation", model, args.tokens)
-    w = Windowing.resolve(model.cfg.n_positions, args.seq, args.seq, 8)
+    w = Windowing.for_model(model, args.seq, args.seq, 8)
     options = ScoringOptions(bootstrap=0)
 
     t0 = time.perf_counter()

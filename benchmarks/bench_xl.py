@@ -149,7 +149,7 @@ def child(args) -> None:
     result: dict = {"load_s": round(time.perf_counter() - t0, 1), "load_cpu_s": round(time.process_time() - c0, 1)}
     if args.child == "ablate":
         ids = corpus_ids("default", "validation", model_tokenizer(model), TOKENS)
-        (batch,) = Windowing.resolve(model.cfg.n_positions, batch_size=1).batches(ids)
+        (batch,) = Windowing.for_model(model, batch_size=1).batches(ids)
         t0, c0 = time.perf_counter(), time.process_time()
         resid_pre, base = cache_batch(model, batch)
         result |= {"forward_s": round(time.perf_counter() - t0, 1), "forward_cpu_s": round(time.process_time() - c0, 1)}

@@ -8,6 +8,11 @@ each predicted from ids[b_w : t]. Then
 
 Token-weighted exactly: the guide's loop weights each window's mean loss by (new tokens − 1), which is
 the number of scored tokens only for the first window; we count the tokens that are really scored.
+
+A model whose tokenizer puts a BOS token before every text (Gemma's ``<bos>``; ``model.origin.bos_token_id``)
+sees every window as [bos] + ids[b_w : e_w]: its first token is then scored too, predicted from bos alone, so
+windows without overlap score every corpus token. The window still holds ``seq_len`` corpus tokens; the forward
+is one position longer.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ class Window:
 
 @dataclass
 class Batch:
-    tokens: Tensor  # (b, L) int64
+    tokens: Tensor  # (b, L) int64: the window, after the BOS token where the model has one (L = seq_len + 1)
     mask: Tensor  # (b, L-1) bool: which next-token predictions are scored
 
     def to(self, device: torch.device) -> Batch:
@@ -49,25 +54,48 @@ DEFAULT_MAX_SEQ_LEN = 1024
 class Windowing:
     """How a corpus is cut into windows and batched, checked against a model: build it with :meth:`resolve`."""
 
-    seq_len: int  # window length
+    seq_len: int  # corpus tokens per window
     stride: int  # window start every `stride` tokens
     batch_size: int = 8  # windows per forward
+    bos: int | None = None  # the token put before every window (the model's BOS), None: none
 
     @classmethod
     def resolve(cls, n_positions: int, seq_len: int | None = None, stride: int | None = None,
-                batch_size: int = 8) -> Windowing:
-        """Defaults filled in (seq_len: n_positions up to :data:`DEFAULT_MAX_SEQ_LEN`, stride: seq_len) and every
-        value checked."""
-        seq_len = min(n_positions, DEFAULT_MAX_SEQ_LEN) if seq_len is None else seq_len
+                batch_size: int = 8, bos: int | None = None) -> Windowing:
+        """Defaults filled in (seq_len: the positions the BOS token leaves, up to :data:`DEFAULT_MAX_SEQ_LEN`;
+        stride: seq_len) and every value checked."""
+        seq_len = min(n_positions - (bos is not None), DEFAULT_MAX_SEQ_LEN) if seq_len is None else seq_len
         stride = seq_len if stride is None else stride
-        check_window(seq_len, stride, n_positions)
+        check_window(seq_len, stride, n_positions, bos is not None)
         if batch_size < 1:
             raise HeadpruneError(f"batch_size {batch_size} must be at least 1", "batch_size")
-        return cls(seq_len, stride, batch_size)
+        return cls(seq_len, stride, batch_size, bos)
+
+    @classmethod
+    def for_model(cls, model: HeadModel, seq_len: int | None = None, stride: int | None = None,
+                  batch_size: int = 8) -> Windowing:
+        """:meth:`resolve` for ``model``: its positions, and its tokenizer's BOS token before every window."""
+        return cls.resolve(model.cfg.n_positions, seq_len, stride, batch_size, model.origin.bos_token_id)
 
     def batches(self, ids: Tensor) -> list[Batch]:
         """:func:`window_batches` of ``ids``."""
-        return window_batches(ids, self.seq_len, self.stride, self.batch_size)
+        return window_batches(ids, self.seq_len, self.stride, self.batch_size, self.bos)
+
+    def settings(self) -> dict:
+        """Every field, as a progress file's key records it."""
+        return {"seq_len": self.seq_len, "stride": self.stride, "batch_size": self.batch_size, "bos": self.bos}
+
+    @property
+    def bos_note(self) -> str:
+        """``, each after BOS id 2`` where windows start with a BOS token, else empty: for a line that names the
+        windows."""
+        return "" if self.bos is None else f", each after BOS id {self.bos}"
+
+
+def bos_setting(windowing: Windowing) -> dict:
+    """``{"bos_token_id": id}`` where the windows start with a BOS token, else empty (what a report's settings
+    record: runs of models without one are unchanged)."""
+    return {} if windowing.bos is None else {"bos_token_id": windowing.bos}
 
 
 @dataclass
@@ -109,22 +137,26 @@ def window_standard_error(sums: Tensor, counts: Tensor) -> float:
 def scored_bytes(tokenizer, ids: Tensor, windowing: Windowing) -> int:
     """UTF-8 bytes of the tokens the sliding windows score (each window's new tokens, decoded span by span):
     bits per byte = NLL sum / (ln 2 · bytes)."""
-    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride)
+    spans = sliding_windows(len(ids), windowing.seq_len, windowing.stride, windowing.bos is not None)
     return sum(len(tokenizer.decode(ids[w.first_scored:w.end].tolist()).encode("utf-8")) for w in spans)
 
 
-def check_window(seq_len: int, stride: int, n_positions: int) -> None:
+def check_window(seq_len: int, stride: int, n_positions: int, bos: bool = False) -> None:
+    """A window of ``seq_len`` corpus tokens, after a BOS token where ``bos``, fits the model's positions."""
+    room = n_positions - bos
     if seq_len < 2:
         raise HeadpruneError(f"seq_len {seq_len} is too short; use at least 2", "seq_len")
-    if seq_len > n_positions:
-        raise HeadpruneError(f"seq_len {seq_len} exceeds the model's n_positions {n_positions}; use <= {n_positions}",
-                             "seq_len")
+    if seq_len > room:
+        after_bos = " less one for the BOS token" if bos else ""
+        raise HeadpruneError(f"seq_len {seq_len} exceeds the model's n_positions {n_positions}{after_bos}; use "
+                             f"<= {room}", "seq_len")
     if not 0 < stride <= seq_len:
         raise HeadpruneError(f"stride {stride} must be in 1..seq_len ({seq_len})", "stride")
 
 
-def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[Window]:
-    """The guide's windows over a corpus of ``n_tokens`` tokens."""
+def sliding_windows(n_tokens: int, seq_len: int, stride: int, bos: bool = False) -> list[Window]:
+    """The guide's windows over a corpus of ``n_tokens`` tokens; after a BOS token (``bos``) a window scores its
+    first token too."""
     if n_tokens < 2:
         raise HeadpruneError(f"the corpus has {n_tokens} token(s); at least 2 are needed to score anything")
     if n_tokens < seq_len:
@@ -132,16 +164,18 @@ def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[Window]:
     windows, prev_end = [], 0
     for begin in range(0, n_tokens, stride):
         end = min(begin + seq_len, n_tokens)
-        windows.append(Window(begin, end, max(prev_end, begin + 1)))
+        windows.append(Window(begin, end, max(prev_end, begin + (not bos))))
         prev_end = end
         if end == n_tokens:
             break
     return windows
 
 
-def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int) -> list[Batch]:
-    """Windows grouped into batches of equal length (only the corpus' last window can be shorter)."""
-    windows = sliding_windows(len(ids), seq_len, stride)
+def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int, bos: int | None = None) -> list[Batch]:
+    """Windows grouped into batches of equal length (only the corpus' last window can be shorter), each after the
+    token ``bos`` where one is given."""
+    windows = sliding_windows(len(ids), seq_len, stride, bos is not None)
+    prefix = ids.new_tensor([] if bos is None else [bos])
     batches: list[Batch] = []
     groups: dict[int, list[Window]] = {}
     for w in windows:
@@ -149,8 +183,8 @@ def window_batches(ids: Tensor, seq_len: int, stride: int, batch_size: int) -> l
     for length, group in groups.items():
         for i in range(0, len(group), batch_size):
             chunk = group[i : i + batch_size]
-            tokens = torch.stack([ids[w.begin : w.end] for w in chunk])
-            target_pos = torch.arange(1, length)  # window-relative position of each target
+            tokens = torch.stack([torch.cat([prefix, ids[w.begin : w.end]]) for w in chunk])
+            target_pos = torch.arange(1 - len(prefix), length)  # window-relative position of each target
             mask = torch.stack([target_pos >= w.first_scored - w.begin for w in chunk])
             batches.append(Batch(tokens, mask))
     return batches
@@ -172,18 +206,17 @@ def batch_nll_sum(model: HeadModel, batch: Batch, **forward_kwargs) -> tuple[Ten
 def evaluate(
     model: HeadModel,
     ids: Tensor,
-    seq_len: int,
-    stride: int,
-    batch_size: int = 8,
+    windowing: Windowing | None = None,
     progress: bool = True,
     **forward_kwargs,
 ) -> Perplexity:
-    """Token-weighted NLL and perplexity of ``model`` on ``ids`` (1-D) with sliding windows."""
-    check_window(seq_len, stride, model.cfg.n_positions)
+    """Token-weighted NLL and perplexity of ``model`` on ``ids`` (1-D) with sliding windows (default:
+    :meth:`Windowing.for_model`)."""
+    windowing = windowing or Windowing.for_model(model)
+    check_window(windowing.seq_len, windowing.stride, model.cfg.n_positions, windowing.bos is not None)
     total, count = 0.0, 0
     sums, counts = [], []  # per window, for the standard error
-    for batch in tqdm(window_batches(ids, seq_len, stride, batch_size), desc="perplexity", disable=not progress,
-                      leave=False):
+    for batch in tqdm(windowing.batches(ids), desc="perplexity", disable=not progress, leave=False):
         batch = batch.to(model.device)
         nll = model_nll(model, batch.tokens, **forward_kwargs).double() * batch.mask  # (b, L-1)
         total += nll.sum().item()

@@ -29,7 +29,7 @@ from headprune.io.progress import Progress
 from headprune.io.tokenizer import model_tokenizer
 from headprune.models.base import HeadModel
 from headprune.models.ledger import format_info
-from headprune.perplexity import Windowing, scored_bytes
+from headprune.perplexity import Windowing, bos_setting, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import GATE, gate_head_sets
 from headprune.pruning.options import Compensation, CurveOptions, Selection
@@ -154,8 +154,7 @@ class RunInputs:
         """What the run's progress file is valid for: settings, model, both token streams, windows, device."""
         return _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(self.model),
                              "eval_tokens": token_digest(self.eval_ids), "score_tokens": token_digest(self.score_ids),
-                             "seq_len": self.windowing.seq_len, "stride": self.windowing.stride,
-                             "device_type": self.model.device.type, "version": __version__}
+                             **self.windowing.settings(), "device_type": self.model.device.type, "version": __version__}
 
 
 def run_plan(s: RunSettings) -> Any:
@@ -218,7 +217,7 @@ def load_inputs(s: RunSettings) -> RunInputs:
     configure_allocator(model)  # no number changes (headprune.runtime)
     t_load = time.perf_counter() - t_start
     budget = resolve_budget(s, model)
-    windowing = Windowing.resolve(model.cfg.n_positions, s.seq_len, s.stride, s.batch_size)
+    windowing = Windowing.for_model(model, s.seq_len, s.stride, s.batch_size)
     tokenizer = model_tokenizer(model)
     patch_pairs, patch_note = resolve_patch_task(s, model, tokenizer)
     eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
@@ -282,7 +281,7 @@ def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerpr
     return {**_fields(s), "methods": methods,
             "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
             "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": inputs.windowing.seq_len,
-            "stride": inputs.windowing.stride, "score_data": score_data,
+            "stride": inputs.windowing.stride, **bos_setting(inputs.windowing), "score_data": score_data,
             "eval_data": f"{s.data} (test split), {len(inputs.eval_ids):,} tokens", "device": str(inputs.model.device),
             "compensation_fills": score_data,
             "seconds_load": round(inputs.seconds_load, 1), "seconds_tokenize": round(inputs.seconds_tokenize, 1),

@@ -21,15 +21,17 @@ def save_hf_gpt2(folder, seed: int = 0, **config) -> GPT2LMHeadModel:
     return hf
 
 
-def guide_loop(hf, ids, max_length, stride):
-    """"Perplexity of fixed-length models", with the tokens really scored after the label shift counted."""
+def guide_loop(hf, ids, max_length, stride, bos=None):
+    """"Perplexity of fixed-length models", with the tokens really scored after the label shift counted; each
+    window after the token ``bos`` where one is given."""
     encodings = ids.view(1, -1)
     seq_len = encodings.size(1)
+    prefix = encodings.new_tensor([[bos]] if bos is not None else [[]])
     nll_sum, n_tokens, prev_end_loc = 0.0, 0, 0
     for begin_loc in range(0, seq_len, stride):
         end_loc = min(begin_loc + max_length, seq_len)
         trg_len = end_loc - prev_end_loc
-        input_ids = encodings[:, begin_loc:end_loc]
+        input_ids = torch.cat([prefix, encodings[:, begin_loc:end_loc]], dim=1)
         target_ids = input_ids.clone()
         target_ids[:, :-trg_len] = -100
         num_loss_tokens = (target_ids[:, 1:] != -100).sum().item()

@@ -66,13 +66,15 @@ class Anatomy:
         return anatomy_html(self)
 
 
-def corpus_rows(ids: Tensor, seq_len: int, rows: int) -> Tensor:
+def corpus_rows(ids: Tensor, seq_len: int, rows: int, bos: int | None = None) -> Tensor:
     """The first ``rows`` non-overlapping windows of ``seq_len`` tokens of 1-D ``ids``: (n, seq_len), n ≤ rows
-    (one shorter row when ids has fewer than seq_len tokens)."""
+    (one shorter row when ids has fewer than seq_len tokens); each after ``bos`` where one is given (the model's
+    BOS token: one more column)."""
     if len(ids) < 2:
         raise HeadpruneError(f"the corpus has {len(ids)} token(s); head anatomy needs at least 2")
     n = max(1, min(rows, len(ids) // seq_len))
-    return ids[: n * seq_len].view(n, -1) if len(ids) >= seq_len else ids.view(1, -1)
+    windows = ids[: n * seq_len].view(n, -1) if len(ids) >= seq_len else ids.view(1, -1)
+    return windows if bos is None else torch.cat([windows.new_full((len(windows), 1), bos), windows], dim=1)
 
 
 def head_anatomy(model: HeadModel, probe: Tensor, corpus: Tensor, batch_size: int = 8) -> Anatomy:

@@ -38,12 +38,13 @@ def anatomy_report(model: HeadModel, score_ids: Tensor, windowing: Windowing, sc
     """The report's anatomy inputs, on ``PROBE_COUNT`` random sequences of ``PROBE_LENGTH`` tokens repeated twice
     and the first ``CORPUS_ROWS`` windows of the scoring tokens."""
     t0 = time.perf_counter()
-    length = min(PROBE_LENGTH, model.cfg.n_positions // 2)
-    probe = repeated_random_tokens(model.cfg.vocab_size, length, PROBE_COUNT, seed)
-    corpus = corpus_rows(score_ids, windowing.seq_len, CORPUS_ROWS)
+    bos = windowing.bos
+    length = min(PROBE_LENGTH, (model.cfg.n_positions - (bos is not None)) // 2)
+    probe = repeated_random_tokens(model.cfg.vocab_size, length, PROBE_COUNT, seed, bos)
+    corpus = corpus_rows(score_ids, windowing.seq_len, CORPUS_ROWS, bos)
     a = head_anatomy(model, probe, corpus, windowing.batch_size)
     uniform, ideal = induction_baselines(probe)
-    example = score_ids[:min(EXAMPLE_TOKENS, model.cfg.n_positions)]
+    example = corpus_rows(score_ids, min(EXAMPLE_TOKENS, model.cfg.n_positions - (bos is not None)), 1, bos)[0]
     picks: list[tuple[str, str, str]] = []  # (head_id, label, example)
     for role, where in (("induction", "probe"), ("duplicate_token", "probe"), ("previous_token_corpus", "corpus")):
         best = str(a.heads["head_id"].iloc[strongest(a.heads, role)])

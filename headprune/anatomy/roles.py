@@ -52,13 +52,14 @@ PATTERNS = {"previous_token": previous_token_pattern, "duplicate_token": duplica
             "induction": induction_pattern}
 
 
-def repeated_random_tokens(vocab_size: int, length: int, count: int, seed: int = 0) -> Tensor:
-    """``count`` sequences of ``length`` uniform random token ids, each repeated twice: (count, 2·length)."""
+def repeated_random_tokens(vocab_size: int, length: int, count: int, seed: int = 0, bos: int | None = None) -> Tensor:
+    """``count`` sequences of ``length`` uniform random token ids, each repeated twice: (count, 2·length), after
+    a column of ``bos`` where one is given (the model's BOS token: (count, 1 + 2·length))."""
     if length < 2 or count < 1:
         raise HeadpruneError("the induction probe needs length >= 2 and count >= 1, "
                              f"got length {length}, count {count}")
     first = torch.randint(0, vocab_size, (count, length), generator=torch.Generator().manual_seed(seed))
-    return torch.cat([first, first], dim=1)
+    return torch.cat([first.new_full((count, 1), bos), first, first] if bos is not None else [first, first], dim=1)
 
 
 @torch.no_grad()

@@ -48,8 +48,8 @@ def run_anatomy(model: HeadModel, ids: torch.Tensor, windowing: Windowing, input
     ``ids`` (:class:`AnatomyInputs`)."""
     probe_length, probe_count, seed, rows = inputs.probe_length, inputs.probe_count, inputs.seed, inputs.rows
     t0 = time.perf_counter()
-    probe = repeated_random_tokens(model.cfg.vocab_size, probe_length, probe_count, seed)
-    corpus = corpus_rows(ids, windowing.seq_len, rows)
+    probe = repeated_random_tokens(model.cfg.vocab_size, probe_length, probe_count, seed, windowing.bos)
+    corpus = corpus_rows(ids, windowing.seq_len, rows, windowing.bos)
     anatomy = head_anatomy(model, probe, corpus, windowing.batch_size)
     record = settings | {"model_fingerprint": model_fingerprint(model), "tokens": token_digest(ids),
                          "probe_length": probe_length, "probe_count": probe_count, "seed": seed,

@@ -26,9 +26,10 @@ def run(args: argparse.Namespace) -> None:
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
-    if 2 * args.probe_length > model.cfg.n_positions:
+    if 2 * args.probe_length + (w.bos is not None) > model.cfg.n_positions:
+        after_bos = " after the BOS token" if w.bos is not None else ""
         raise HeadpruneError(f"--probe-length {args.probe_length} is too long: twice it must fit n_positions "
-                             f"{model.cfg.n_positions}")
+                             f"{model.cfg.n_positions}{after_bos}")
     inputs = AnatomyInputs(probe_length=args.probe_length, probe_count=args.probe_count, seed=args.seed,
                            rows=args.rows)
     out, anatomy = run_anatomy(model, ids, w, inputs=inputs, out=args.out,

@@ -23,7 +23,7 @@ def windowing_from_args(args, model):
     """The ``--seq-len/--stride/--batch-size`` of ``args``, resolved against ``model``."""
     from headprune.perplexity import Windowing
 
-    return Windowing.resolve(model.cfg.n_positions, args.seq_len, args.stride, args.batch_size)
+    return Windowing.for_model(model, args.seq_len, args.stride, args.batch_size)
 
 
 def data_from_args(args, model, data: str | None = None, split: str | None = None):

@@ -24,17 +24,17 @@ def run(args: argparse.Namespace) -> None:
 
     from headprune.data.sources import is_builtin
     from headprune.io.tokenizer import model_tokenizer
-    from headprune.perplexity import evaluate, scored_bytes
+    from headprune.perplexity import bos_setting, evaluate, scored_bytes
 
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
     header = {"model": args.model, "data": args.data, "split": args.split if is_builtin(args.data) else None,
-              "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride}
+              "max_tokens": args.max_tokens, "seq_len": w.seq_len, "stride": w.stride, **bos_setting(w)}
     if not args.json:
         print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids)}\n"
-              f"windows: seq_len {w.seq_len}, stride {w.stride}")
-    result = evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=not (args.json or args.quiet))
+              f"windows: seq_len {w.seq_len}, stride {w.stride}{w.bos_note}")
+    result = evaluate(model, ids, w, progress=not (args.json or args.quiet))
     n_bytes = scored_bytes(model_tokenizer(model), ids, w)
     bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan
     if args.json:

@@ -58,7 +58,7 @@ def run_finetune(args: argparse.Namespace) -> dict:
     from headprune.io.files import check_writable
     from headprune.io.loading import load_model
     from headprune.io.tokenizer import model_tokenizer
-    from headprune.perplexity import evaluate
+    from headprune.perplexity import Windowing, evaluate
     from headprune.pruning.finetune import Recipe, export_recovered, finetune, gap_recovered, load_pruned
     from headprune.pruning.provenance import check_teacher
     from headprune.runtime import configure_allocator
@@ -85,14 +85,15 @@ def run_finetune(args: argparse.Namespace) -> dict:
     alpha = (0.5 if args.distill_weight is None else args.distill_weight) if teacher is not None else 0.0
     recipe = Recipe(steps=args.train_steps, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
                     seq_len=args.seq_len, seed=args.seed, distill_weight=alpha, temperature=args.temperature,
-                    checkpoint_every=args.checkpoint_every).resolve(model.cfg.n_positions)
+                    checkpoint_every=args.checkpoint_every).resolve(model.cfg.n_positions,
+                                                                      model.origin.bos_token_id is not None)
     tok = model_tokenizer(model)
     train_ids = corpus_ids(args.train_data, "train", tok, args.max_train_tokens)
     eval_ids = corpus_ids(args.data, "test", tok, args.max_tokens or None)
     refuse_same_data(args.train_data, args.data, train_ids, eval_ids, tok)
     fmt = args.format or marker.get("format", "native")
-    n = model.cfg.n_positions
-    measure = lambda m: evaluate(m, eval_ids, n, n, recipe.batch_size, progress=not args.quiet).as_dict()
+    windows = Windowing.for_model(model, batch_size=recipe.batch_size)
+    measure = lambda m: evaluate(m, eval_ids, windows, progress=not args.quiet).as_dict()
     before = measure(model)
     teacher_ppl = measure(teacher) if teacher is not None else None
     result = finetune(model, train_ids, recipe, teacher, ckpt, overwrite=args.overwrite, show_progress=not args.quiet)

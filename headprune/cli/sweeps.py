@@ -40,5 +40,5 @@ def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
     """What makes a sweep's results what they are: resuming requires all of it to be equal."""
     return {"command": command, "model": model_fingerprint(model), "dtype": str(model.dtype),
             "device": model.device.type, "data": args.data, "split": args.split, "tokens": token_digest(ids),
-            "seq_len": windowing.seq_len, "stride": windowing.stride, "batch_size": windowing.batch_size,
+            **windowing.settings(),
             "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}

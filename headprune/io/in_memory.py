@@ -8,6 +8,7 @@ pruned model at its original shapes with the removed heads zeroed where the fami
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.loading import zero_filled
+from headprune.io.tokenizer import model_bos
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, ModelFamily
 from headprune.models.head_config import Origin
@@ -48,6 +50,7 @@ def from_hf(hf_model: PreTrainedModel) -> HeadModel:
     name = config.get("_name_or_path") or ""
     folder = Path(name).expanduser() if name and Path(name).expanduser().is_dir() else None  # its tokenizer
     model.origin = Origin(f"in-memory {type(hf_model).__name__}" + (f" from {name}" if name else ""), folder)
+    model.origin = dataclasses.replace(model.origin, bos_token_id=model_bos(model))
     return model.eval().requires_grad_(False)
 
 

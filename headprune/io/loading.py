@@ -124,6 +124,7 @@ def load_model(
     """Load a checkpoint of any family of :data:`~headprune.models.families.REGISTRY` into its
     :class:`~headprune.models.base.HeadModel`, on ``device`` in ``dtype``, in eval mode.
 
+    ``model.origin`` records where it came from and the BOS token its tokenizer puts before every text.
     ``fold_value_bias``: fold every head's value bias into b_O (:func:`headprune.models.folding.fold_value_biases`),
     done in float32 before the cast to ``dtype``."""
     device, dtype = resolve_device(device), resolve_dtype(dtype)
@@ -168,6 +169,9 @@ def load_model(
     model.load_state_dict(state, assign=True)
     del state
     model.origin = Origin(str(source), folder)
+    from headprune.io.tokenizer import model_bos  # it imports this module
+
+    model.origin = dataclasses.replace(model.origin, bos_token_id=model_bos(model))
     if fold_value_bias:
         fold_value_biases_(model)
         model.to(dtype=dtype)  # parameter by parameter: the float32 model plus one cast tensor at the peak

@@ -51,23 +51,53 @@ def model_tokenizer(model: HeadModel):
     return load_family_tokenizer(model.origin.folder, vocab_size=model.cfg.vocab_size)
 
 
+def model_bos(model: HeadModel) -> int | None:
+    """The token ``model``'s tokenizer puts before every text (:func:`prepended_bos`); None where it puts none or
+    the model has no readable tokenizer (the commands that tokenize a corpus report that themselves)."""
+    try:
+        return prepended_bos(model_tokenizer(model))
+    except HeadpruneError:
+        return None
+
+
+def prepended_bos(tokenizer) -> int | None:
+    """The BOS id when ``tokenizer`` puts it before every text, as Gemma's does (``tok("a")`` = [2, 236746]);
+    None for one that adds nothing (GPT-2's, SmolLM2's)."""
+    bos = tokenizer.bos_token_id
+    plain, marked = (tokenizer("a", add_special_tokens=special)["input_ids"] for special in (False, True))
+    return bos if bos is not None and marked[:1] == [bos] and marked[1 : 1 + len(plain)] == plain else None
+
+
 def load_family_tokenizer(folder: Path | None, vocab_size: int | None = None):
     """The model directory's own tokenizer (tokenizer.json, or a SentencePiece model) via AutoTokenizer, checked
-    to fit the embedding (``vocab_size`` rows)."""
-    from transformers import AutoTokenizer
-
-    if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+    to fit the embedding (``vocab_size`` rows); read once per folder and version of its files."""
+    files = [folder / name for name in FAMILY_TOKENIZER_FILES] if folder is not None else []
+    if not any(f.is_file() for f in files):
         raise HeadpruneError(f"{folder} has no tokenizer.json or tokenizer.model; a non-GPT-2 model needs its own "
                              "tokenizer files")
-    try:
-        tok = AutoTokenizer.from_pretrained(folder)
-    except Exception as err:  # noqa: BLE001 - tokenizers and transformers raise many kinds on damaged files
-        raise HeadpruneError(f"cannot read the tokenizer of {folder} ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
+    tok = _read_family_tokenizer(folder, tuple((f.stat().st_mtime_ns, f.stat().st_size) if f.is_file() else None
+                                               for f in files))
     if vocab_size is not None and len(tok) > vocab_size:
         raise HeadpruneError(f"the tokenizer has {len(tok)} tokens but the model embeds only {vocab_size}; use the "
                              "model's own tokenizer files")
     return tok
+
+
+#: The files a non-GPT-2 tokenizer is read from (and its cache keyed on).
+FAMILY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+@lru_cache(maxsize=4)
+def _read_family_tokenizer(folder: Path, stamp: tuple):
+    """AutoTokenizer of ``folder``; ``stamp`` (the files' mtimes and sizes) keys the cache, so a changed file is
+    read again."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001 - tokenizers and transformers raise many kinds on damaged files
+        raise HeadpruneError(f"cannot read the tokenizer of {folder} ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
 
 
 @lru_cache(maxsize=1)

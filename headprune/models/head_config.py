@@ -9,10 +9,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a model's weights came from: what the user asked to load, and the folder read."""
+    """Where a model's weights came from: what the user asked to load, the folder read, and the token its
+    tokenizer puts before every text (Gemma's ``<bos>``), which every window of a corpus then starts with."""
 
     source: str | None = None
     folder: Path | None = None
+    bos_token_id: int | None = None  # None: the tokenizer puts no token before a text (GPT-2, SmolLM2)
 
 
 Head = tuple[int, int]  # (layer, original query head index)

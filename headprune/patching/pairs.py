@@ -121,7 +121,7 @@ class PromptPairs:
 
 
 def _one_token(tokenizer, text: str, what: str, where: str) -> int:
-    ids = tokenizer(text)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise HeadpruneError(f"{where}: {what} {text!r} is {len(ids)} tokens for this tokenizer; it must be one token")
     return ids[0]

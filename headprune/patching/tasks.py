@@ -9,6 +9,9 @@ ioi        Indirect object identification (Wang et al. 2022): "When Mary and Joh
            tokens, so this is a task for GPT-2's tokenizer (each name is checked against the one given).
 brackets   Closing a call's bracket, which the shipped stdlib model does: "os.join(path" → ")", wrong "]";
            corrupt "os.join[path" (favours "]"). Pairs of several templates, hence several lengths.
+
+Every prompt starts as the model's tokenizer starts a text: with its BOS token where it puts one (Gemma's
+``<bos>``; ``bos`` of ``induction``), with none for GPT-2's. Answers and names are bare tokens.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def _single(tokenizer, words: tuple[str, ...]) -> list[tuple[str, int]]:
     """(word, id) of the words that are one token with a leading space."""
     out = []
     for w in words:
-        ids = tokenizer(" " + w)["input_ids"]
+        ids = tokenizer(" " + w, add_special_tokens=False)["input_ids"]
         if len(ids) == 1:
             out.append((w, ids[0]))
     return out
@@ -79,8 +82,8 @@ def _encode_pairs(tokenizer, texts: list[tuple[str, str, str, str]], name: str) 
     """Tokenize (clean, corrupt, answer, wrong) texts; a pair whose prompts differ in length is an error here."""
     clean, corrupt, answer, wrong = [], [], [], []
     for c, r, a, w in texts:
-        ci, ri = tokenizer(c)["input_ids"], tokenizer(r)["input_ids"]
-        ai, wi = tokenizer(a)["input_ids"], tokenizer(w)["input_ids"]
+        ci, ri = tokenizer(c)["input_ids"], tokenizer(r)["input_ids"]  # as the tokenizer marks a text (Gemma: <bos>)
+        ai, wi = (tokenizer(t, add_special_tokens=False)["input_ids"] for t in (a, w))
         if len(ci) != len(ri) or len(ai) != 1 or len(wi) != 1:
             raise HeadpruneError(f"{name}: {c!r} / {r!r} do not tokenize to equal lengths with one-token answers "
                                  "for this tokenizer")
@@ -129,7 +132,8 @@ def task_pairs(name: str, model, tokenizer=None, n_pairs: int = 32, seed: int = 
     if name not in TASKS:
         raise HeadpruneError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if name == "induction":
-        pairs = induction(model.cfg.vocab_size, n_pairs, min(10, (model.cfg.n_positions - 1) // 2), seed)
+        bos = model.origin.bos_token_id
+        pairs = induction(model.cfg.vocab_size, n_pairs, min(10, (model.cfg.n_positions - 1) // 2), seed, bos)
     else:
         if tokenizer is None:
             from headprune.io.tokenizer import model_tokenizer

@@ -34,7 +34,7 @@ def compensated_prune(model: HeadModel, heads: list[Head], compensate: str = "no
                              "compensate")
     if compensate != "none" and ids is None:
         raise HeadpruneError(f"{compensate} compensation needs the token ids to fit its fills on", "compensate")
-    w = windowing or Windowing.resolve(model.cfg.n_positions)
+    w = windowing or Windowing.for_model(model)
     fills = None
     if compensate == "mean" and ids is not None:
         fills = head_means(model, ids, w, show_progress=show_progress)
@@ -63,6 +63,6 @@ class BeforeAfter:
 def before_after(model: HeadModel, pruned: HeadModel, ids: Tensor, windowing: Windowing | None = None,
                  progress: bool = False) -> BeforeAfter:
     """Perplexity of ``model`` and ``pruned`` on ``ids`` (1-D), with the same sliding windows."""
-    w = windowing or Windowing.resolve(model.cfg.n_positions)
-    return BeforeAfter(evaluate(model, ids, w.seq_len, w.stride, w.batch_size, progress=progress),
-                       evaluate(pruned, ids, w.seq_len, w.stride, w.batch_size, progress=progress))
+    w = windowing or Windowing.for_model(model)
+    return BeforeAfter(evaluate(model, ids, w, progress=progress),
+                       evaluate(pruned, ids, w, progress=progress))

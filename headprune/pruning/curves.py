@@ -179,7 +179,7 @@ def pruning_curves(
     model.require_heads("a pruning curve")
     options = options.check()
     progress = progress or NoProgress()
-    w = options.windowing or Windowing.resolve(model.cfg.n_positions)
+    w = options.windowing or Windowing.for_model(model)
     for _, comp in variants:
         compensation.check(comp)
     recover_steps = recovery.steps if recovery is not None else 0

@@ -16,7 +16,8 @@ lr · f(k) at update k = 0..N−1 (:func:`lr_factor`): linear warmup f = (k+1)/W
 f = r + (1 − r) · ½ (1 + cos(π (k − W)/(N − W))) towards the floor r = ``min_lr_ratio``.
 
 Batch k is ``batch_size`` windows of ``seq_len`` tokens at random starts drawn from a generator seeded by
-(seed, k): the data position is the step. A checkpoint (weights, optimiser, scheduler, RNG, step, losses)
+(seed, k), each after the model's BOS token where its tokenizer puts one before a text: the data position is
+the step. A checkpoint (weights, optimiser, scheduler, RNG, step, losses)
 is written atomically every ``checkpoint_every`` steps; a killed run resumes from it to bit-identical weights.
 """
 
@@ -60,17 +61,21 @@ class Recipe:
     temperature: float = 2.0
     checkpoint_every: int = 50
 
-    def resolve(self, n_positions: int) -> Recipe:
-        """A copy with defaults filled in, every value checked (HeadpruneError naming the parameter)."""
+    def resolve(self, n_positions: int, bos: bool = False) -> Recipe:
+        """A copy with defaults filled in, every value checked (HeadpruneError naming the parameter); ``bos``:
+        every window starts with a BOS token, which takes one of the ``n_positions``."""
+        n_positions -= bos
         if not isinstance(self.steps, int) or self.steps < 1:
             raise HeadpruneError(f"steps {self.steps} must be at least 1")
         warmup = max(1, self.steps // 10) if self.warmup is None else self.warmup
         seq_len = min(n_positions, DEFAULT_MAX_SEQ_LEN) if self.seq_len is None else self.seq_len
+        room = (f"n_positions - 1 ({n_positions}, one position left for the BOS token)" if bos
+                else f"n_positions ({n_positions})")
         checks = [
             ("lr", self.lr, math.isfinite(self.lr) and self.lr > 0, "must be a positive number"),
             ("warmup", warmup, 0 <= warmup <= self.steps, f"must lie in 0..steps ({self.steps})"),
             ("batch_size", self.batch_size, 1 <= self.batch_size <= 1 << 16, "must lie in 1..65536"),
-            ("seq_len", seq_len, 2 <= seq_len <= n_positions, f"must lie in 2..n_positions ({n_positions})"),
+            ("seq_len", seq_len, 2 <= seq_len <= n_positions, f"must lie in 2..{room}"),
             ("seed", self.seed, self.seed >= 0, "must be at least 0"),
             ("weight_decay", self.weight_decay, 0 <= self.weight_decay < math.inf, "must be a number >= 0"),
             ("min_lr_ratio", self.min_lr_ratio, 0 <= self.min_lr_ratio <= 1, "must lie in [0, 1]"),
@@ -96,12 +101,13 @@ def lr_factor(step: int, steps: int, warmup: int, min_lr_ratio: float = 0.1) -> 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train_batch(ids: Tensor, step: int, batch_size: int, seq_len: int, seed: int) -> Tensor:
+def train_batch(ids: Tensor, step: int, batch_size: int, seq_len: int, seed: int, bos: int | None = None) -> Tensor:
     """Batch ``step``: (batch_size, seq_len) windows of ``ids`` at starts drawn from a generator seeded by
-    (seed, step)."""
+    (seed, step), each after the token ``bos`` where one is given (then seq_len + 1 columns)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(ids) - seq_len + 1, (batch_size,), generator=g)
-    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
+    prefix = ids.new_tensor([] if bos is None else [bos])
+    return torch.stack([torch.cat([prefix, ids[s : s + seq_len]]) for s in starts.tolist()])
 
 
 def recovery_loss(logits: Tensor, tokens: Tensor, teacher_logits: Tensor | None = None, alpha: float = 0.0,
@@ -150,7 +156,7 @@ def _check_inputs(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadMo
         if teacher.cfg.vocab_size != model.cfg.vocab_size:
             raise HeadpruneError(f"the teacher's vocabulary ({teacher.cfg.vocab_size}) differs from the student's "
                                  f"({model.cfg.vocab_size}); distil from the model that was pruned")
-        if teacher.cfg.n_positions < recipe.seq_len:  # type: ignore[operator]
+        if teacher.cfg.n_positions < recipe.seq_len + (model.origin.bos_token_id is not None):  # type: ignore[operator]
             raise HeadpruneError(f"the teacher has only {teacher.cfg.n_positions} positions, fewer than seq_len "
                                  f"{recipe.seq_len}")
 
@@ -161,6 +167,7 @@ def run_key(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadModel | 
     from headprune.io.fingerprint import model_fingerprint
 
     return fingerprint(model=model_fingerprint(model), tokens=token_digest(ids), recipe=recipe.as_dict(),
+                       bos=model.origin.bos_token_id,
                        teacher=model_fingerprint(teacher) if teacher is not None else None,
                        dtype=str(model.dtype), device=model.device.type)
 
@@ -212,7 +219,8 @@ def finetune(
 
     ``checkpoint``: a file to write every ``recipe.checkpoint_every`` steps and to resume from (the caller
     removes it once the result is safe). The model is left in eval mode without gradients."""
-    recipe = recipe.resolve(model.cfg.n_positions)
+    bos = model.origin.bos_token_id
+    recipe = recipe.resolve(model.cfg.n_positions, bos is not None)
     _check_inputs(model, ids, recipe, teacher)
     key = run_key(model, ids, recipe, teacher)
     model.train().requires_grad_(True)
@@ -228,7 +236,8 @@ def finetune(
     bar = tqdm(range(start, recipe.steps), initial=start, total=recipe.steps, desc="fine-tune",
                disable=not show_progress, leave=False)
     for step in bar:
-        tokens = train_batch(ids, step, recipe.batch_size, recipe.seq_len, recipe.seed).to(model.device)  # type: ignore[arg-type]
+        tokens = train_batch(ids, step, recipe.batch_size, recipe.seq_len, recipe.seed,  # type: ignore[arg-type]
+                             bos).to(model.device)
         teacher_logits = None
         if teacher is not None and recipe.distill_weight > 0:
             with torch.no_grad():

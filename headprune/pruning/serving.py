@@ -131,8 +131,7 @@ def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tenso
                 folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
                 with torch.no_grad():
                     check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
-                ppl = evaluate(pruned, eval_ids, windowing.seq_len, windowing.stride, windowing.batch_size,
-                               progress=False).ppl
+                ppl = evaluate(pruned, eval_ids, windowing, progress=False).ppl
                 layout = "compact" if is_compact(pruned) or not heads else "zeroed"
                 del pruned
                 served[key] = {"removed": len(heads), "ppl": ppl, "layout": layout,

@@ -126,7 +126,7 @@ def score_heads(
     if options.bootstrap == 1 or options.bootstrap < 0:
         raise HeadpruneError(f"bootstrap {options.bootstrap}: give 0 (no intervals) or at least 2 replicates",
                              "bootstrap")
-    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    windowing = windowing or Windowing.for_model(model)
     families = [f for f in FAMILY_SCORERS.values() if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
     if ids is None and needs_data:
@@ -178,7 +178,7 @@ def head_means(
     show_progress: bool = True,
 ) -> dict[Head, torch.Tensor]:
     """{(layer, head): z̄ [d_head]}: each head's mean output over the scored tokens (mean ablation's fill)."""
-    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    windowing = windowing or Windowing.for_model(model)
     family = ActivationScores()
     ctx = ScoringContext(model, windowing.batches(ids), ["abl_mean"])
     results = run_units(family.units(ctx), progress or NoProgress(), _bar(show_progress, "head means"))
@@ -200,7 +200,7 @@ def optimal_constants(
     """{(layer, head): c* [d_head]}: each head's optimal-ablation constant (fitted with that head alone
     ablated, as abl_opt defines it) on ``ids``, for ``heads`` (default: every head). Resumable: the mean
     outputs per batch, then a unit per layer."""
-    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    windowing = windowing or Windowing.for_model(model)
     wanted = model.head_ids if heads is None else check_heads(model, heads)
     check_ids(ids, model.cfg.vocab_size, "optimal_constants")
     means = head_means(model, ids, windowing, progress, show_progress)
@@ -237,7 +237,7 @@ def joint_constants(
     check_ids(ids, model.cfg.vocab_size, "joint_constants")
     if not heads:
         return {}
-    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    windowing = windowing or Windowing.for_model(model)
     means = means or head_means(model, ids, windowing, show_progress=show_progress)
     init = torch.stack([means[h] for h in heads]).float()
     fit = fit_set(model, windowing.batches(ids), heads, init, steps)

@@ -23,7 +23,7 @@ from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.heads import group_id, head_id
 from headprune.models.nll import unembed_nll
-from headprune.perplexity import Windowing, window_batches, window_sums
+from headprune.perplexity import Windowing, window_sums
 from headprune.schema import DESCRIPTIVE, method_columns
 from headprune.scoring.ablation import ablate_layer, cache_batch
 
@@ -66,7 +66,7 @@ def group_ablation(model: HeadModel, ids: Tensor, windowing: Windowing, rows: in
     """Per-window NLL sums [W]: ``base``, ``tokens``; ``single`` [heads, W] (one query head zeroed, in head_ids
     order) and ``joint`` [groups, W] (all of a group's query heads zeroed, in :func:`groups` order)."""
     base, tokens, single, joint = [], [], [], []
-    for batch in window_batches(ids, windowing.seq_len, windowing.stride, windowing.batch_size):
+    for batch in windowing.batches(ids):
         batch = batch.to(model.device)
         resid_pre, sums = cache_batch(model, batch)
         base += sums

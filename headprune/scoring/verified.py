@@ -238,7 +238,7 @@ def verify_ranking(
     if not bool(torch.isfinite(e).all()):
         raise HeadpruneError(f"the estimate {estimate_name} holds NaN or infinite values", "estimate")
     k = verification.check(len(heads))
-    windowing = windowing or Windowing.resolve(model.cfg.n_positions)
+    windowing = windowing or Windowing.for_model(model)
     batches = windowing.batches(ids)
     if method == "abl_mean" and means is None:
         from headprune.scoring import head_means

@@ -338,7 +338,7 @@ def test_finetune_and_learn_gates_on_llama(built, corpus, capsys, tmp_path):
     perplexity is the reloaded model's. Learned gates close exactly the asked share of query heads."""
     from safetensors.torch import load_file
 
-    from headprune.perplexity import evaluate
+    from headprune.perplexity import Windowing, evaluate
     from headprune.pruning.finetune import load_pruned
 
     folder, _ = built["llama"]
@@ -358,7 +358,8 @@ def test_finetune_and_learn_gates_on_llama(built, corpus, capsys, tmp_path):
     assert (theirs - ours(tokens())).abs().max() <= TOL
     o_proj = load_file(tmp_path / "ft" / "model.safetensors")["model.layers.0.self_attn.o_proj.weight"]  # [32, 4·8]
     assert o_proj[:, 8:16].abs().max() == 0 and o_proj[:, :8].abs().max() > 0
-    ev = evaluate(ours, corpus_ids(str(held_out), "test", model_tokenizer(ours), None), 64, 64, progress=False)
+    held_out_ids = corpus_ids(str(held_out), "test", model_tokenizer(ours), None)
+    ev = evaluate(ours, held_out_ids, Windowing(64, 64), progress=False)
     assert ev.ppl == pytest.approx(summary["after"]["ppl"], rel=1e-5)
 
     out = cli(capsys, "learn-gates", "--model", folder, "--data", train, "--sparsity", "0.5", "--gate-steps", "4",

@@ -25,7 +25,7 @@ from headprune.io.files import read_scores
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import load_tokenizer
 from headprune.models.nll import token_nll
-from headprune.perplexity import evaluate
+from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_MODEL
 
 NLL_TOL = 5e-3  # nats/token
@@ -91,14 +91,14 @@ def test_bf16_logits_relative_to_their_scale(models, ids, fp32_logits, dropped_l
 
 
 def test_bf16_corpus_nll(models, ids, fp32_logits, dropped_logits):
-    fp32 = evaluate(models[0], ids, SEQ, SEQ, batch_size=16, progress=False)
-    bf16 = evaluate(models[1], ids, SEQ, SEQ, batch_size=16, progress=False)
+    fp32 = evaluate(models[0], ids, Windowing(SEQ, SEQ, 16), progress=False)
+    bf16 = evaluate(models[1], ids, Windowing(SEQ, SEQ, 16), progress=False)
     assert bf16.tokens == fp32.tokens == N_TOKENS - N_TOKENS // SEQ
     assert abs(bf16.nll - fp32.nll) <= NLL_TOL
     # ... and dropping any one attention layer moves the NLL (first 2,048 tokens) by more than the bound.
     tokens = ids[:2048].view(8, SEQ)
     base = token_nll(fp32_logits, tokens).mean().item()
-    assert base == pytest.approx(evaluate(models[0], ids[:2048], SEQ, SEQ, progress=False).nll, abs=1e-5)
+    assert base == pytest.approx(evaluate(models[0], ids[:2048], Windowing(SEQ, SEQ), progress=False).nll, abs=1e-5)
     for layer, dropped in enumerate(dropped_logits):
         assert abs(token_nll(dropped, tokens).mean().item() - base) > 2 * NLL_TOL, layer
 

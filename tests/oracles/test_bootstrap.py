@@ -75,9 +75,10 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
         resampled = torch.cat([windows[w] for w in range(WINDOWS) for _ in range(int(row[w]))])
         replicates.append(score_heads(model, resampled, methods, windowing=windowing,
                                       options=ScoringOptions(bootstrap=0), show_progress=False).table)
-        base = evaluate(model, resampled, SEQ, SEQ, progress=False).nll
-        mean_ablated.append([evaluate(model, resampled, SEQ, SEQ, progress=False, gates=mask_gates(model, [head]),
-                                      fills=fills).nll - base for head in model.head_ids])
+        base = evaluate(model, resampled, Windowing(SEQ, SEQ), progress=False).nll
+        mean_ablated.append([evaluate(model, resampled, Windowing(SEQ, SEQ), progress=False,
+                                      gates=mask_gates(model, [head]), fills=fills).nll - base
+                             for head in model.head_ids])
     for m in methods:
         values = mean_ablated if m == "abl_mean" else [r[m].to_numpy() for r in replicates]
         lo, hi = interval(np.stack(values))

@@ -39,7 +39,7 @@ def setup(tiny_dir):
 def resampled_delta(model, pruned, ids, counts_row):
     windows = ids.view(WINDOWS, SEQ)
     resampled = torch.cat([windows[w] for w in range(WINDOWS) for _ in range(int(counts_row[w]))])
-    nll = lambda m: evaluate(m, resampled, SEQ, SEQ, progress=False).nll
+    nll = lambda m: evaluate(m, resampled, Windowing(SEQ, SEQ), progress=False).nll
     return nll(pruned) - nll(model)
 
 
@@ -78,7 +78,7 @@ def test_cached_residual_start_equals_full_forwards(setup, monkeypatch):
                                   curves[["nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]].to_numpy())  # bit for bit
     # and both equal the plain sliding-window perplexity of the physically pruned model
     heads = select_heads(scored.table, "abl_zero", fraction=0.5)
-    expected = evaluate(prune_model(model, heads), ids, SEQ, SEQ, progress=False).nll
+    expected = evaluate(prune_model(model, heads), ids, Windowing(SEQ, SEQ), progress=False).nll
     row = curves[(curves.method == "abl_zero") & (curves.compensation == "none") & (curves.fraction == 0.5)]
     assert float(row.nll.iloc[0]) == pytest.approx(expected, abs=1e-6)
 
@@ -88,4 +88,5 @@ def test_layer_normalized_ranking_prunes_what_selection_normalized_by_layer_pick
     heads = select_heads(scored.table, "wo_fro", fraction=0.5, selection=Selection(normalize="layer"))
     assert heads != select_heads(scored.table, "wo_fro", fraction=0.5)  # the variant is a different ranking here
     row = curves[(curves.method == "wo_fro@layer") & (curves.fraction == 0.5)].iloc[0]
-    assert row.nll == pytest.approx(evaluate(prune_model(model, heads), ids, SEQ, SEQ, progress=False).nll, abs=1e-6)
+    pruned_nll = evaluate(prune_model(model, heads), ids, Windowing(SEQ, SEQ), progress=False).nll
+    assert row.nll == pytest.approx(pruned_nll, abs=1e-6)

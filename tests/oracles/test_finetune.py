@@ -17,7 +17,7 @@ from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
 from headprune.io.loading import load_model
 from headprune.io.tokenizer import model_tokenizer
-from headprune.perplexity import evaluate
+from headprune.perplexity import Windowing, evaluate
 from headprune.pruning import finetune as ft
 from headprune.pruning.finetune import Recipe, finetune, gap_recovered, lr_factor, make_optimizer, recovery_loss
 from headprune.pruning.prune import prune_model
@@ -111,9 +111,9 @@ def test_distillation_from_itself_has_zero_gradient(model, ids):
 
 def test_finetuning_lowers_the_loss_on_its_data(model, ids):
     pruned = prune_model(model, [(0, 1), (1, 0), (2, 3)])
-    before = evaluate(pruned, ids, 16, 16, progress=False).nll
+    before = evaluate(pruned, ids, Windowing(16, 16), progress=False).nll
     result = finetune(pruned, ids, Recipe(steps=25, **RECIPE), show_progress=False)
-    after = evaluate(pruned, ids, 16, 16, progress=False).nll
+    after = evaluate(pruned, ids, Windowing(16, 16), progress=False).nll
     assert after < before - 0.1, (before, after)
     assert len(result.losses) == 25 and not pruned.training and all(not p.requires_grad for p in pruned.parameters())
     assert pruned.cfg.kept_heads == [[0, 2, 3], [1, 2, 3], [0, 1, 2]]  # shapes kept
@@ -160,11 +160,11 @@ def test_interrupted_finetune_resumes_to_bit_identical_weights(model, ids, tmp_p
 def test_model_without_any_head_still_finetunes(model, ids):
     bare = prune_model(model, model.head_ids)
     mlp_before = bare.h[1].mlp.c_fc.weight.clone()
-    before = evaluate(bare, ids, 16, 16, progress=False).nll
+    before = evaluate(bare, ids, Windowing(16, 16), progress=False).nll
     result = finetune(bare, ids, Recipe(steps=10, **RECIPE), show_progress=False)
     assert bare.head_ids == [] and bare.h[0].attn.c_attn.weight.shape == (32, 0)
     assert all(math.isfinite(x) for x in result.losses) and not torch.equal(mlp_before, bare.h[1].mlp.c_fc.weight)
-    assert evaluate(bare, ids, 16, 16, progress=False).nll < before
+    assert evaluate(bare, ids, Windowing(16, 16), progress=False).nll < before
 
 
 def test_gap_recovered():
@@ -207,7 +207,7 @@ def test_finetune_command_keeps_format_and_pruned_shapes(fmt, tiny_dir, corpus, 
         assert w[:, 8:16].abs().max() == 0 and w[:, 32 + 8:32 + 16].abs().max() == 0
         assert w[:, :8].abs().max() > 0
     assert not (tmp_path / ("recovered" + ".finetune-checkpoint.pt")).exists()
-    ev = evaluate(reloaded, tokenize_corpus(load_texts(str(eval_corpus)), model_tokenizer(reloaded)), 64, 64,
+    ev = evaluate(reloaded, tokenize_corpus(load_texts(str(eval_corpus)), model_tokenizer(reloaded)), Windowing(64, 64),
                   progress=False)
     assert ev.ppl == pytest.approx(summary["after"]["ppl"], rel=1e-5)
 
@@ -293,7 +293,7 @@ def test_curve_recover_adds_recovered_points_and_the_report_shows_them(tiny_dir,
     ids = tokenize_corpus(load_texts(str(eval_corpus)), tok, limit=400)
     pruned = prune_model(model, select_heads(read_scores(scores), "wo_fro", fraction=0.5))
     finetune(pruned, tokenize_corpus(load_texts(str(corpus)), tok), Recipe(steps=2), show_progress=False)
-    expected = evaluate(pruned, ids, 64, 64, progress=False).ppl
+    expected = evaluate(pruned, ids, Windowing(64, 64), progress=False).ppl
     assert float(rec[rec.fraction == 0.5].ppl.iloc[0]) == pytest.approx(expected, rel=1e-9)
     before = table[(table.recover_steps == 0) & (table.method == "wo_fro")]
     assert float(rec[rec.fraction == 0].ppl.iloc[0]) != float(before[before.fraction == 0].ppl.iloc[0])

@@ -225,7 +225,7 @@ def test_curve_learns_one_gate_set_per_fraction(tiny_dir, corpus, tmp_path, caps
                            show_progress=False)[("gate", 0.5)]
     from headprune.perplexity import evaluate
 
-    nll = evaluate(prune_model(model, heads), data_from_args(args, model), 32, 32, 2, progress=False).nll
+    nll = evaluate(prune_model(model, heads), data_from_args(args, model), Windowing(32, 32, 2), progress=False).nll
     assert gate.loc[0.5, "nll"] == pytest.approx(nll, abs=1e-9)
 
 

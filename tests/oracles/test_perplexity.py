@@ -9,7 +9,7 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.io.loading import load_model
-from headprune.perplexity import evaluate, sliding_windows, window_batches
+from headprune.perplexity import Windowing, evaluate, sliding_windows, window_batches
 
 from helpers import TINY, guide_loop
 
@@ -19,7 +19,7 @@ def test_equals_guide_loop(tiny_dir, seq_len, stride, n):
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
     ids = torch.randint(0, TINY["vocab_size"], (n,), generator=torch.Generator().manual_seed(n))
     want_nll, want_tokens = guide_loop(hf, ids, seq_len, stride)
-    got = evaluate(load_model(tiny_dir), ids, seq_len, stride, batch_size=3, progress=False)
+    got = evaluate(load_model(tiny_dir), ids, Windowing(seq_len, stride, 3), progress=False)
     assert got.tokens == want_tokens
     # stride < seq_len: every token but the first is scored once; else each window's first token has no context
     assert got.tokens == (n - 1 if stride < seq_len else n - -(-n // seq_len))

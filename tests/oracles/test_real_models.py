@@ -20,8 +20,11 @@ from headprune.io.loading import load_model
 from headprune.io.packaged import PACKAGED, fetch, packaged_folder
 from headprune.io.tokenizer import load_tokenizer
 from headprune.models.prune import prune_heads
-from headprune.perplexity import evaluate
+from headprune.patching.tasks import task_pairs
+from headprune.perplexity import Windowing, evaluate
 from headprune.scoring.weights import weight_scores
+
+from helpers import guide_loop
 
 NAMES = sorted(PACKAGED)
 TEXT = ("def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
@@ -56,24 +59,34 @@ def test_logits_equal_transformers_gguf_loader(real):
     assert (got[0, :-1].argmax(-1) == ids[1:]).float().mean() > 0.3  # a trained model predicts repeated text
 
 
+#: The token each model's tokenizer puts before a text (Gemma's <bos>; SmolLM2's tokenizer puts none).
+BOS = {"gemma-3-270m": 2, "smollm2-135m-instruct": None}
+
+
+def test_windows_start_with_the_bos_token_the_tokenizer_puts_before_a_text(real):
+    name, ours, _, _ = real
+    assert ours.origin.bos_token_id == BOS[name]
+    assert Windowing.for_model(ours).bos == BOS[name]
+
+
+@pytest.mark.parametrize("task, answer", [("brackets", ")"), ("ioi", None)])
+def test_text_tasks_start_as_the_tokenizer_starts_a_text(real, task, answer):
+    name, ours, _, _ = real
+    tok = load_tokenizer(name, ours.cfg.vocab_size)
+    pairs = task_pairs(task, ours)  # builds: its answers are bare one-token words, not [bos, word]
+    starts = {int(t) for t in torch.cat([pairs.clean[:, 0], pairs.corrupt[:, 0]])}
+    assert starts == {BOS[name]} if BOS[name] is not None else tok.bos_token_id not in starts
+    if answer is not None:
+        assert set(pairs.answer.tolist()) == set(tok(answer, add_special_tokens=False)["input_ids"])
+
+
 def test_perplexity_equals_transformers_sliding_window_loop(real):
-    _, ours, ref, ids = real
-    seq_len, stride = 256, 128
-    got = evaluate(ours, ids, seq_len, stride, batch_size=4, progress=False)
-    nll_sum, count, prev_end = 0.0, 0, 0
-    for begin in range(0, len(ids), stride):  # the loop of transformers' perplexity guide
-        end = min(begin + seq_len, len(ids))
-        target = ids[begin:end].clone()[None]
-        new = end - prev_end
-        target[:, :-new] = -100
-        with torch.no_grad():
-            logits = ref(ids[begin:end][None]).logits
-        loss = torch.nn.functional.cross_entropy(logits[0, :-1], target[0, 1:], ignore_index=-100, reduction="sum")
-        nll_sum, count, prev_end = nll_sum + float(loss), count + int((target[0, 1:] != -100).sum()), end
-        if end == len(ids):
-            break
-    assert got.tokens == count
-    assert got.nll == pytest.approx(nll_sum / count, abs=1e-5)
+    name, ours, ref, ids = real
+    corpus, bos = ids[1:] if BOS[name] is not None else ids, BOS[name]  # the text's tokens without the tokenizer's bos
+    got = evaluate(ours, corpus, Windowing.for_model(ours, 256, 128, 4), progress=False)
+    want_nll, want_tokens = guide_loop(ref, corpus, 256, 128, bos)
+    assert got.tokens == want_tokens == len(corpus) - (bos is None)  # after a bos, the first token is scored too
+    assert got.nll == pytest.approx(want_nll, abs=1e-5)
 
 
 def test_weight_score_equals_the_o_proj_slices(real):

@@ -139,7 +139,7 @@ def test_gradients_equal_finite_differences(tiny_dir, ids):
             gates = model.ones_gates(dtype=torch.float64)
             gates[layer][head] += delta
             per_batch = [batch_nll_sum(model, b, gates=gates) for b in batches]
-            corpus = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False, gates=gates).nll
+            corpus = evaluate(model, ids, Windowing(SEQ, STRIDE, BATCH), progress=False, gates=gates).nll
             return corpus, [(s.item() / n, n) for s, n in per_batch]
 
         with torch.no_grad():
@@ -233,11 +233,11 @@ def test_out_norm_fluct_entropy_equal_direct_computation(tiny_dir, ids, scores):
 
 def test_fast_ablation_equals_naive_forward_per_head(tiny_dir, ids, scores):
     model = load_model(tiny_dir)
-    base = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False).nll
+    base = evaluate(model, ids, Windowing(SEQ, STRIDE, BATCH), progress=False).nll
     for layer, head in model.head_ids:
         gates = model.ones_gates()
         gates[layer][head] = 0
-        naive = evaluate(model, ids, SEQ, STRIDE, BATCH, progress=False, gates=gates).nll - base
+        naive = evaluate(model, ids, Windowing(SEQ, STRIDE, BATCH), progress=False, gates=gates).nll - base
         assert scores.abl_zero[layer * 4 + head] == pytest.approx(naive, abs=1e-5)
 
 

@@ -50,14 +50,14 @@ def test_recovered_rows_have_the_curves_bootstrap_fills_and_learned_sets(setup):
     # the learned set, pruned, fine-tuned with the curve's seed and evaluated by hand
     pruned = prune_model(model, learned)
     finetune(pruned, ids, Recipe(steps=2, seed=1), show_progress=False)
-    assert gate.ppl == pytest.approx(evaluate(pruned, ids, 64, 64, 4, progress=False).ppl, rel=1e-9)
+    assert gate.ppl == pytest.approx(evaluate(pruned, ids, Windowing(64, 64, 4), progress=False).ppl, rel=1e-9)
     # the mean-compensated recovered point starts from the compensated prune
     chosen = sorted(scores.sort_values(["wo_fro", "layer", "head"]).head(6)[["layer", "head"]].itertuples(index=False,
                                                                                                           name=None))
     compensated = prune_model(model, [tuple(h) for h in chosen], {h: means[h] for h in chosen})
     finetune(compensated, ids, Recipe(steps=2, seed=1), show_progress=False)
     row = mean_rows[mean_rows.fraction == 0.5].iloc[0]
-    assert row.ppl == pytest.approx(evaluate(compensated, ids, 64, 64, 4, progress=False).ppl, rel=1e-9)
+    assert row.ppl == pytest.approx(evaluate(compensated, ids, Windowing(64, 64, 4), progress=False).ppl, rel=1e-9)
     with_intervals = pruning_curves(model, ids, scores, variants[:1], CurveOptions((0.5,), bootstrap=5, windowing=w),
                                     show_progress=False)
     assert not math.isnan(with_intervals.delta_nll_ci_lo.iloc[0])  # the intervals exist when asked for

@@ -8,7 +8,7 @@ import torch
 
 from headprune import runtime
 from headprune.io.loading import load_model
-from headprune.perplexity import evaluate
+from headprune.perplexity import Windowing, evaluate
 
 from helpers import TINY
 
@@ -26,7 +26,7 @@ def test_the_setting_follows_the_weights_size(tiny_dir):
 def test_either_setting_changes_no_number(tiny_dir, setting):
     model = load_model(tiny_dir)
     ids = torch.randint(0, TINY["vocab_size"], (200,), generator=torch.Generator().manual_seed(0))
-    before = evaluate(model, ids, 64, 32, progress=False).nll
+    before = evaluate(model, ids, Windowing(64, 32), progress=False).nll
     assert runtime.set_allocator(setting) == GLIBC
-    assert evaluate(model, ids, 64, 32, progress=False).nll == before
+    assert evaluate(model, ids, Windowing(64, 32), progress=False).nll == before
     runtime.reuse_freed_memory()

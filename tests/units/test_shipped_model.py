@@ -11,7 +11,7 @@ from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
 from headprune.io.loading import ZOO, load_model
 from headprune.io.tokenizer import load_tokenizer
-from headprune.perplexity import evaluate
+from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_MODEL
 
 CARD = ZOO / DEFAULT_MODEL
@@ -45,7 +45,7 @@ CARD_PYTHON = "3.11.7"  # the card's corpus is the documentation of this Python'
 @pytest.mark.skipif(platform.python_version() != CARD_PYTHON,
                     reason=f"the default corpus is this Python's stdlib docs; the card's numbers are for {CARD_PYTHON}")
 def test_test_perplexity_equals_model_card_and_beats_unigram(model, test_ids, metrics):
-    result = evaluate(model, test_ids, metrics["seq_len"], metrics["stride"], batch_size=16, progress=False)
+    result = evaluate(model, test_ids, Windowing(metrics["seq_len"], metrics["stride"], 16), progress=False)
     assert result.ppl == pytest.approx(metrics["test_ppl"], rel=0.005)
     assert result.ppl < metrics["unigram_test_ppl"] / 3
     card = (CARD / "MODEL_CARD.md").read_text()
@@ -55,11 +55,11 @@ def test_test_perplexity_equals_model_card_and_beats_unigram(model, test_ids, me
 
 def test_zero_ablating_any_layer_raises_nll(model, test_ids):
     ids = test_ids[:8192]
-    base = evaluate(model, ids, 256, 256, batch_size=16, progress=False).nll
+    base = evaluate(model, ids, Windowing(256, 256, 16), progress=False).nll
     for layer in range(model.cfg.n_layers):
         gates = model.ones_gates()
         gates[layer][:] = 0
-        assert evaluate(model, ids, 256, 256, batch_size=16, progress=False, gates=gates).nll > base + 1e-3
+        assert evaluate(model, ids, Windowing(256, 256, 16), progress=False, gates=gates).nll > base + 1e-3
 
 
 def test_info_runs_on_the_default(capsys):
