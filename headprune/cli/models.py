@@ -12,7 +12,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from headprune.io.loading import ZOO
+    from headprune.io.model_names import ZOO
     from headprune.io.packaged import PACKAGED, listing, packaged_folder
 
     if args.fetch is not None:

@@ -18,7 +18,8 @@ import torch
 
 from headprune.errors import HeadpruneError, config_error
 from headprune.io.checkpoint import CheckpointReader, all_finite
-from headprune.io.model_names import ZOO, check_model_source
+from headprune.io.sources import resolve_source
+from headprune.io.tokenizer import model_bos
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, SUPPORTED, ModelFamily
 from headprune.models.folding import fold_value_biases_
@@ -28,55 +29,6 @@ from headprune.schema import DEFAULT_MODEL
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
-
-
-_WEIGHT_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
-
-
-_SIDE_PATTERNS = ["config.json", "vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json"]
-
-
-def resolve_source(source: str | os.PathLike) -> Path:
-    """The local directory holding ``source``: a zoo name, a packaged model's name (:mod:`.packaged`), a GGUF file
-    or a folder holding one (converted once, :mod:`.gguf`), a model directory, or a hub id (HF cache or download)."""
-    from headprune.io.gguf import gguf_folder, single_gguf
-    from headprune.io.packaged import PACKAGED, packaged_folder
-
-    source = str(source)
-    if (ZOO / source / "config.json").is_file():
-        return ZOO / source
-    if source in PACKAGED:
-        return packaged_folder(source)
-    path = Path(source).expanduser()
-    if path.is_dir():
-        gguf = single_gguf(path)
-        return gguf_folder(gguf) if gguf is not None else path
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return gguf_folder(path)
-    if path.exists():
-        raise HeadpruneError(f"model {source!r} is a file; pass a GGUF file or the directory holding config.json "
-                             "and weights")
-    check_model_source(source)  # a missing path, or a typo of a known name: said before the hub is asked
-    return _snapshot(source)
-
-
-def _snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError
-
-    try:
-        folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + _WEIGHT_PATTERNS))
-        if not any(folder.glob("*.safetensors")):
-            folder = Path(snapshot_download(repo_id, allow_patterns=_SIDE_PATTERNS + ["pytorch_model.bin"]))
-    except HFValidationError:
-        raise HeadpruneError(f"model {repo_id!r} is neither a local directory nor a valid hub id") from None
-    except Exception as err:  # noqa: BLE001 - offline without cache, unknown repo, network failure, ...
-        raise HeadpruneError(
-            f"model {repo_id!r} is not a local directory and could not be fetched from the Hugging Face hub "
-            f"or its cache ({type(err).__name__}); pass a local model directory or pre-download it"
-        ) from None
-    return folder
 
 
 def parse_config_json(folder: Path) -> dict:
@@ -169,8 +121,6 @@ def load_model(
     model.load_state_dict(state, assign=True)
     del state
     model.origin = Origin(str(source), folder)
-    from headprune.io.tokenizer import model_bos  # it imports this module
-
     model.origin = dataclasses.replace(model.origin, bos_token_id=model_bos(model))
     if fold_value_bias:
         fold_value_biases_(model)

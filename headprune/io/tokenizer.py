@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from headprune.data.tokens import corpus_ids
 from headprune.errors import HeadpruneError
-from headprune.io.loading import resolve_source
+from headprune.io.sources import resolve_source
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, model_type
 from headprune.schema import DEFAULT_MODEL

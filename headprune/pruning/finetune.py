@@ -269,7 +269,7 @@ def read_marker(folder: str | os.PathLike) -> dict:
     import json
 
     from headprune.io.export_folder import EXPORT_MARKER
-    from headprune.io.loading import resolve_source
+    from headprune.io.sources import resolve_source
 
     path = resolve_source(folder) / EXPORT_MARKER
     if not path.is_file():

@@ -105,7 +105,7 @@ def test_failed_download_says_how_to_place_the_file(models_cache, monkeypatch, c
 
 
 def test_two_ggufs_in_a_folder_are_refused(tmp_path):
-    from headprune.io.loading import resolve_source
+    from headprune.io.sources import resolve_source
 
     write_gguf(tmp_path / "a.gguf"), write_gguf(tmp_path / "b.gguf")
     with pytest.raises(HeadpruneError, match="holds 2 GGUF files"):
