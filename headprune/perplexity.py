@@ -52,7 +52,8 @@ DEFAULT_MAX_SEQ_LEN = 1024
 
 @dataclass(frozen=True)
 class Windowing:
-    """How a corpus is cut into windows and batched, checked against a model: build it with :meth:`resolve`."""
+    """How a corpus is cut into windows and batched, checked against a model: build it with :meth:`for_model`
+    (or :meth:`resolve` from the model's positions and BOS token)."""
 
     seq_len: int  # corpus tokens per window
     stride: int  # window start every `stride` tokens

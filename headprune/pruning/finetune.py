@@ -17,8 +17,8 @@ f = r + (1 − r) · ½ (1 + cos(π (k − W)/(N − W))) towards the floor r = 
 
 Batch k is ``batch_size`` windows of ``seq_len`` tokens at random starts drawn from a generator seeded by
 (seed, k), each after the model's BOS token where its tokenizer puts one before a text: the data position is
-the step. A checkpoint (weights, optimiser, scheduler, RNG, step, losses)
-is written atomically every ``checkpoint_every`` steps; a killed run resumes from it to bit-identical weights.
+the step. A checkpoint (weights, optimiser, scheduler, RNG, step, losses) is written atomically every
+``checkpoint_every`` steps; a killed run resumes from it to bit-identical weights.
 """
 
 from __future__ import annotations
