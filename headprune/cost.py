@@ -273,7 +273,7 @@ def run_budget(model: HeadModel, plan: RunPlan, default_tokens: int, seq_len: in
     and the report alone may). Pure arithmetic on the model's shapes."""
     from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 
-    default_seq = min(model.cfg.n_positions, DEFAULT_MAX_SEQ_LEN)
+    default_seq = min(model.cfg.n_positions - (model.origin.bos_token_id is not None), DEFAULT_MAX_SEQ_LEN)
     if seq_len is not None:
         windows = [seq_len]
     else:

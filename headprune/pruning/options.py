@@ -95,7 +95,7 @@ class CurveOptions:
     seeds: int = DEFAULT_SEEDS
     bootstrap: int = DEFAULT_REPLICATES
     selection: Selection = field(default_factory=Selection)
-    windowing: Windowing | None = None  # the evaluation windows (default: Windowing.resolve, no overlap)
+    windowing: Windowing | None = None  # the evaluation windows (default: Windowing.for_model, no overlap)
     head_sets: Mapping[tuple[str, float], list[Head]] | None = None
 
     def check(self) -> CurveOptions:

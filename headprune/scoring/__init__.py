@@ -114,7 +114,8 @@ def score_heads(
     Every data-dependent method ``m`` also gets its 95% percentile interval ``m_ci_lo``, ``m_ci_hi`` from
     ``options.bootstrap`` replicates that resample the scoring windows (seeded by ``options.seed``; 0: none).
 
-    ``windowing``: default ``Windowing.resolve(n_positions)`` (non-overlapping full-length windows, 8 a batch).
+    ``windowing``: default ``Windowing.for_model(model)`` (non-overlapping full-length windows after the model's
+    BOS token where it has one, 8 a batch).
     """
     if not isinstance(methods, (str, list, tuple)):
         raise HeadpruneError(f"methods must be a spec like \"wo_fro,grad\" or a list of names, got {methods!r}",
