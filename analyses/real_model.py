@@ -332,7 +332,8 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
         c = frame[(frame["method"] == method) & (frame["compensation"] == "none")].sort_values("fraction")
         ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], label=label, **style)
 
-    line(curves, best, f"{best} (query heads)", color="#0072B2", marker="o")
+    if best != "abl_zero":  # (drawn next)
+        line(curves, best, f"{best} (query heads)", color="#0072B2", marker="o")
     line(curves, "abl_zero", "abl_zero (query heads)", color="#009E73", marker="s")
     line(curves, "random", "random query heads (mean of seeds)", color="grey", marker=".")
     line(units, "group:abl_zero", "KV groups by joint abl_zero", color="#D55E00", marker="^")
