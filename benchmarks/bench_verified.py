@@ -61,6 +61,7 @@ def main() -> None:
         table = result.table
         verified, top = table["verified"].to_numpy(), table["top"].to_numpy()
         rows.append({"model": args.model, "heads": len(exact), "tokens": len(ids), "seq_len": w.seq_len,
+                     "bos_token_id": w.bos,
                      "rounds": rounds, "subsets": args.subsets, "inclusion": args.inclusion,
                      "threads": torch.get_num_threads(), "exact_sweep_s": round(sweep_s, 1),
                      "verified_s": round(verify_s, 1), "speedup": round(sweep_s / verify_s, 2),

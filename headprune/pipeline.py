@@ -8,6 +8,7 @@ removed once the report is written.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -36,7 +37,7 @@ from headprune.pruning.options import Compensation, CurveOptions, Selection
 from headprune.report import ReportSections, best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
-from headprune.runtime import configure_allocator
+from headprune.runtime import configure_allocator, return_freed_memory
 from headprune.schema import (
     ACTIVATION_METHODS,
     DEFAULT_FRACTIONS,
@@ -117,21 +118,19 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
                           study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
 
 
-def _serving(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, windowing: Windowing
-             ) -> tuple[pd.DataFrame, dict] | None:
-    """The exports of the best ranking among the score columns, uniformly pruned at 0/25/50% and served in stock
-    transformers (None for a family whose hf exports keep the original shapes: GPT-2, GPT-NeoX)."""
+def _serving_prunes(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, folder: Path,
+                    windowing: Windowing) -> tuple[dict, str] | None:
+    """The exports (under ``folder``) of the best ranking among the score columns, uniformly pruned at 0/25/50%,
+    and that ranking (None for a family whose hf exports keep the original shapes: GPT-2, GPT-NeoX)."""
     from headprune.models.families import family_of
-    from headprune.pruning.serving import Workload, serving_table
+    from headprune.pruning.serving import export_prunes
     from headprune.schema import split_ranking
 
     if not family_of(model).compact_export:
         return None
     scored = curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)]
     method = split_ranking(best_method(scored))[0]
-    work = Workload(batch=windowing.batch_size, seq_len=windowing.seq_len)
-    table = serving_table(model, scores, method, eval_ids, windowing, work=work)
-    return table, {"method": method, "workload": asdict(work)}
+    return export_prunes(model, scores, method, eval_ids, windowing, folder), method
 
 
 @dataclass
@@ -291,23 +290,35 @@ def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerpr
 
 def report_stage(s: RunSettings, inputs: RunInputs, scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict,
                  settings: dict, patching, out: Path, log) -> Path:
-    """The head anatomy, the serving table (families with compact exports), then the report into ``out``."""
+    """The head anatomy, the serving table (families with compact exports: headprune writes and evaluates the
+    prunes, frees the run's model, then transformers loads and times each export), then the report into ``out``."""
     from headprune.anatomy.for_report import anatomy_report
     from headprune.models.families import layout_text, model_type
+    from headprune.pruning.serving import Workload, serve_prunes
     from headprune.schema import SCORES_DIGEST, scores_digest
 
     model, windowing = inputs.model, inputs.windowing
+    return_freed_memory()  # what the heap kept of the stages before, returned before the anatomy's passes
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
     settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
     t0 = time.perf_counter()
-    served = _serving(model, curves, scores, inputs.eval_ids, windowing)
-    if served is not None:
-        settings |= {"serving": served[1], "seconds_serving": round(time.perf_counter() - t0, 1)}
+    serving = None
+    with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
+        prunes = _serving_prunes(model, curves, scores, inputs.eval_ids, Path(tmp), windowing)
+        device = model.device
+        # the run's last use of its model: its weights are freed before transformers loads the exports beside it
+        model.to("meta")
+        return_freed_memory()
+        if prunes is not None:
+            work = Workload(batch=windowing.batch_size, seq_len=windowing.seq_len)
+            serving = serve_prunes(prunes[0], work, device)
+            settings |= {"serving": {"method": prunes[1], "workload": asdict(work)},
+                         "seconds_serving": round(time.perf_counter() - t0, 1)}
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     t0 = time.perf_counter()
-    extra = ReportSections(anatomy=anatomy, patching=patching, serving=served[0] if served is not None else None)
+    extra = ReportSections(anatomy=anatomy, patching=patching, serving=serving)
     report = build_report(scores, curves, out, settings=settings, baseline=baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}

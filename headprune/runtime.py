@@ -65,3 +65,10 @@ def configure_allocator(model: Any) -> str | None:
 def reuse_freed_memory() -> bool:
     """The ``reuse`` setting (``benchmarks/bench_curves.py`` times it against glibc's defaults). True if applied."""
     return set_allocator("reuse")
+
+
+def return_freed_memory() -> bool:
+    """Return the heap's free blocks to the system (glibc's ``malloc_trim``): after a large release, such as a
+    model's weights, whose smaller tensors the heap would otherwise keep. True if memory was returned."""
+    libc = _libc()
+    return libc is not None and bool(libc.malloc_trim(0))

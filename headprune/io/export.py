@@ -99,8 +99,9 @@ def hf_layout(model: HeadModel) -> str:
 
 
 def full_width_state(model: HeadModel) -> dict[str, Tensor]:
-    """Our state dict (copies) at the original head counts: removed heads' rows and columns zero."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """Our state dict at the original head counts: attention tensors rebuilt, removed heads' rows and columns zero;
+    the others are the model's own tensors (not copies: an export only reads them)."""
+    state = dict(model.state_dict())
     for layer, blk in enumerate(model.h):
         state.update(blk.attn.full_width_state(f"h.{layer}.attn.", model.cfg))
     return state
@@ -171,7 +172,7 @@ def export_hf(model: HeadModel, folder: str | os.PathLike, overwrite: bool = Fal
     if compact:
         a = model.h[0].attn
         hf.update(num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, head_dim=model.cfg.d_head)
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state = dict(model.state_dict())  # the model's own tensors: an export only reads them
     else:
         state = full_width_state(model)
     _add_o_bias(model, hf, state)

@@ -107,34 +107,70 @@ def measure_serving(folder: str | Path, work: Workload = Workload(), check: dict
     return result
 
 
-def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tensor, windowing: Windowing,
-                  fractions: tuple[float, ...] = SERVING_FRACTIONS, work: Workload = Workload()) -> pd.DataFrame:
-    """One row per fraction (:data:`SERVING_COLUMNS`): the uniform prune by ``method`` nearest it, exported and
-    served in stock transformers, with headprune's perplexity of it on ``eval_ids`` (each distinct prune once).
-    ``model``: a :class:`~headprune.models.base.HeadModel` of a Llama-like family."""
+@dataclass(frozen=True)
+class ServedPrune:
+    """headprune's side of one served prune: the heads it removed, its hf export, its perplexity, and its logits
+    on the check tokens (``{"tokens": (B,T), "logits": (B,T,V)}``) that transformers' are compared with."""
+
+    removed: int
+    layout: str  # "compact", or "zeroed" where the family's config cannot take the pruned head counts
+    ppl: float
+    folder: Path
+    check: dict
+
+
+def export_prunes(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tensor, windowing: Windowing,
+                  folder: Path, fractions: tuple[float, ...] = SERVING_FRACTIONS, seed: int = 0
+                  ) -> dict[float, ServedPrune]:
+    """For each fraction, the uniform prune by ``method`` nearest it, exported under ``folder`` and evaluated by
+    headprune; fractions whose nearest prune is the same share one export. ``model``: a
+    :class:`~headprune.models.base.HeadModel` of a Llama-like family (left unchanged)."""
     from headprune.io.export import export_hf, is_compact
     from headprune.models.prune import prune_heads
     from headprune.pruning.uniform import uniform_heads
 
     check_tokens = torch.randint(0, model.cfg.vocab_size, (2, min(32, model.cfg.n_positions)),
-                                 generator=torch.Generator().manual_seed(work.seed))
+                                 generator=torch.Generator().manual_seed(seed))
+    prunes: dict[float, ServedPrune] = {}
+    by_heads: dict[frozenset, ServedPrune] = {}
+    for fraction in fractions:
+        heads = uniform_heads(model, scores, method, fraction) if fraction > 0 else []
+        key = frozenset(heads)
+        if key not in by_heads:
+            # the pruned model shares the tensors pruning leaves unchanged (embeddings, MLPs) with ``model``
+            pruned: Any = prune_heads(model, heads, share=True) if heads else model
+            with torch.no_grad():
+                logits = pruned(check_tokens.to(model.device)).float().cpu()
+            by_heads[key] = ServedPrune(
+                removed=len(heads), layout="compact" if is_compact(pruned) or not heads else "zeroed",
+                ppl=evaluate(pruned, eval_ids, windowing, progress=False).ppl,
+                folder=export_hf(pruned, folder / f"f{fraction}", overwrite=True),
+                check={"tokens": check_tokens, "logits": logits})
+            del pruned
+        prunes[fraction] = by_heads[key]
+    return prunes
+
+
+def serve_prunes(prunes: dict[float, ServedPrune], work: Workload = Workload(),
+                 device: str | torch.device = "cpu") -> pd.DataFrame:
+    """One row per fraction (:data:`SERVING_COLUMNS`): :func:`measure_serving` of its export (each export once),
+    beside headprune's perplexity of the prune."""
+    measured: dict[Path, dict] = {}
     rows = []
-    served: dict[frozenset, dict] = {}  # by the heads removed: two fractions may have the same nearest prune
-    with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
-        for fraction in fractions:
-            heads = uniform_heads(model, scores, method, fraction) if fraction > 0 else []
-            key = frozenset(heads)
-            if key not in served:
-                # the pruned model shares the tensors pruning leaves unchanged (embeddings, MLPs) with ``model``,
-                # and is let go before transformers loads the export: two full models in memory at most
-                pruned: Any = prune_heads(model, heads, share=True) if heads else model
-                folder = export_hf(pruned, Path(tmp) / f"f{fraction}", overwrite=True)
-                with torch.no_grad():
-                    check = {"tokens": check_tokens, "logits": pruned(check_tokens.to(model.device)).float().cpu()}
-                ppl = evaluate(pruned, eval_ids, windowing, progress=False).ppl
-                layout = "compact" if is_compact(pruned) or not heads else "zeroed"
-                del pruned
-                served[key] = {"removed": len(heads), "ppl": ppl, "layout": layout,
-                               **measure_serving(folder, work, check, model.device)}
-            rows.append({"fraction": fraction, **served[key]})
+    for fraction, prune in prunes.items():
+        if prune.folder not in measured:
+            measured[prune.folder] = measure_serving(prune.folder, work, prune.check, device)
+        rows.append({"fraction": fraction, "removed": prune.removed, "ppl": prune.ppl, "layout": prune.layout,
+                     **measured[prune.folder]})
     return pd.DataFrame(rows, columns=list(SERVING_COLUMNS))
+
+
+def serving_table(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tensor, windowing: Windowing,
+                  fractions: tuple[float, ...] = SERVING_FRACTIONS, work: Workload = Workload()) -> pd.DataFrame:
+    """One row per fraction (:data:`SERVING_COLUMNS`): the uniform prune by ``method`` nearest it, exported and
+    served in stock transformers, with headprune's perplexity of it on ``eval_ids`` (each distinct prune once):
+    :func:`export_prunes`, then :func:`serve_prunes`. ``model``: a :class:`~headprune.models.base.HeadModel` of a
+    Llama-like family."""
+    with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
+        prunes = export_prunes(model, scores, method, eval_ids, windowing, Path(tmp), fractions, work.seed)
+        return serve_prunes(prunes, work, model.device)

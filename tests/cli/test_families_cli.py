@@ -367,3 +367,27 @@ def test_finetune_and_learn_gates_on_llama(built, corpus, capsys, tmp_path):
     gates = pd.read_csv(tmp_path / "gates.csv")
     assert gates["head_id"].tolist() == [f"L{l}H{h}" for l in range(2) for h in range(4)]
     assert gates["gate"].between(0, 1).all() and "closed 4 of 8 heads" in out
+
+
+def test_run_frees_its_model_before_transformers_loads_the_exports(built, corpus, tmp_path, monkeypatch):
+    """The serving table's stock-transformers loads come after the run's last use of its own model, whose weights
+    are freed first (two full models of a real one would sit in memory at once); the table's numbers unchanged."""
+    from headprune import pipeline
+    from headprune.pruning import serving
+
+    loaded, served = [], []
+    monkeypatch.setattr(pipeline, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k)) or loaded[-1])
+    measure = serving.measure_serving
+
+    def measured(folder, work, check, device):
+        served.append({p.device.type for p in loaded[0].parameters()})
+        return measure(folder, work, check, device)
+
+    monkeypatch.setattr(serving, "measure_serving", measured)
+    settings = pipeline.RunSettings(str(built["llama"][0]), data=str(corpus), score_data=str(corpus), max_tokens=200,
+                                    seq_len=32, seeds=1, bootstrap=0, fractions=(0.0, 0.5), methods=("wo_fro",),
+                                    patch_task="none", out=str(tmp_path / "report"))
+    pipeline.run_analysis(settings, quiet=True, log=lambda *a: None)
+    assert served == [{"meta"}, {"meta"}]  # 0% and 50% (25%'s nearest prune is 50%'s: served once)
+    table = pd.read_csv(tmp_path / "report" / "serving.csv")
+    assert (table["max_abs_logit_diff"] <= TOL).all() and table["removed"].tolist() == [0, 4, 4]

@@ -98,3 +98,17 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
     config, compact, got = _hf_export_logits(ours, chosen, tmp_path / "compact", x)
     assert config["num_attention_heads"] == 4 and compact.model.layers[0].self_attn.q_proj.weight.shape == (16, 24)
     assert (got - hf_zeroed(hf, x, chosen, 4)).abs().max() <= TOL
+
+
+def test_hf_exports_write_the_models_own_tensors_and_change_none(tmp_path_factory, tmp_path):
+    """An export reads the model's tensors without copying them (a real model's export would double its memory): the
+    unpruned, zeroed and compact models' states after their exports equal their states before."""
+    _, folder, _ = build("qwen2-bias-window", tmp_path_factory)
+    ours = load_model(folder)
+    zeroed, uniform, _ = PRUNES["qwen2-bias-window"]
+    for name, model in (("full", ours), ("zeroed", prune_heads(ours, zeroed)),
+                        ("compact", prune_heads(ours, uniform, share=True))):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        export_hf(model, tmp_path / name)
+        after = model.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items()), name
