@@ -35,10 +35,11 @@ GRAM_ROWS = 16384  # vocabulary rows of W_U W_E formed at once in float64 (84 MB
 @torch.no_grad()
 def ov_circuit_cores(model: HeadModel) -> dict[int, Tensor]:
     """{layer: [h, d_k, d_k]} cores W_O^(i) (W_U W_E) W_V^(i), float64."""
-    W_E, W_U = model.W_E, model.W_U  # [V, d] each, in the model's dtype
-    gram = torch.zeros(W_E.shape[1], W_E.shape[1], dtype=torch.float64, device=W_E.device)  # [d, d] = W_U W_E
-    for rows in range(0, W_E.shape[0], GRAM_ROWS):  # float64 a block of vocabulary rows at a time, not [V, d] twice
-        gram += W_U[rows:rows + GRAM_ROWS].double().T @ W_E[rows:rows + GRAM_ROWS].double()
+    W_U = model.W_U  # [V, d], in the model's dtype
+    gram = torch.zeros(W_U.shape[1], W_U.shape[1], dtype=torch.float64, device=W_U.device)  # [d, d] = W_U W_E
+    for rows in range(0, W_U.shape[0], GRAM_ROWS):  # a block of vocabulary rows at a time, never [V, d] copies
+        W_E = model.embedding_rows(rows, rows + GRAM_ROWS)  # [≤GRAM_ROWS, d]
+        gram += W_U[rows:rows + GRAM_ROWS].double().T @ W_E.double()
     return {layer: model.h[layer].attn.W_O.double() @ gram @ model.h[layer].attn.W_V.double()
             for layer in model.active_layers}
 

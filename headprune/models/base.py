@@ -283,8 +283,13 @@ class HeadModel(nn.Module):
 
     @property
     def W_E(self) -> Tensor:
-        """[vocab, d]: the token embedding as the first block reads it (a family that scales it overrides this)."""
-        return getattr(self, self.embedding_name).weight
+        """[vocab, d]: the token embedding as the first block reads it (:meth:`embedding_rows` of every row)."""
+        return self.embedding_rows(0, self.cfg.vocab_size)
+
+    def embedding_rows(self, start: int, stop: int) -> Tensor:
+        """[stop − start, d]: rows start..stop of :attr:`W_E`, formed for those rows alone (a family that scales its
+        embedding, such as Gemma 3, overrides this: its whole W_E is a copy of the vocabulary's size)."""
+        return getattr(self, self.embedding_name).weight[start:stop]
 
     @property
     def W_U(self) -> Tensor:

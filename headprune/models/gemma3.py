@@ -168,10 +168,9 @@ class Gemma3(HeadModel):
                                                 None if p.get("rope_type", "default") == "default" else p)
                           for kind, p in cfg.rope.items()}  # [d_k/2] float32 per layer type
 
-    @property
-    def W_E(self) -> Tensor:
-        """[vocab, d]: the embedding as the first block reads it, √d · embed_tokens."""
-        return self.embed_tokens.weight * self._embed_scale()
+    def embedding_rows(self, start: int, stop: int) -> Tensor:
+        """[stop − start, d]: rows of the embedding as the first block reads it, √d · embed_tokens."""
+        return self.embed_tokens.weight[start:stop] * self._embed_scale()
 
     def _embed_scale(self) -> Tensor:
         return torch.tensor(self.cfg.embed_scale).to(self.embed_tokens.weight.dtype)

@@ -220,6 +220,26 @@ def test_copying_matches_dense_vocab_circuit(small_vocab_dir):
     assert got["copying"].between(-1, 1).all()
 
 
+def test_gemma_copying_reads_the_scaled_embedding_a_block_at_a_time(tmp_path_factory, monkeypatch):
+    """Gemma 3's W_E is √d · embed_tokens (what transformers' scaled embedding gives the first block), formed a block
+    of rows at a time: copying from blocks of 7 rows equals the dense [V, V] circuit of transformers' embeddings."""
+    from headprune.anatomy import copying
+    from tests.oracles.test_families import VOCAB, build
+
+    hf, _, model = build("gemma3-untied-linear-softcap", tmp_path_factory)
+    with torch.no_grad():
+        W_E = hf.model.embed_tokens(torch.arange(VOCAB)).double()  # [V, d], transformers' scaled rows
+    assert torch.equal(model.embedding_rows(3, 10), hf.model.embed_tokens(torch.arange(3, 10)).detach())
+    W_U = hf.lm_head.weight.double()  # untied
+    monkeypatch.setattr(copying, "GRAM_ROWS", 7)
+    got = copying_scores(model)
+    for row in got.itertuples():
+        a = model.h[row.layer].attn
+        M = W_E @ a.W_V[row.head].double() @ a.W_O[row.head].double() @ W_U.T  # [V, V]
+        lam = torch.linalg.eigvals(M)
+        assert row.copying == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-8)
+
+
 def test_copying_hand_case():
     """d = d_k = 2, one head, W_E = I on a 2-token vocabulary, W_V = I: M = W_O W_Eᵀ = W_O; W_O = diag(2, -1)
     has eigenvalues 2 and -1: (2 - 1) / (2 + 1) = 1/3."""
