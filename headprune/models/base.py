@@ -284,7 +284,7 @@ class HeadModel(nn.Module):
     @property
     def W_E(self) -> Tensor:
         """[vocab, d]: the token embedding as the first block reads it (:meth:`embedding_rows` of every row)."""
-        return self.embedding_rows(0, self.cfg.vocab_size)
+        return self.embedding_rows(0, getattr(self, self.embedding_name).weight.shape[0])
 
     def embedding_rows(self, start: int, stop: int) -> Tensor:
         """[stop − start, d]: rows start..stop of :attr:`W_E`, formed for those rows alone (a family that scales its
