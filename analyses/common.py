@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 
 from headprune.data.tokens import corpus_ids
-from headprune.io.files import ensure_dir, write_bytes, write_json, write_table, write_text
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
+from headprune.io.work.files import ensure_dir, write_bytes, write_json, write_table, write_text
 from headprune.perplexity import Windowing
 from headprune.schema import DEFAULT_MAX_TOKENS, DEFAULT_MODEL
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.common import save
-from headprune.io.files import write_text
+from headprune.io.work.files import write_text
 
 UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 RECOVER_FRACTIONS = (0.3, 0.5)
@@ -396,9 +396,9 @@ def main() -> None:
     args = ap.parse_args()
     from headprune.data.sources import is_builtin
     from headprune.data.tokens import corpus_ids
-    from headprune.io.loading import load_model
-    from headprune.io.progress import Progress
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.loading import load_model
+    from headprune.io.read.tokenizer import model_tokenizer
+    from headprune.io.work.progress import Progress
     from headprune.patching.study import StudyOptions, patch_study
     from headprune.patching.tasks import TASK_TEXT, task_pairs
     from headprune.perplexity import Windowing

@@ -27,8 +27,8 @@ from matplotlib.figure import Figure
 
 from analyses.common import REPORTS, save, setup
 from headprune.data.tokens import corpus_ids
-from headprune.io.files import read_scores
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.tokenizer import model_tokenizer
+from headprune.io.work.files import read_scores
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate

@@ -14,7 +14,7 @@ from analyses.common import save, setup
 from headprune.anatomy import corpus_rows, head_anatomy, head_patterns, repeated_random_tokens
 from headprune.anatomy.for_report import induction_baselines
 from headprune.anatomy.geometry import principal_cosines, row_bases
-from headprune.io.files import write_bytes
+from headprune.io.work.files import write_bytes
 from headprune.report import markdown_table
 from headprune.report.anatomy import Thumbnail, plot_roles, plot_thumbnails, role_correlations
 from headprune.scoring import score_heads

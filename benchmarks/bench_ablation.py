@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import gpt2_small_checkpoint
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.llama import LlamaLikeConfig
 from headprune.perplexity import Windowing, evaluate, window_batches
 from headprune.scoring import score_heads

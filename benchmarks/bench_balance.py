@@ -25,9 +25,9 @@ import torch
 def worker(args) -> None:
     import torch.distributed as dist
 
-    from headprune.io.distributed import assign_units, init_from_env, rank_and_world, run_units
-    from headprune.io.loading import load_model
-    from headprune.io.progress import NoProgress
+    from headprune.io.read.loading import load_model
+    from headprune.io.work.distributed import assign_units, init_from_env, rank_and_world, run_units
+    from headprune.io.work.progress import NoProgress
     from headprune.perplexity import Windowing
     from headprune.scoring.ablation import AblationScores
     from headprune.scoring.base import ScoringContext

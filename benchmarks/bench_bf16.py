@@ -15,8 +15,8 @@ import torch
 from scipy import stats
 
 from headprune.data.tokens import corpus_ids
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.scoring import score_heads
 

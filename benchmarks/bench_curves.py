@@ -17,8 +17,8 @@ import numpy as np
 
 import headprune.pruning.curves as curves_module
 from headprune.data.tokens import corpus_ids
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.options import CurveOptions
 from headprune.runtime import reuse_freed_memory

@@ -67,7 +67,7 @@ def load(folder: Path, which: str) -> dict:
     weight resident, so both sides hold the whole model). ``which`` = "runtime": the imports alone."""
     import transformers  # in every process: the runtime both sides pay
 
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
 
     t0 = time.perf_counter()
     x = torch.zeros(1, 8, dtype=torch.long)
@@ -87,7 +87,7 @@ def forward(folder: Path, tokens: int, repeats: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     from benchmarks.common import time_interleaved
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
 
     ours = load_model(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -106,8 +106,8 @@ def forward(folder: Path, tokens: int, repeats: int) -> dict:
 
 
 def export(folder: Path, fraction: float, out: Path) -> dict:
-    from headprune.io.export import export_hf, hf_layout
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
+    from headprune.io.write.export import export_hf, hf_layout
     from headprune.models.prune import prune_heads
     from headprune.scoring.weights import weight_scores
 

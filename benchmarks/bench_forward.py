@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
         name, folder = "GPT-2 small, random weights", gpt2_small_checkpoint()
         hf = GPT2LMHeadModel.from_pretrained(folder).to(args.device).eval()
     else:
-        from headprune.io.packaged import packaged_folder
+        from headprune.io.read.packaged import packaged_folder
 
         name, folder = args.model, packaged_folder(args.model)
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(args.device).eval()

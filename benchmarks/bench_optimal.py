@@ -19,8 +19,8 @@ import time
 import torch
 
 from headprune.data.tokens import corpus_ids
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_FRACTIONS, DEFAULT_MODEL
 from headprune.scoring import score_heads

@@ -21,7 +21,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from benchmarks.common import gpt2_small_checkpoint
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.hooks import Capture
 from headprune.patching import patch_z
 from headprune.patching.tasks import induction

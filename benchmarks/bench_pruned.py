@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 
 from benchmarks.common import gpt2_small_checkpoint, time_interleaved
-from headprune.io.export import export_native
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.write.export import export_native
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import format_heads
 from headprune.models.hooks import Capture

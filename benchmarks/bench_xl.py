@@ -139,8 +139,8 @@ def measure(cmd: list[str], env: dict) -> dict:
 def child(args) -> None:
     """The measurements that use the Python API, run inside a measured process; prints one JSON line."""
     from headprune.data.tokens import corpus_ids
-    from headprune.io.loading import load_model
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.loading import load_model
+    from headprune.io.read.tokenizer import model_tokenizer
     from headprune.perplexity import Windowing
     from headprune.scoring.ablation import ablate_layer, cache_batch
 

@@ -22,7 +22,7 @@ Forward-equivalents on N tokens:
   curves   one point (method × fraction)            ≤ 1 (a forward of the pruned model)
 
 With k processes every family's units are shared (the ablation's by cost,
-:func:`headprune.io.distributed.assign_units`), and each process also runs the cached forward of every batch it
+:func:`headprune.io.work.distributed.assign_units`), and each process also runs the cached forward of every batch it
 touches: t_k ≈ t_1/k + one forward (+ the load).
 """
 

@@ -17,15 +17,15 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "load_model": "headprune.io.loading",
-    "model_tokenizer": "headprune.io.tokenizer",
-    "tokens": "headprune.io.tokenizer",
+    "load_model": "headprune.io.read.loading",
+    "model_tokenizer": "headprune.io.read.tokenizer",
+    "tokens": "headprune.data.tokens",
     "load_texts": "headprune.data.sources",
     "corpus_ids": "headprune.data.tokens",
-    "from_hf": "headprune.io.in_memory",
-    "to_hf": "headprune.io.in_memory",
-    "export_native": "headprune.io.export",
-    "export_hf": "headprune.io.export",
+    "from_hf": "headprune.io.read.in_memory",
+    "to_hf": "headprune.io.read.in_memory",
+    "export_native": "headprune.io.write.export",
+    "export_hf": "headprune.io.write.export",
     "evaluate": "headprune.perplexity",
     "score_heads": "headprune.scoring",
     "ScoringOptions": "headprune.scoring",
@@ -76,12 +76,12 @@ __all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks th
 if TYPE_CHECKING:
     from headprune.anatomy import corpus_rows, head_anatomy, repeated_random_tokens
     from headprune.data.sources import load_texts
-    from headprune.data.tokens import corpus_ids
+    from headprune.data.tokens import corpus_ids, tokens
     from headprune.errors import HeadpruneError
-    from headprune.io.export import export_hf, export_native
-    from headprune.io.in_memory import from_hf, to_hf
-    from headprune.io.loading import load_model
-    from headprune.io.tokenizer import model_tokenizer, tokens
+    from headprune.io.read.in_memory import from_hf, to_hf
+    from headprune.io.read.loading import load_model
+    from headprune.io.read.tokenizer import model_tokenizer
+    from headprune.io.write.export import export_hf, export_native
     from headprune.perplexity import evaluate
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GateOptions, learn_gates

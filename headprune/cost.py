@@ -161,7 +161,7 @@ def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: in
     options; nothing for the weight methods alone (no data, no forward)."""
     if not any(METHOD_SPECS[m].data_dependent for m in methods):
         return []
-    from headprune.io.distributed import rank_and_world
+    from headprune.io.work.distributed import rank_and_world
 
     # one timed forward for both estimates; under --workers each of the processes runs its share at this rate
     rate = measured_rate(model, seq_len) * rank_and_world()[1]

@@ -22,12 +22,12 @@ from headprune import __version__
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.data.tokens import corpus_ids, token_digest
 from headprune.errors import HeadpruneError
-from headprune.io.distributed import is_main, progress_files
-from headprune.io.files import check_writable, ensure_dir, write_text
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
-from headprune.io.progress import Progress
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
+from headprune.io.work.distributed import is_main, progress_files
+from headprune.io.work.files import check_writable, ensure_dir, write_text
+from headprune.io.work.progress import Progress
 from headprune.models.base import HeadModel
 from headprune.models.ledger import format_info
 from headprune.perplexity import Windowing, bos_setting, scored_bytes

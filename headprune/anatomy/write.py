@@ -13,8 +13,8 @@ import torch
 
 from headprune.anatomy import Anatomy, corpus_rows, head_anatomy, repeated_random_tokens
 from headprune.data.tokens import token_digest
-from headprune.io.files import atomic_dir, write_bytes, write_json, write_table
-from headprune.io.fingerprint import model_fingerprint
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.work.files import atomic_dir, write_bytes, write_json, write_table
 from headprune.models.base import HeadModel
 from headprune.perplexity import Windowing
 from headprune.report.anatomy import plot_anatomy_summary

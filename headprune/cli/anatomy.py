@@ -20,7 +20,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from headprune.anatomy.write import AnatomyInputs, run_anatomy
-    from headprune.io.files import check_writable
+    from headprune.io.work.files import check_writable
 
     check_writable(args.out)
     model = load_from_args(args)

@@ -11,7 +11,7 @@ from headprune.errors import HeadpruneError
 def load_from_args(args, dtype: str | None = None):
     """``--model`` on ``--device`` in ``dtype`` (default ``--dtype``), with the allocator set for its size
     (:func:`headprune.runtime.configure_allocator`)."""
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
     from headprune.runtime import configure_allocator
 
     model = load_model(args.model, device=args.device, dtype=dtype or args.dtype, fold_value_bias=args.fold_value_bias)
@@ -29,7 +29,7 @@ def windowing_from_args(args, model):
 def data_from_args(args, model, data: str | None = None, split: str | None = None):
     """Token ids (1-D) of ``data`` (default ``--data``, its ``--split``) for ``model``, cut to ``--max-tokens``."""
     from headprune.data.tokens import corpus_ids
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.tokenizer import model_tokenizer
 
     return corpus_ids(data or args.data, split or args.split, model_tokenizer(model), args.max_tokens or None)
 

@@ -61,7 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
-    from headprune.io.files import read_scores
+    from headprune.io.work.files import read_scores
     from headprune.pruning.gates import GATE
     from headprune.pruning.selection import check_scores_match
     from headprune.schema import RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
@@ -162,7 +162,7 @@ def curve_train_ids(args: argparse.Namespace, model, eval_ids):
     evaluation data; checked before any work."""
     from headprune.data.overlap import refuse_same_data
     from headprune.data.tokens import corpus_ids
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.tokenizer import model_tokenizer
 
     tok = model_tokenizer(model)
     train_ids = corpus_ids(args.train_data, "train", tok)

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> None:
     import math
 
     from headprune.data.sources import is_builtin
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.tokenizer import model_tokenizer
     from headprune.perplexity import bos_setting, evaluate, scored_bytes
 
     model = load_from_args(args)

@@ -54,10 +54,10 @@ def run_finetune(args: argparse.Namespace) -> dict:
     """The ``finetune`` command: returns the summary it prints (before/after perplexity, losses, output)."""
     from headprune.data.overlap import refuse_same_data
     from headprune.data.tokens import corpus_ids
-    from headprune.io.export_folder import check_export_target
-    from headprune.io.files import check_writable
-    from headprune.io.loading import load_model
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.loading import load_model
+    from headprune.io.read.tokenizer import model_tokenizer
+    from headprune.io.work.files import check_writable
+    from headprune.io.write.export_folder import check_export_target
     from headprune.perplexity import Windowing, evaluate
     from headprune.pruning.finetune import Recipe, export_recovered, finetune, gap_recovered, load_pruned
     from headprune.pruning.provenance import check_teacher

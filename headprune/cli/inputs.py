@@ -18,7 +18,7 @@ FOLDERS = {"pruned": "PRUNED_DIR"}  # finetune's argument: a folder that `headpr
 def check_inputs(args: argparse.Namespace, flags: dict[str, str]) -> None:
     """Refuse the first input of ``args`` that cannot exist; ``flags``: dest -> the command's option name."""
     from headprune.data.sources import check_corpus_spec
-    from headprune.io.model_names import check_model_source
+    from headprune.io.read.model_names import check_model_source
 
     for dest in FILES:
         if (value := getattr(args, dest, None)) is not None and not Path(value).expanduser().is_file():

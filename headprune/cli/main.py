@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "workers", None) is not None and (n := resolve_workers(args.workers, args.device)) > 1:
             return launch(argv, n)
         if hasattr(args, "device"):
-            from headprune.io.distributed import init_from_env
+            from headprune.io.work.distributed import init_from_env
 
             init_from_env(args.device)
         command_module(args.command).run(args)

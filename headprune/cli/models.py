@@ -12,8 +12,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from headprune.io.model_names import ZOO
-    from headprune.io.packaged import PACKAGED, listing, packaged_folder
+    from headprune.io.read.model_names import ZOO
+    from headprune.io.read.packaged import PACKAGED, listing, packaged_folder
 
     if args.fetch is not None:
         from headprune.errors import HeadpruneError

@@ -69,9 +69,9 @@ def _print(study, out: Path, written: dict[str, Path]) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import sweep_progress, table_output
-    from headprune.io.distributed import is_main
-    from headprune.io.fingerprint import model_fingerprint
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.fingerprint import model_fingerprint
+    from headprune.io.read.tokenizer import model_tokenizer
+    from headprune.io.work.distributed import is_main
     from headprune.patching import read_pairs, task_pairs
     from headprune.patching.study import StudyOptions, patch_study
     from headprune.patching.tasks import TASK_TEXT

@@ -47,10 +47,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from headprune.io.export import export_hf, export_native
-    from headprune.io.export_source import export_dtype
-    from headprune.io.files import check_writable
-    from headprune.io.fingerprint import model_fingerprint
+    from headprune.io.read.fingerprint import model_fingerprint
+    from headprune.io.work.files import check_writable
+    from headprune.io.write.export import export_hf, export_native
+    from headprune.io.write.export_source import export_dtype
     from headprune.models.heads import format_heads
     from headprune.models.ledger import pruning_stats
     from headprune.pruning.iterative import needs_score_data
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
 
 def _prune(args: argparse.Namespace, model, w, score_ids) -> tuple:
     """(pruned model, heads removed): the heads given, the uniform prune nearest the amount, or the ranking's."""
-    from headprune.io.files import read_scores
+    from headprune.io.work.files import read_scores
     from headprune.models.heads import parse_head_spec
     from headprune.pruning.apply import compensated_prune
     from headprune.pruning.iterative import prune_iteratively
@@ -110,8 +110,8 @@ def _prune(args: argparse.Namespace, model, w, score_ids) -> tuple:
 
 def _report(args: argparse.Namespace, model, pruned, heads, stats: dict, fill_data, ids, w, saved) -> None:
     """What the prune removed and cost, and what was written."""
-    from headprune.io.export import hf_layout
-    from headprune.io.export_source import dtype_name
+    from headprune.io.write.export import hf_layout
+    from headprune.io.write.export_source import dtype_name
     from headprune.models.heads import format_heads
     from headprune.pruning.apply import DRASTIC, before_after
 

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> None:
     if not finish_sweep(progress, table, out):
         return
     if extra:
-        from headprune.io.files import write_json
+        from headprune.io.work.files import write_json
 
         write_json(out.with_name(out.stem + ".groups.json"), extra)
         if not args.json:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from headprune.data.tokens import token_digest
-from headprune.io.distributed import is_main, progress_files
-from headprune.io.files import check_table_suffix, check_writable, write_table
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.progress import Progress
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.work.distributed import is_main, progress_files
+from headprune.io.work.files import check_table_suffix, check_writable, write_table
+from headprune.io.work.progress import Progress
 
 
 def table_output(args):

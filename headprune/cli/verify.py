@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.cost import FAMILY_FE, duration, seconds_per_fe, verify_fe
-    from headprune.io.files import read_scores, write_json
+    from headprune.io.work.files import read_scores, write_json
     from headprune.scoring import ScoringOptions, score_heads
     from headprune.scoring.verified import Verification, verify_ranking
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from headprune.data.cache import default_cache_dir
 from headprune.errors import HeadpruneError, warn
-from headprune.io.files import atomic_path
+from headprune.io.work.files import atomic_path
 
 #: Docstrings shorter than this many characters (after cleaning) are skipped: they are
 #: mostly one-word stubs ("Return self.") that add repetition, not language.

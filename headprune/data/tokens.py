@@ -16,7 +16,7 @@ import torch
 from headprune.data.cache import default_cache_dir
 from headprune.data.sources import Source, TextFile, corpus_sources
 from headprune.errors import HeadpruneError, warn
-from headprune.io.files import atomic_path
+from headprune.io.work.files import atomic_path
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:
@@ -224,3 +224,12 @@ def corpus_ids(spec: str, split: str, tokenizer, max_tokens: int | None = None) 
     if len(ids) < 2:  # refused here, before any output or progress file exists
         raise HeadpruneError(f"corpus {spec} has {len(ids)} token(s); at least 2 are needed to score anything")
     return ids
+
+
+def tokens(spec: str, split: str, model, max_tokens: int | None = None) -> torch.Tensor:
+    """Token ids (1-D) of corpus ``spec``'s ``split`` in ``model``'s tokenizer, cut to ``max_tokens``: what the
+    commands read for ``--data spec`` (:func:`corpus_ids` with :func:`model_tokenizer`)."""
+    from headprune.io.read.tokenizer import model_tokenizer
+
+    return corpus_ids(spec, split, model_tokenizer(model), max_tokens)
+

@@ -64,3 +64,8 @@ def prune_heads(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Te
     new.train(model.training)
     new.origin = model.origin
     return new
+
+def removed_heads(model: HeadModel) -> list[Head]:
+    """(layer, head) of every original head the model no longer holds."""
+    cfg = model.cfg
+    return [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if h not in cfg.kept_heads[l]]

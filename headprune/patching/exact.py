@@ -32,8 +32,8 @@ from torch import Tensor
 
 from headprune.bootstrap import ratio
 from headprune.errors import HeadpruneError
-from headprune.io.distributed import run_units
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.work.distributed import run_units
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import group_id, head_id
 from headprune.models.hooks import AttentionHook, Capture, hooked

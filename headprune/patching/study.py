@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from headprune.bootstrap import DEFAULT_REPLICATES
 from headprune.errors import HeadpruneError
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.patching.attribution import atp_star_z, atp_z

@@ -22,7 +22,7 @@ import torch
 from scipy.stats import spearmanr
 
 from headprune.bootstrap import DEFAULT_REPLICATES, interval, window_counts
-from headprune.io.fingerprint import model_fingerprint
+from headprune.io.read.fingerprint import model_fingerprint
 from headprune.models.base import HeadModel
 from headprune.patching.exact import Patching, patch_units, unit_ids
 

@@ -128,7 +128,7 @@ def brackets(tokenizer, n_pairs: int = 32, seed: int = 0) -> PromptPairs:
 
 def task_pairs(name: str, model, tokenizer=None, n_pairs: int = 32, seed: int = 0) -> PromptPairs:
     """The built-in task ``name`` for ``model`` (a :class:`~headprune.models.base.HeadModel`); the text tasks
-    tokenize with ``tokenizer`` (default: the model's own, :func:`headprune.io.tokenizer.model_tokenizer`)."""
+    tokenize with ``tokenizer`` (default: the model's own, :func:`headprune.io.read.tokenizer.model_tokenizer`)."""
     if name not in TASKS:
         raise HeadpruneError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if name == "induction":
@@ -136,7 +136,7 @@ def task_pairs(name: str, model, tokenizer=None, n_pairs: int = 32, seed: int = 
         pairs = induction(model.cfg.vocab_size, n_pairs, min(10, (model.cfg.n_positions - 1) // 2), seed, bos)
     else:
         if tokenizer is None:
-            from headprune.io.tokenizer import model_tokenizer
+            from headprune.io.read.tokenizer import model_tokenizer
 
             tokenizer = model_tokenizer(model)
         pairs = (ioi if name == "ioi" else brackets)(tokenizer, n_pairs, seed)

@@ -30,9 +30,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headprune.bootstrap import interval, window_counts
-from headprune.io.distributed import run_units
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.work.distributed import run_units
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.head_config import Head
 from headprune.models.ledger import param_table

@@ -35,8 +35,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import atomic_path
-from headprune.io.progress import fingerprint
+from headprune.io.work.files import atomic_path
+from headprune.io.work.progress import fingerprint
 from headprune.models.base import HeadModel
 from headprune.perplexity import DEFAULT_MAX_SEQ_LEN
 
@@ -164,7 +164,7 @@ def _check_inputs(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadMo
 def run_key(model: HeadModel, ids: Tensor, recipe: Recipe, teacher: HeadModel | None) -> str:
     """What a checkpoint must match to be resumed: the starting model, the data, the recipe, the teacher."""
     from headprune.data.tokens import token_digest
-    from headprune.io.fingerprint import model_fingerprint
+    from headprune.io.read.fingerprint import model_fingerprint
 
     return fingerprint(model=model_fingerprint(model), tokens=token_digest(ids), recipe=recipe.as_dict(),
                        bos=model.origin.bos_token_id,
@@ -268,8 +268,8 @@ def read_marker(folder: str | os.PathLike) -> dict:
     """The ``headprune_export.json`` of an export folder ({} for a plain GPT-2 folder)."""
     import json
 
-    from headprune.io.export_folder import EXPORT_MARKER
-    from headprune.io.sources import resolve_source
+    from headprune.io.read.sources import resolve_source
+    from headprune.io.write.export_folder import EXPORT_MARKER
 
     path = resolve_source(folder) / EXPORT_MARKER
     if not path.is_file():
@@ -300,7 +300,7 @@ def load_pruned(folder: str | os.PathLike, device="cpu", dtype=torch.float32, fo
     shapes with the removed heads zeroed: those heads are removed again (exactly: they contribute 0, checked), so
     training cannot revive them. ``fold_value_bias``: fold the value biases of the heads left into b_O (logits
     unchanged)."""
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
     from headprune.models.heads import parse_head_id
     from headprune.pruning.provenance import check_removed_heads_zero
     from headprune.pruning.prune import prune_model
@@ -322,7 +322,7 @@ def export_recovered(model: HeadModel, folder: str | os.PathLike, fmt: str, mark
                      overwrite: bool = False) -> Path:
     """Write the fine-tuned model like the pruned export it came from (``fmt``: native or hf, shapes kept),
     its record carrying the pruning metadata plus ``finetune`` = ``info``; in the dtype it was trained in."""
-    from headprune.io.export import export_hf, export_native
+    from headprune.io.write.export import export_hf, export_native
 
     meta = {k: v for k, v in marker.items() if k not in ("format", "source", "removed_heads", "dtype")}
     meta["finetune"] = info

@@ -29,7 +29,7 @@ keep), and the round(t·N) heads with the lowest are closed — exactly the head
 
 Seeded (the noise u comes from one ``torch.Generator``), deterministic on the CPU, and resumable: every
 ``checkpoint_every`` steps the whole state (log α, multipliers, both optimisers' moments, the generator and
-the loss history) is recorded as one unit of a :class:`~headprune.io.progress.Progress`, so a killed run resumes
+the loss history) is recorded as one unit of a :class:`~headprune.io.work.progress.Progress`, so a killed run resumes
 from its last checkpoint to bit-identical results (JSON round-trips every float exactly).
 """
 
@@ -46,7 +46,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from headprune.errors import HeadpruneError
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.interventions import Head
@@ -202,7 +202,7 @@ def learn_gates(
     show_progress: bool = True,
 ) -> GateResult:
     """Train one hard-concrete gate per head of the frozen ``model`` as ``options`` say; see the module docstring."""
-    from headprune.io.fingerprint import model_fingerprint
+    from headprune.io.read.fingerprint import model_fingerprint
     from headprune.pruning.selection import select_heads
 
     model.require_heads("learning head gates")

@@ -5,7 +5,7 @@
   teacher, loaded the same way, must have it. An export without the record (made by another tool or an older
   headprune) is checked by shape only.
 - An ``hf`` export's ``removed_heads`` must name heads that really are zero: every Q/K/V column, bias and W_O
-  row of the head exactly 0 (as :func:`headprune.io.export.export_hf` writes them); otherwise "removing" them
+  row of the head exactly 0 (as :func:`headprune.io.write.export.export_hf` writes them); otherwise "removing" them
   again would change the model the user exported.
 """
 
@@ -16,7 +16,7 @@ from headprune.errors import HeadpruneError, warn
 
 def check_teacher(teacher, student, marker: dict, teacher_source: str) -> None:
     """HeadpruneError unless ``teacher`` is the model the export (record ``marker``) was pruned from."""
-    from headprune.io.fingerprint import model_fingerprint
+    from headprune.io.read.fingerprint import model_fingerprint
 
     tc, sc = teacher.cfg, student.cfg
     for name in ("vocab_size", "n_positions", "n_layers", "d_model"):

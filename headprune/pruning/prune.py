@@ -1,4 +1,4 @@
-"""Remove attention heads physically (a smaller model; exports: :mod:`headprune.io.export`).
+"""Remove attention heads physically (a smaller model; exports: :mod:`headprune.io.write.export`).
 
 Attention output of a layer with heads i (W_O^(i) = rows i·d_k..(i+1)·d_k of W_O):
 
@@ -26,13 +26,10 @@ from torch import Tensor
 
 from headprune.models.base import HeadModel
 from headprune.models.head_config import Head
-from headprune.models.prune import prune_heads
+from headprune.models.prune import prune_heads, removed_heads
 
+__all__ = ["prune_model", "removed_heads"]
 
-def removed_heads(model: HeadModel) -> list[Head]:
-    """(layer, head) of every original head the model no longer holds."""
-    cfg = model.cfg
-    return [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if h not in cfg.kept_heads[l]]
 
 
 def prune_model(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery, RecoveryData
 

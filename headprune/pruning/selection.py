@@ -165,8 +165,9 @@ def select_heads(
 
 def check_scores_match(scores: pd.DataFrame, model: HeadModel, source: str | None = None) -> None:
     """HeadpruneError unless the table's heads are exactly the model's heads, its scores finite, and its
-    ``model_fingerprint`` column (required) equals :func:`headprune.io.fingerprint.model_fingerprint` of the model."""
-    from headprune.io.fingerprint import model_fingerprint
+    ``model_fingerprint`` column (required) equals :func:`headprune.io.read.fingerprint.model_fingerprint` of the
+    model."""
+    from headprune.io.read.fingerprint import model_fingerprint
 
     frame = _check_frame(scores)
     name = f"scores file {source}" if source else "scores file"

@@ -125,7 +125,7 @@ def export_prunes(model: Any, scores: pd.DataFrame, method: str, eval_ids: Tenso
     """For each fraction, the uniform prune by ``method`` nearest it, exported under ``folder`` and evaluated by
     headprune; fractions whose nearest prune is the same share one export. ``model``: a
     :class:`~headprune.models.base.HeadModel` of a Llama-like family (left unchanged)."""
-    from headprune.io.export import export_hf, is_compact
+    from headprune.io.write.export import export_hf, is_compact
     from headprune.models.prune import prune_heads
     from headprune.pruning.uniform import uniform_heads
 

@@ -47,7 +47,15 @@ from pathlib import Path
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import atomic_dir, read_scores, read_table, write_bytes, write_json, write_table, write_text
+from headprune.io.work.files import (
+    atomic_dir,
+    read_scores,
+    read_table,
+    write_bytes,
+    write_json,
+    write_table,
+    write_text,
+)
 from headprune.report.anatomy import (
     AnatomyReport,
     anatomy_parts,

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_table, write_table, write_text
+from headprune.io.work.files import read_table, write_table, write_text
 from headprune.report.head_bootstrap import spearman_rows
 from headprune.report.plots.common import DPI, PHONE_DPI, PHONE_FONTS, PHONE_WIDTH, Picture, render_png
 from headprune.report.plots.maps import plot_heatmaps

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_table, write_table, write_text
+from headprune.io.work.files import read_table, write_table, write_text
 from headprune.report.anatomy import ROLE_COLUMNS, AnatomyReport
 from headprune.report.plots.common import Picture
 from headprune.report.plots.maps import plot_heatmaps

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_table, write_table
+from headprune.io.work.files import read_table, write_table
 from headprune.report.numbers import column_decimals, fixed
 from headprune.report.render import Block, Findings, Note, Section, Table
 

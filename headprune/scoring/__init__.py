@@ -9,8 +9,8 @@ Methods (higher = more important for all but ``entropy``, which describes a head
   resample    abl_resample                                          (see :mod:`.resample`)
 
 Every family implements :class:`~.base.Family` (units of work, then a combine); data methods run over
-sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.io.progress.Progress`,
-so a killed sweep resumes, and shared among processes under torchrun (:func:`~headprune.io.distributed.run_units`).
+sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.io.work.progress.Progress`,
+so a killed sweep resumes, and shared among processes under torchrun (:func:`~headprune.io.work.distributed.run_units`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from tqdm.auto import tqdm
 from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
 from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
-from headprune.io.distributed import run_units
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.work.distributed import run_units
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head

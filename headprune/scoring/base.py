@@ -1,7 +1,7 @@
 """The one interface every scoring family implements (Torch-Pruning's ``Importance``, by family of methods).
 
 A family turns a :class:`ScoringContext` into **units** — ``(key, fn)`` pairs, each a piece of work whose
-JSON-serialisable result is recorded in a :class:`~headprune.io.progress.Progress` (so a killed sweep resumes,
+JSON-serialisable result is recorded in a :class:`~headprune.io.work.progress.Progress` (so a killed sweep resumes,
 and torchrun shares the units among processes) — and **combines** all unit results into one score per head
 and method, a :class:`FamilyScores` (``{method: Tensor[H]}`` in ``model.head_ids`` order; data methods keep
 per-window sums, so each also gets bootstrap replicates over windows; and typed :class:`SideOutputs` that later

@@ -43,8 +43,8 @@ from tqdm.auto import tqdm
 
 from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
-from headprune.io.distributed import run_units
-from headprune.io.progress import NoProgress, Progress
+from headprune.io.work.distributed import run_units
+from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.models.interventions import Head, fill_tensors, mask_gates

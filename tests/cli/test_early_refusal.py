@@ -4,7 +4,7 @@ path or pruned folder is one line on stderr, and ``headprune`` alone lists the c
 
 import pytest
 
-import headprune.io.loading
+import headprune.io.read.loading
 from headprune.cli.main import COMMANDS, command_module, main
 from headprune.errors import HeadpruneError
 
@@ -17,7 +17,7 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded or the hub asked before the input was refused")
 
-    monkeypatch.setattr(headprune.io.loading, "load_model", refuse)
+    monkeypatch.setattr(headprune.io.read.loading, "load_model", refuse)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
 
 
@@ -42,10 +42,10 @@ def test_a_typod_model_name_says_did_you_mean(name, meant, command, tmp_path, mo
 
 
 def test_the_loader_says_it_too_and_lets_real_names_through(tiny_dir):
-    from headprune.io.model_names import check_model_source
+    from headprune.io.read.model_names import check_model_source
 
     with pytest.raises(HeadpruneError, match="did you mean 'gpt2'"):
-        headprune.io.loading.load_model("gtp2")
+        headprune.io.read.loading.load_model("gtp2")
     for name in ("gpt2", "stdlib-gpt2-mini", "openai-community/gpt2", "an-org/gtp2", "unrelated-name", str(tiny_dir)):
         check_model_source(name)  # known, an owner/name hub id, close to nothing, or a folder: the loader tries it
 

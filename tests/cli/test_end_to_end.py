@@ -13,8 +13,8 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
-from headprune.io.files import read_scores
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.work.files import read_scores
 from headprune.models.interventions import mask_gates
 from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, METHODS, OPT_IN, SCORES_DIGEST, score_columns
 
@@ -125,7 +125,7 @@ def _count_work(monkeypatch):
     """Count the calls of every unit family's work function and the units computed through any Progress."""
     import importlib
 
-    from headprune.io.progress import Progress
+    from headprune.io.work.progress import Progress
 
     calls, computed = Counter(), []
 
@@ -218,7 +218,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
 
 def _interrupt_after(monkeypatch, n: int):
     """Make the n+1-th unit computed through a Progress raise KeyboardInterrupt (as Ctrl-C would)."""
-    from headprune.io.progress import Progress
+    from headprune.io.work.progress import Progress
 
     get_or_compute, done = Progress.get_or_compute, []
 

@@ -24,8 +24,8 @@ from transformers import (
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.models.interventions import mask_gates
 from headprune.models.prune import prune_heads
 from tests.helpers import guide_loop, write_corpus
@@ -230,7 +230,7 @@ def test_uniform_heads_is_the_best_uniform_prune(built):
 
 
 def test_hf_export_refusals(built, tmp_path):
-    from headprune.io.export import export_hf
+    from headprune.io.write.export import export_hf
 
     mistral = load_model(built["mistral"][0])
     filled = prune_heads(mistral, [(0, 1)], {(0, 1): torch.ones(8)})

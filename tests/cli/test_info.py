@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headprune.cli.main import main
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models import ledger
 from headprune.models.ledger import attention_flops_per_token, param_table, shape_trace, wo_table
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from headprune.cli.main import main
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
 
 # per layer: global ranking takes L2H0, L0H0, L0H1; per-layer L2-normalised it takes L2H0, L1H0, L0H0
 WO = {0: [1.0, 2.0, 3.0, 4.0], 1: [50.0, 200.0, 210.0, 220.0], 2: [0.5, 3.0, 3.5, 4.0]}

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from headprune.cli.main import main
-from headprune.io.files import read_table
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.work.files import read_table
 from headprune.patching import (
     PatchOptions,
     Subsampling,

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from headprune.io.progress import Progress
+from headprune.io.work.progress import Progress
 from headprune.pipeline import RunSettings, stage_line, stage_names
 from headprune.pruning.curves import bar_label
 

@@ -14,9 +14,9 @@ import pytest
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
-from headprune.io.files import read_table
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
+from headprune.io.work.files import read_table
 from headprune.perplexity import Windowing
 from headprune.scoring.verified import Verification, verify_ranking
 

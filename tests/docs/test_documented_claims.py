@@ -33,10 +33,10 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids, tokenize_corpus
-from headprune.io.files import read_scores
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
+from headprune.io.work.files import read_scores
 from headprune.perplexity import Windowing
 from headprune.report.tables import rank_correlations
 from headprune.schema import METHODS, OPT_IN, score_columns
@@ -310,7 +310,7 @@ def test_old_masked_bias_keys(prefix, tmp_path):
 _BIN_ONLY = """
 import sys, torch
 from transformers import GPT2LMHeadModel
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 ours = load_model("testorg/tiny-bin")
 hf = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
 x = torch.arange(40).view(2, 20) * 7

@@ -23,7 +23,7 @@ from headprune.anatomy import (
     wo_geometry,
 )
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.gpt2 import GPT2
 from headprune.models.gpt2_config import GPT2Config
 from headprune.pruning.prune import prune_model

@@ -12,8 +12,8 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_table
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.work.files import read_table
 from headprune.models.hooks import Capture
 from headprune.patching import atp_qk, atp_qkfix, atp_star_qk, patch, run_pairs, task_pairs
 from headprune.patching.tasks import induction

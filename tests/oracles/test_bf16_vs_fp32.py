@@ -21,9 +21,9 @@ from scipy import stats
 from headprune.cli.main import main
 from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
-from headprune.io.files import read_scores
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
+from headprune.io.work.files import read_scores
 from headprune.models.nll import token_nll
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_MODEL

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headprune.bootstrap import interval, window_counts
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DATA_METHODS, ci_columns

@@ -8,8 +8,8 @@ from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from headprune.anatomy import corpus_rows, repeated_random_tokens
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import prepended_bos
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import prepended_bos
 from headprune.patching.tasks import task_pairs
 from headprune.perplexity import Windowing, evaluate, scored_bytes, sliding_windows, window_batches
 from headprune.pruning.finetune import Recipe, train_batch

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2LMHeadModel
 
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.nll import model_nll, nll_rows, token_nll, unembed_nll
 
 from helpers import TINY

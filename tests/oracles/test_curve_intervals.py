@@ -7,7 +7,7 @@ import torch
 
 import headprune.pruning.curves as curves_module
 from headprune.bootstrap import interval, window_counts
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.options import Compensation, CurveOptions, Selection

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headprune.pruning.curves as curves_module
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.perplexity import Windowing
 from headprune.pruning.curves import layer_keys, pruning_curves
 from headprune.pruning.options import Compensation, CurveOptions, Selection

@@ -1,7 +1,7 @@
 """Exports keep what they were given (issue 27, item 3): the source's special token ids in config.json, the
 source checkpoint's dtype in model.safetensors (unless --dtype says otherwise), the usual file modes, and a line
 telling a transformers user that only --format hf loads there. GPT-2 (its config written from the model's) and Llama
-(the source's config.json), both through headprune.io.export."""
+(the source's config.json), both through headprune.io.write.export."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from headprune.cli.main import main
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.pruning.prune import prune_model
 
 HEADS = [(0, 1), (1, 2), (1, 3)]
@@ -162,7 +162,7 @@ def test_gpt2_native_export_keeps_fp16_and_says_it_is_not_for_transformers(gpt2_
         assert torch.equal(v, state[k]), k
     # a native export re-exported as hf keeps the ids and dtype it got from the first export
     second = load_model(folder)
-    from headprune.io.export import export_hf
+    from headprune.io.write.export import export_hf
 
     export_hf(second, tmp_path / "again")
     assert {k: json.loads((tmp_path / "again" / "config.json").read_text())[k] for k in IDS} == IDS

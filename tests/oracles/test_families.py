@@ -26,8 +26,8 @@ from transformers import (
 )
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import load_family_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_family_tokenizer
 from headprune.models.hooks import Capture
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.models.prune import prune_heads

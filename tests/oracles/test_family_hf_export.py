@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from headprune.io.export import export_hf
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.write.export import export_hf
 from headprune.models.prune import prune_heads
 from tests.oracles.test_families import build, hf_zeroed, tokens
 
@@ -65,7 +65,7 @@ def test_llama_head_counts_transformers_refuses_are_exported_zeroed_and_avoided_
     from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
-    from headprune.io.export import hf_layout, is_compact
+    from headprune.io.write.export import hf_layout, is_compact
     from headprune.models.families import loadable_head_count
     from headprune.pruning.uniform import uniform_heads
 

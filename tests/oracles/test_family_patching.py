@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.patching import PatchOptions, atp_z, patch, patch_z, run_pairs
 from headprune.patching.attribution_qk import atp_qk, atp_qkfix
 from headprune.patching.exact import unit_ids

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, score_heads

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from headprune.cli.main import main
 from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning import finetune as ft
 from headprune.pruning.finetune import Recipe, finetune, gap_recovered, lr_factor, make_optimizer, recovery_loss
@@ -275,7 +275,7 @@ def test_sigkilled_finetune_resumes_to_bit_identical_weights(tiny_dir, corpus, e
 def test_curve_recover_adds_recovered_points_and_the_report_shows_them(tiny_dir, corpus, eval_corpus, tmp_path, capsys):
     import pandas as pd
 
-    from headprune.io.files import read_scores, read_table
+    from headprune.io.work.files import read_scores, read_table
     from headprune.pruning.selection import select_heads
 
     scores, curves, report = tmp_path / "s.csv", tmp_path / "c.csv", tmp_path / "report"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
 from headprune.models.gpt2 import Attention
 from headprune.models.gpt2_config import GPT2Config
 from headprune.models.hooks import Capture
@@ -31,7 +31,7 @@ def test_logits_equal_hugging_face(which, request):
 @pytest.mark.slow
 def test_hub_id_from_offline_cache(hf_cache, tiny_dir):
     script = (
-        "import torch; from transformers import GPT2LMHeadModel; from headprune.io.loading import load_model;"
+        "import torch; from transformers import GPT2LMHeadModel; from headprune.io.read.loading import load_model;"
         "hf = GPT2LMHeadModel.from_pretrained('testorg/tiny-gpt2').eval(); ours = load_model('testorg/tiny-gpt2');"
         "x = torch.arange(40).view(2, 20) * 7;"
         "print((hf(x).logits - ours(x)).abs().max().item(), ours.origin.folder)"

@@ -17,9 +17,9 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
 from headprune.pruning.options import PruningOptions, ScoringData, Selection
 from headprune.pruning.selection import select_heads
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from headprune.cli.main import main
-from headprune.io.files import read_table
-from headprune.io.loading import load_model
-from headprune.io.progress import Progress
+from headprune.io.read.loading import load_model
+from headprune.io.work.files import read_table
+from headprune.io.work.progress import Progress
 from headprune.perplexity import Windowing
 from headprune.pruning.gates import (
     GateOptions,
@@ -106,7 +106,7 @@ def test_without_penalty_no_gate_closes_and_with_one_they_shut():
     """On the shipped model (trained heads), NLL alone keeps every gate open; the same training with a penalty
     drives them towards shut: closing is the penalty's doing."""
     from headprune.data.tokens import corpus_ids
-    from headprune.io.tokenizer import model_tokenizer
+    from headprune.io.read.tokenizer import model_tokenizer
 
     model = load_model("stdlib-gpt2-mini", device="cpu")
     ids = corpus_ids("default", "validation", model_tokenizer(model), 4 * 32)

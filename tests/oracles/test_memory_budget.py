@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headprune.anatomy import attribution, roles
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.head_config import HeadConfig
 from headprune.models.memory import backward_windows, capture_windows, pattern_windows
 from headprune.perplexity import Batch

@@ -11,7 +11,7 @@ from scipy.stats import norm
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.patching.attribution import atp_star_z
 from headprune.patching.exact import patch_z, run_pairs
 from headprune.patching.missed import Subsampling, missed_bound, subsample_estimates, subset_changes

@@ -12,10 +12,10 @@ from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
-from headprune.io.progress import Progress
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
+from headprune.io.work.progress import Progress
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, joint_constants, optimal_constants, score_heads
 from headprune.scoring.optimal import _layer_losses, fit_set

@@ -10,7 +10,7 @@ import torch
 from test_optimal_ablation import hf_with_constants
 from transformers import GPT2LMHeadModel
 
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.perplexity import Windowing
 from headprune.scoring import head_means, optimal
 from headprune.scoring.optimal import fit_layer

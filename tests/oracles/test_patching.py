@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.patching.attribution import atp_star_z, atp_z
 from headprune.patching.exact import PatchOptions, patch, patch_z
 from headprune.patching.pairs import PromptPairs, read_pairs
@@ -238,7 +238,7 @@ def test_bad_pair_files_name_the_line(tmp_path):
 
 
 def test_text_pairs_need_one_token_answers(tmp_path):
-    from headprune.io.tokenizer import load_tokenizer
+    from headprune.io.read.tokenizer import load_tokenizer
 
     tok = load_tokenizer("stdlib-gpt2-mini")
     row = {"clean": "os.join(path", "corrupt": "os.join[path", "answer": ")", "wrong": "]"}
@@ -370,7 +370,7 @@ def test_abl_resample_equals_slow_reference(model, hf):
 
 
 def test_tasks_are_seeded_and_well_formed():
-    from headprune.io.tokenizer import load_tokenizer
+    from headprune.io.read.tokenizer import load_tokenizer
     from headprune.patching.tasks import ioi
 
     a, b, c = induction(96, 4, 5, seed=0), induction(96, 4, 5, seed=0), induction(96, 4, 5, seed=1)

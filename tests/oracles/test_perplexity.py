@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.perplexity import Windowing, evaluate, sliding_windows, window_batches
 
 from helpers import TINY, guide_loop
@@ -47,7 +47,7 @@ def test_cli_eval_json_matches_python(tiny_dir, tmp_path, capsys, monkeypatch):
     assert (out["model"], out["data"], out["split"], out["seq_len"], out["stride"]) == (str(tiny_dir), str(corpus),
                                                                                        None, 32, 16)
     from headprune.data.tokens import tokenize_corpus
-    from headprune.io.tokenizer import load_tokenizer
+    from headprune.io.read.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tiny_dir)
     ids = tokenize_corpus([corpus.read_text()], tok)

@@ -15,7 +15,7 @@ from transformers import GPT2LMHeadModel
 import headprune
 from headprune.cli.main import main
 from headprune.data.tokens import corpus_ids
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.tokenizer import load_tokenizer
 from headprune.schema import DEFAULT_MAX_TOKENS
 
 from helpers import TINY, guide_loop

@@ -8,9 +8,9 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.export import export_hf, export_native
-from headprune.io.export_folder import EXPORT_MARKER
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.write.export import export_hf, export_native
+from headprune.io.write.export_folder import EXPORT_MARKER
 from headprune.models.head_config import Origin
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
@@ -264,7 +264,7 @@ def test_hf_export_zeroes_removed_heads_whatever_the_record_says(tiny, tiny_dir,
     """The removed heads' Q/K/V columns (weights and biases) and W_O rows are exactly 0 in the exported tensors,
     read from the checkpoint by the heads we removed (never from the export record, here made to list none), and
     every other attention weight is the original's."""
-    import headprune.io.export as export_module
+    import headprune.io.write.export as export_module
 
     monkeypatch.setattr(export_module, "removed_heads", lambda model: [])  # a record that lists no head
     out = export_hf(prune_model(tiny, HEADS), tmp_path / "hf")

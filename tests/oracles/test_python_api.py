@@ -167,7 +167,7 @@ def test_to_hf_round_trip_gives_the_same_logits(tied, x):
 
 
 def test_to_hf_of_a_pruned_model_is_the_hf_export(ids, x, tmp_path):
-    from headprune.io.export import export_hf
+    from headprune.io.write.export import export_hf
 
     model = from_hf(_trained_in_memory(seed=8))
     removed = [(0, 1), (1, 0), (1, 1), (1, 2), (1, 3), (2, 3)]  # layer 1 emptied

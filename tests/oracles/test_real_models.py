@@ -15,10 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headprune.anatomy.attribution import logit_attribution
-from headprune.io.export import export_hf
-from headprune.io.loading import load_model
-from headprune.io.packaged import PACKAGED, fetch, packaged_folder
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.packaged import PACKAGED, fetch, packaged_folder
+from headprune.io.read.tokenizer import load_tokenizer
+from headprune.io.write.export import export_hf
 from headprune.models.prune import prune_heads
 from headprune.patching.tasks import task_pairs
 from headprune.perplexity import Windowing, evaluate
@@ -141,7 +141,7 @@ def test_chunked_dequantization_equals_gguf_whole_tensors(monkeypatch):
     import numpy as np
     from gguf import GGUFReader, dequantize
 
-    from headprune.io import gguf as converter
+    from headprune.io.read import gguf as converter
 
     monkeypatch.setattr(converter, "DEQUANT_ROWS", 100)  # several slices even for small tensors
     seen = set()

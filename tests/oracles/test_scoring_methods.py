@@ -6,7 +6,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.folding import fold_value_biases, has_value_biases
 from headprune.perplexity import Windowing, batch_nll_sum, evaluate, window_batches
 from headprune.schema import DATA_METHODS, METHODS, OPT_IN, ci_columns, parse_methods, score_columns

@@ -12,7 +12,7 @@ from scipy.stats import t as student_t
 from transformers import GPT2LMHeadModel
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.patching.missed import subsample_estimates
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, score_heads

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from headprune.errors import HeadpruneError
-from headprune.io.export import export_hf, export_native
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
+from headprune.io.write.export import export_hf, export_native
 from headprune.pruning import curves
 from headprune.pruning.apply import compensated_prune
 from headprune.pruning.iterative import prune_iteratively

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.pruning.prune import prune_model
 from headprune.scoring import joint_constants, optimal_constants, score_heads
 

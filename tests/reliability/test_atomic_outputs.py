@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import atomic_path, write_table
-from headprune.io.progress import Progress
+from headprune.io.work.files import atomic_path, write_table
+from headprune.io.work.progress import Progress
 
 
 def test_failed_write_leaves_previous_file_and_no_temp(tmp_path):

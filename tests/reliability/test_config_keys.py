@@ -12,7 +12,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 
 from helpers import edit_config
 

@@ -12,7 +12,7 @@ from headprune.cli.main import main
 from headprune.data.overlap import MAX_SHARE, overlap, refuse_same_data
 from headprune.data.tokens import corpus_ids
 from headprune.errors import HeadpruneError
-from headprune.io.tokenizer import _gpt2_bpe
+from headprune.io.read.tokenizer import _gpt2_bpe
 
 TOPICS = list(pydoc_data.topics.topics.values())
 

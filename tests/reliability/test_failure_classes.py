@@ -20,11 +20,11 @@ from headprune.cli.main import main
 from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_table, write_table
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
-from headprune.io.progress import Progress
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import load_tokenizer
+from headprune.io.work.files import read_table, write_table
+from headprune.io.work.progress import Progress
 
 
 def _one_line_error(capsys, words: str) -> str:
@@ -141,7 +141,7 @@ def test_a_previous_export_left_by_a_kill_between_the_swap_renames_is_restored_o
     first = json.loads((out / "headprune_export.json").read_text())
     killed_between = tmp_path / f".out.{dead}.abcd1234.old"
     out.rename(killed_between)  # target missing: the previous export must come back, not be lost
-    from headprune.io.export_folder import clear_stale_old
+    from headprune.io.write.export_folder import clear_stale_old
 
     clear_stale_old(out)
     assert not killed_between.exists() and json.loads((out / "headprune_export.json").read_text()) == first

@@ -12,8 +12,8 @@ import pytest
 
 from headprune.cli import main
 from headprune.errors import HeadpruneError
-from headprune.io import packaged
-from headprune.io.gguf import convert
+from headprune.io.read import packaged
+from headprune.io.read.gguf import convert
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def test_a_converted_folder_appears_only_when_complete(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("headprune.io.gguf._state", interrupted)
+    monkeypatch.setattr("headprune.io.read.gguf._state", interrupted)
     with pytest.raises(KeyboardInterrupt):
         convert(path, out)
     assert not out.exists() and list(tmp_path.glob(".out.*")) == []
@@ -105,7 +105,7 @@ def test_failed_download_says_how_to_place_the_file(models_cache, monkeypatch, c
 
 
 def test_two_ggufs_in_a_folder_are_refused(tmp_path):
-    from headprune.io.sources import resolve_source
+    from headprune.io.read.sources import resolve_source
 
     write_gguf(tmp_path / "a.gguf"), write_gguf(tmp_path / "b.gguf")
     with pytest.raises(HeadpruneError, match="holds 2 GGUF files"):
@@ -117,7 +117,7 @@ def test_two_processes_converting_one_file_convert_it_once(tmp_path, monkeypatch
     import threading
     import time
 
-    from headprune.io import gguf as converter
+    from headprune.io.read import gguf as converter
 
     path = write_gguf(tmp_path / "m.gguf")
     calls = []
@@ -142,7 +142,7 @@ def test_two_processes_converting_one_file_convert_it_once(tmp_path, monkeypatch
 def test_a_full_disk_while_converting_is_one_line_and_a_killed_conversion_is_cleared(tmp_path, monkeypatch, capsys):
     import errno
 
-    from headprune.io import gguf as converter
+    from headprune.io.read import gguf as converter
 
     path = write_gguf(tmp_path / "m.gguf")
     out = tmp_path / "cache" / "m"

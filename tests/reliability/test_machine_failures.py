@@ -108,7 +108,7 @@ def test_newline_cuts_are_exact_and_bound_the_pieces():
     """One word per line: pieces end at newlines (none longer than 2 x PIECE_CHARS, not the 256 Ki fallback), and
     their tokens are exactly the whole text's (GPT-2's pre-tokenizer never joins across such a newline)."""
     from headprune.data import tokens
-    from headprune.io.tokenizer import _gpt2_bpe
+    from headprune.io.read.tokenizer import _gpt2_bpe
 
     text = "".join(f"word{i % 97}\n" for i in range(60_000))
     pieces = list(tokens._pieces(text))

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2LMHeadModel
 
 from headprune.cli.main import main
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 
 from helpers import TINY, save_hf_gpt2
 

@@ -32,8 +32,8 @@ def test_invalid_dist_timeout_is_named(tiny_dir, corpus, tmp_path, capsys, monke
 def test_iterative_prune_by_gate_says_so_at_once(tiny_dir, tmp_path, capsys):
     import pandas as pd
 
-    from headprune.io.fingerprint import model_fingerprint
-    from headprune.io.loading import load_model
+    from headprune.io.read.fingerprint import model_fingerprint
+    from headprune.io.read.loading import load_model
 
     model = load_model(tiny_dir)
     heads = model.head_ids

@@ -12,7 +12,7 @@ import torch
 
 from headprune.cli.main import main
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.patching import exact
 from headprune.patching.pairs import PromptPairs
 from headprune.patching.study import StudyOptions, patch_study

@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from headprune.errors import HeadpruneError
-from headprune.io.checkpoint import all_finite
-from headprune.io.loading import load_model
+from headprune.io.read.checkpoint import all_finite
+from headprune.io.read.loading import load_model
 from headprune.patching.pairs import PromptPairs
 from headprune.patching.study import StudyOptions, patch_study
 from headprune.scoring import ScoringOptions, score_heads
@@ -160,7 +160,7 @@ def test_a_prune_that_empties_a_layer_warns_nothing():
 
 def test_from_hf_refuses_weights_it_cannot_run():
     """On the meta device, an int8 weight, or fp32 and fp16 mixed: one HeadpruneError each, before any copy."""
-    from headprune.io.in_memory import from_hf
+    from headprune.io.read.in_memory import from_hf
 
     def llama():
         torch.manual_seed(0)

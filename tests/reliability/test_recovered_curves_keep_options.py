@@ -10,8 +10,8 @@ import torch
 from headprune.cli.main import main
 from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.finetune import Recipe, finetune

@@ -215,7 +215,7 @@ def _forge_cache(tiny, text_file: Path, cache: Path, ids: list[int]) -> None:
 
     from headprune.data.sources import load_texts
     from headprune.data.tokens import _cache_key, _ids_digest
-    from headprune.io.tokenizer import load_tokenizer
+    from headprune.io.read.tokenizer import load_tokenizer
 
     key = _cache_key(load_texts(str(text_file)), load_tokenizer(tiny))
     cache.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ def _forge_cache(tiny, text_file: Path, cache: Path, ids: list[int]) -> None:
 
 def _prepare(tmp: Path, tiny: Path, corpus: Path) -> None:
     """The files the bad cases read, written before the 'nothing written' snapshot."""
-    from headprune.io.files import read_scores
+    from headprune.io.work.files import read_scores
 
     (tmp / "empty.txt").write_text("")
     (tmp / "afile").write_text("not a folder")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from headprune.cli.main import main
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.pruning.gates import GateOptions, learn_gates
 
 

@@ -15,7 +15,7 @@ from scipy import stats
 
 import headprune.report as report_module
 from headprune.errors import HeadpruneError
-from headprune.io.files import read_scores, read_table
+from headprune.io.work.files import read_scores, read_table
 from headprune.report import build_report, rebuild_report
 from headprune.report.plots.common import head_grid
 from headprune.report.render import make_content

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headprune import runtime
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.perplexity import Windowing, evaluate
 
 from helpers import TINY

@@ -21,7 +21,7 @@ from headprune.cost import (
     run_fe,
     run_seconds,
 )
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 from headprune.models.gemma3 import Gemma3, Gemma3Config
 from headprune.models.meta import on_meta
 from headprune.models.prune import prune_heads

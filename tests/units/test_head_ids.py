@@ -83,7 +83,7 @@ def test_garbage_only_raises_headprune_error(spec):
 
 
 def test_spec_against_a_loaded_model(tiny_dir):
-    from headprune.io.loading import load_model
+    from headprune.io.read.loading import load_model
     from headprune.pruning.prune import prune_model
 
     model = prune_model(load_model(tiny_dir), [(0, 1)])

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from headprune.errors import HeadpruneError
-from headprune.io import distributed
-from headprune.io.distributed import assign_units, progress_files
-from headprune.io.loading import load_model
-from headprune.io.progress import Progress, fingerprint
+from headprune.io.work import distributed
+from headprune.io.read.loading import load_model
+from headprune.io.work.distributed import assign_units, progress_files
+from headprune.io.work.progress import Progress, fingerprint
 from headprune.perplexity import Windowing
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.base import ScoringContext
@@ -106,7 +106,7 @@ import ctypes, json, sys, torch
 # once, so the peak counts live memory, not heap the allocator kept from earlier frees (which made the growth
 # depend on what the process had done before: 1.0x to 1.55x of the weights for the same load)
 ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)
-from headprune.io.loading import load_model
+from headprune.io.read.loading import load_model
 def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096
 load_model(sys.argv[4], dtype=sys.argv[2], fold_value_bias=sys.argv[3] == "fold")  # every lazy import done
 def hwm(): return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) * 1024

@@ -7,8 +7,8 @@ import pytest
 
 from headprune.cli import main
 from headprune.errors import HeadpruneError
-from headprune.io.loading import load_model
-from headprune.io.tokenizer import model_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.tokenizer import model_tokenizer
 from headprune.patching import tasks
 from headprune.pipeline import RunSettings, resolve_patch_task
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from headprune.errors import HeadpruneError
-from headprune.io.fingerprint import model_fingerprint
-from headprune.io.loading import load_model
+from headprune.io.read.fingerprint import model_fingerprint
+from headprune.io.read.loading import load_model
 from headprune.models.heads import head_id
 from headprune.pruning.options import Selection
 from headprune.pruning.prune import prune_model

@@ -9,9 +9,9 @@ import torch
 from headprune.cli.main import main
 from headprune.data.sources import load_texts
 from headprune.data.tokens import tokenize_corpus
-from headprune.io.loading import load_model
-from headprune.io.model_names import ZOO
-from headprune.io.tokenizer import load_tokenizer
+from headprune.io.read.loading import load_model
+from headprune.io.read.model_names import ZOO
+from headprune.io.read.tokenizer import load_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_MODEL
 

@@ -5,7 +5,7 @@
 (joining its pieces in order), checks its sha256 and keeps it, with its licence files, in
 ``models_cache_dir()/NAME/``. Everything is written under a temporary name and renamed when checked, so a failed or
 interrupted download leaves nothing that looks finished. The GGUF is then converted like any other
-(:mod:`headprune.io.gguf`).
+(:mod:`headprune.io.read.gguf`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import clear_stale_temporaries, temp_prefix, write_failures
-from headprune.io.gguf import gguf_folder, locked, models_cache_dir
+from headprune.io.read.gguf import gguf_folder, locked, models_cache_dir
+from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from headprune.errors import HeadpruneError, config_error
-from headprune.io.checkpoint import CheckpointReader, all_finite
-from headprune.io.sources import resolve_source
-from headprune.io.tokenizer import model_bos
+from headprune.io.read.checkpoint import CheckpointReader, all_finite
+from headprune.io.read.sources import resolve_source
+from headprune.io.read.tokenizer import model_bos
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, SUPPORTED, ModelFamily
 from headprune.models.folding import fold_value_biases_

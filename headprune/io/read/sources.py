@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from headprune.errors import HeadpruneError
-from headprune.io.model_names import ZOO, check_model_source
+from headprune.io.read.model_names import ZOO, check_model_source
 
 _WEIGHT_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
 
@@ -19,8 +19,8 @@ _SIDE_PATTERNS = ["config.json", "vocab.json", "merges.txt", "tokenizer.json", "
 def resolve_source(source: str | os.PathLike) -> Path:
     """The local directory holding ``source``: a zoo name, a packaged model's name (:mod:`.packaged`), a GGUF file
     or a folder holding one (converted once, :mod:`.gguf`), a model directory, or a hub id (HF cache or download)."""
-    from headprune.io.gguf import gguf_folder, single_gguf
-    from headprune.io.packaged import PACKAGED, packaged_folder
+    from headprune.io.read.gguf import gguf_folder, single_gguf
+    from headprune.io.read.packaged import PACKAGED, packaged_folder
 
     source = str(source)
     if (ZOO / source / "config.json").is_file():

@@ -8,17 +8,12 @@ import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from headprune.data.tokens import corpus_ids
 from headprune.errors import HeadpruneError
-from headprune.io.sources import resolve_source
+from headprune.io.read.sources import resolve_source
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, model_type
 from headprune.schema import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    import torch
 
 
 def load_tokenizer(source: str | os.PathLike | None = DEFAULT_MODEL, vocab_size: int | None = None):
@@ -111,9 +106,3 @@ def _gpt2_bpe():
         shutil.copy(data / "encoder.json", Path(tmp) / "vocab.json")
         shutil.copy(data / "vocab.bpe", Path(tmp) / "merges.txt")
         return GPT2TokenizerFast.from_pretrained(tmp)
-
-
-def tokens(spec: str, split: str, model, max_tokens: int | None = None) -> torch.Tensor:
-    """Token ids (1-D) of corpus ``spec``'s ``split`` in ``model``'s tokenizer, cut to ``max_tokens``: what the
-    commands read for ``--data spec`` (:func:`headprune.data.tokens.corpus_ids` with :func:`model_tokenizer`)."""
-    return corpus_ids(spec, split, model_tokenizer(model), max_tokens)

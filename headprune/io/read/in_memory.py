@@ -1,6 +1,6 @@
 """Models already in memory: a transformers model in (:func:`from_hf`), a transformers model out (:func:`to_hf`).
 
-``from_hf`` reads the model the way :func:`headprune.io.loading.load_model` reads its saved copy: the config
+``from_hf`` reads the model the way :func:`headprune.io.read.loading.load_model` reads its saved copy: the config
 through its family's ``read_config`` on ``config.to_dict()``, the weights renamed by the family's ``our_key``, so
 scoring the two gives the same numbers. ``to_hf`` is what ``export_hf`` writes, loaded back by transformers (a
 pruned model at its original shapes with the removed heads zeroed where the family cannot hold fewer).
@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError, config_error
-from headprune.io.loading import zero_filled
-from headprune.io.tokenizer import model_bos
+from headprune.io.read.loading import zero_filled
+from headprune.io.read.tokenizer import model_bos
 from headprune.models.base import HeadModel
 from headprune.models.families import REGISTRY, ModelFamily
 from headprune.models.head_config import Origin
@@ -120,10 +120,10 @@ def _assign(model_class: type[HeadModel], cfg: Any, state: dict[str, Tensor],
 
 def to_hf(model: HeadModel) -> PreTrainedModel:
     """A transformers ``*ForCausalLM`` (eval mode, on the model's device and dtype) computing what ``model``
-    computes: :func:`headprune.io.export.export_hf` loaded back (a mean or optimal compensation is in b_O)."""
+    computes: :func:`headprune.io.write.export.export_hf` loaded back (a mean or optimal compensation is in b_O)."""
     from transformers import AutoModelForCausalLM
 
-    from headprune.io.export import export_hf
+    from headprune.io.write.export import export_hf
 
     if not isinstance(model, HeadModel):
         raise HeadpruneError(f"to_hf converts a headprune model; got {type(model).__name__}")

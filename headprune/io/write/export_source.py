@@ -20,7 +20,7 @@ TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 def source_token_ids(model) -> dict:
     """``bos_token_id``/``eos_token_id``/``pad_token_id`` of the source config.json, those it has."""
-    from headprune.io.loading import parse_config_json
+    from headprune.io.read.loading import parse_config_json
 
     folder = model.origin.folder
     if folder is None or not (folder / "config.json").is_file():
@@ -32,8 +32,8 @@ def source_token_ids(model) -> dict:
 def export_dtype(model, dtype: str | torch.dtype | None = None) -> torch.dtype:
     """``dtype`` when given; else the source checkpoint's (the floating dtype holding most of its numbers, read
     from the weight files' headers); else, with no readable source, the model's own."""
-    from headprune.io.checkpoint import CheckpointReader
-    from headprune.io.loading import resolve_dtype
+    from headprune.io.read.checkpoint import CheckpointReader
+    from headprune.io.read.loading import resolve_dtype
 
     if dtype is not None:
         return resolve_dtype(dtype)

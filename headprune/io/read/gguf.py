@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import clear_stale_temporaries, temp_prefix, write_failures
+from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
 
 if TYPE_CHECKING:  # torch is imported where a conversion runs: `headprune models` and name checks need none
     import torch

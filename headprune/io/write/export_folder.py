@@ -1,7 +1,7 @@
 """Export folders, written atomically: built in a temporary folder beside the target, fsynced, renamed into place
 (a previous export swapped out, a killed writer's leftovers put back or removed), each with a ``headprune_export.json``
 record of what was removed, how and from what; every file gets the mode a new file gets under the umask (0644
-under 022). What goes into them: :mod:`headprune.io.export`."""
+under 022). What goes into them: :mod:`headprune.io.write.export`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import (
+from headprune.io.work.files import (
     clear_stale_temporaries,
     current_umask,
     ensure_dir,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from headprune.errors import HeadpruneError
-from headprune.io.files import ensure_dir, write_text
+from headprune.io.work.files import ensure_dir, write_text
 
 
 def fingerprint(**settings) -> str:
@@ -26,7 +26,7 @@ class Progress:
     """Append-only record of a sweep's finished units, keyed by strings, values JSON-serialisable.
 
     ``others``: progress files of the same output left by a run with another number of processes
-    (:func:`headprune.io.distributed.progress_files`): their units count as done (each checked to belong to this
+    (:func:`headprune.io.work.distributed.progress_files`): their units count as done (each checked to belong to this
     run), they are never written, and :meth:`remove` (or ``overwrite``) deletes them too."""
 
     def __init__(self, path: str | os.PathLike, settings: dict, overwrite: bool = False,

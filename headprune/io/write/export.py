@@ -1,11 +1,11 @@
 """Pruned models saved to folders, for every family: ``native`` (the really smaller tensors, reloads in headprune)
-and ``hf`` (stock transformers' ``from_pretrained``), written atomically by :mod:`headprune.io.export_folder`. Both
-keep the source's special token ids and, unless ``dtype`` is given, its weights' dtype
-(:mod:`headprune.io.export_source`), and carry the source folder's tokenizer and licence files.
+and ``hf`` (stock transformers' ``from_pretrained``), written atomically by :mod:`headprune.io.write.export_folder`.
+Both keep the source's special token ids and, unless ``dtype`` is given, its weights' dtype
+(:mod:`headprune.io.write.export_source`), and carry the source folder's tokenizer and licence files.
 
 config.json: written from the model's config where the family record has a ``config_writer`` (GPT-2), else the
 source checkpoint's own, with ``headprune_kept_heads`` (native) and ``headprune_o_bias`` (native, where b_O holds a
-constant the family has no bias for); :func:`headprune.io.loading.load_model` reloads a native export exactly.
+constant the family has no bias for); :func:`headprune.io.read.loading.load_model` reloads a native export exactly.
 
 ``hf``, two layouts:
 
@@ -35,18 +35,18 @@ import torch
 from torch import Tensor
 
 from headprune.errors import HeadpruneError
-from headprune.io.export_folder import write_checkpoint, write_export
-from headprune.io.export_source import cast_floats, dtype_name, export_dtype, source_token_ids
+from headprune.io.write.export_folder import write_checkpoint, write_export
+from headprune.io.write.export_source import cast_floats, dtype_name, export_dtype, source_token_ids
 from headprune.models.base import HeadModel
 from headprune.models.families import ModelFamily, family_of, loadable_head_count, model_type
 from headprune.models.heads import head_id
-from headprune.pruning.prune import removed_heads
+from headprune.models.prune import removed_heads
 
 
 def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:
     """The export's config.json before its layout: the family's own writer's, else the source config.json (special
     token ids and all), its ``dtype`` the export's."""
-    from headprune.io.loading import parse_config_json
+    from headprune.io.read.loading import parse_config_json
 
     writer = family_of(model).config_writer
     if writer is not None:
@@ -54,7 +54,7 @@ def _source_config(model: HeadModel, dtype: torch.dtype) -> dict:
         return writer(unpruned) | source_token_ids(model) | {"dtype": dtype_name(dtype)}
     if model.origin.folder is None:
         raise HeadpruneError(f"exporting a {model_type(model)} model needs the config.json it was loaded from; this "
-                             "model has no source folder (load it with headprune.io.loading.load_model)")
+                             "model has no source folder (load it with headprune.io.read.loading.load_model)")
     hf = parse_config_json(model.origin.folder)
     for key in ("headprune_kept_heads", "headprune_o_bias", "torch_dtype"):
         hf.pop(key, None)
@@ -145,9 +145,9 @@ def _marker(model: HeadModel, fmt: str, metadata: dict | None) -> dict:
 
 def export_native(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
                   metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
-    """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.loading.load_model` reloads exactly:
-    config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the source folder's
-    tokenizer and licence files, and headprune_export.json (what was removed, plus ``metadata``). Weights in
+    """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.read.loading.load_model` reloads
+    exactly: config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the source
+    folder's tokenizer and licence files, and headprune_export.json (what was removed, plus ``metadata``). Weights in
     ``dtype``, by default the source checkpoint's."""
     dtype = export_dtype(model, dtype)
     hf, family = _source_config(model, dtype), family_of(model)

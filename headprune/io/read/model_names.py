@@ -1,7 +1,7 @@
 """The model names headprune knows without asking the hub, and what a name that is none of them and no path is.
 
 A ``--model`` that is not a local path is a shipped model (``headprune/zoo``), a packaged one
-(:data:`headprune.io.packaged.PACKAGED`) or a hub id. A hub id without an owner is one of the hub's old canonical
+(:data:`headprune.io.read.packaged.PACKAGED`) or a hub id. A hub id without an owner is one of the hub's old canonical
 names (:data:`CANONICAL_HUB_IDS`, those of the supported families): a bare name within a few letters of a known
 name (difflib ratio ≥ :data:`CUTOFF`) that is none of them and not in the local hub cache is a typo, said at once
 with the names it is close to, instead of after the hub's timeouts. Nothing here imports torch.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from headprune.errors import HeadpruneError
 
-ZOO = Path(__file__).parent.parent / "zoo"
+ZOO = Path(__file__).parents[2] / "zoo"
 CANONICAL_HUB_IDS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 CUTOFF = 0.75  # "gtp2" ~ "gpt2": 0.75; "stdlib-gpt2-mimi" ~ "stdlib-gpt2-mini": 0.94
 
@@ -26,7 +26,7 @@ def shipped_names() -> list[str]:
 
 def known_names() -> list[str]:
     """Every model name that needs no path: shipped, packaged, then the canonical hub ids."""
-    from headprune.io.packaged import PACKAGED
+    from headprune.io.read.packaged import PACKAGED
 
     return [*shipped_names(), *PACKAGED, *CANONICAL_HUB_IDS]
 

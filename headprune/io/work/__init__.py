@@ -1,0 +1,1 @@
+"""Running work: atomic files and tables, resumable progress, worker processes and torchrun."""

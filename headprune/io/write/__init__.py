@@ -1,0 +1,1 @@
+"""Writing models: the pruned model as a native or transformers folder, atomically."""
