@@ -27,10 +27,6 @@ from headprune.models.ledger import attention_table
 from headprune.models.nll import model_nll
 from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_ROUNDS, VERIFY_SUBSETS
 
-#: Forward-equivalents of each scoring family, per method family of :data:`~headprune.schema.METHOD_SPECS`
-#: (ablation and resample are per method: see :func:`ablation_fe`).
-FAMILY_FE = {"weights": 0.0, "activations": 1.0, "gradients": 2.0}
-
 #: Estimated CPU time beyond which a command names the option that makes it cheaper.
 WARN_SECONDS = 600.0
 
@@ -70,20 +66,22 @@ def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estim
     and a forward per subset (its lowest layer is nearly always early)."""
     sweep = ablation_fe(model, seq_len)
     per_head = (sweep - 1.0) / len(model.head_ids)
-    total = (FAMILY_FE["gradients"] if estimate else 0.0) + rounds * (1.0 + verified * per_head) + subsets
+    estimate_fe = (METHOD_SPECS["taylor"].shared_fe or 0.0) if estimate else 0.0
+    total = estimate_fe + rounds * (1.0 + verified * per_head) + subsets
     return {"total": total, "sweep": sweep}
 
 
 def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, float]:
-    """Forward-equivalents per scoring family of ``methods`` (each ablation method its own sweep)."""
+    """Forward-equivalents of ``methods`` from their records (:class:`~headprune.schema.MethodSpec`): one shared
+    pass per family (keyed by family), each ablation method's own sweeps (keyed by method)."""
     out: dict[str, float] = {}
     sweep = ablation_fe(model, seq_len)
     for method in methods:
-        family = METHOD_SPECS[method].family
-        if family in FAMILY_FE:
-            out[family] = FAMILY_FE[family]
-        else:  # ablation and resample: one sweep per method (abl_opt: ~3·16 sweeps of fitting)
-            out[method] = sweep * (48.0 if method == "abl_opt" else 1.0)
+        spec = METHOD_SPECS[method]
+        if spec.shared_fe is not None:
+            out[spec.family] = spec.shared_fe
+        else:
+            out[method] = sweep * spec.sweeps
     return out
 
 
@@ -147,10 +145,10 @@ def cheaper_hint(estimate: Estimate, methods: list[str]) -> str | None:
     """Past :data:`WARN_SECONDS`: the options that make scoring cheaper, with what they cost instead."""
     if estimate.total <= WARN_SECONDS:
         return None
-    sweeps = [m for m in methods if METHOD_SPECS[m].family not in FAMILY_FE]
+    sweeps = [m for m in methods if not METHOD_SPECS[m].cheap]
     cheap = [m for m in methods if m not in sweeps]
     if sweeps and cheap:
-        rest = sum(v for k, v in estimate.seconds.items() if k in FAMILY_FE)
+        rest = sum(v for k, v in estimate.seconds.items() if k not in sweeps)  # the shared passes
         return (f"over {duration(WARN_SECONDS)}: the ablation sweeps ({', '.join(sweeps)}) cost the most; "
                 f"--methods {','.join(cheap)} takes about {duration(rest)}, or lower --max-tokens")
     return f"over {duration(WARN_SECONDS)}: lower --max-tokens (the time is proportional to it) or name fewer --methods"

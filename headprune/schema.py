@@ -33,8 +33,8 @@ VERIFY_ROUNDS = 2  # rounds of exact ablation: the estimate's top K, then the K 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What defines a method: everything else about methods (families, units, which ones rank) derives from
-    :data:`METHOD_TABLE`."""
+    """Everything about one score, in one place: the scorers, the cost model, the tables and the report read it
+    (families, units, which methods rank, what they cost and how they are drawn derive from :data:`METHOD_TABLE`)."""
 
     name: str  # the scores column
     family: str  # weights, activations, gradients, ablation, resample (computed by ``score``) or learned (trained)
@@ -43,40 +43,69 @@ class MethodSpec:
     data_dependent: bool  # measured on data (a scored one gets bootstrap intervals); False: the weights alone
     opt_in: bool = False  # left out of "all" (name it to get it): costly, or a variant of another method
     descriptive: bool = False  # describes a head, never chooses heads to prune (higher is not more important)
+    #: its cost, in forward passes over the scored tokens: ``shared_fe`` for the one pass its family shares (None:
+    #: the method pays its own ablation sweeps), ``sweeps`` ablation sweeps of its own (each ≈ one forward per
+    #: head from its layer up: :func:`headprune.cost.ablation_fe`)
+    shared_fe: float | None = None
+    sweeps: float = 0.0
 
+    @property
+    def cheap(self) -> bool:
+        """A shared pass or the weights alone, no ablation sweep or training of its own: seconds, not minutes."""
+        return self.shared_fe is not None
+
+    @property
+    def exact(self) -> bool:
+        """Measures the loss change of removing the head itself (an ablation), not an estimate of it."""
+        return self.family in ("ablation", "resample")
+
+    @property
+    def color(self) -> str:
+        """Its family's colour in every figure (:data:`FAMILY_COLORS`)."""
+        return FAMILY_COLORS[self.family]
+
+
+# Okabe & Ito (2008), colour-blind safe: one hue per method family (line styles tell methods of a family apart).
+# Learned gates share vermillion with names outside the method table; the random baseline is black.
+FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
+                 "resample": "#0072B2", "learned": "#D55E00", "other": "#D55E00", "random": "#000000"}
 
 _WEIGHT_NORM, _DELTA_NLL = "weight norm", "ΔNLL, nats/token"
 
 #: Every method, in canonical order (the order of the columns of a scores table).
 METHOD_TABLE: tuple[MethodSpec, ...] = (
-    MethodSpec("wo_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's W_O block", False),
-    MethodSpec("wo_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's W_O block", False),
-    MethodSpec("ov_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's OV circuit", False),
-    MethodSpec("ov_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's OV circuit", False),
-    MethodSpec("out_norm", "activations", "residual-stream norm", "mean norm of the head's output z_i W_O^(i)", True),
+    MethodSpec("wo_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's W_O block", False, shared_fe=0.0),
+    MethodSpec("wo_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's W_O block", False, shared_fe=0.0),
+    MethodSpec("ov_fro", "weights", _WEIGHT_NORM, "Frobenius norm of the head's OV circuit", False, shared_fe=0.0),
+    MethodSpec("ov_spec", "weights", _WEIGHT_NORM, "spectral norm of the head's OV circuit", False, shared_fe=0.0),
+    MethodSpec("out_norm", "activations", "residual-stream norm", "mean norm of the head's output z_i W_O^(i)", True,
+               shared_fe=1.0),
     MethodSpec("fluct", "activations", "residual-stream norm²",
-               "FLAP fluctuation: sum of Var(z_ij) times squared W_O row norms", True),
+               "FLAP fluctuation: sum of Var(z_ij) times squared W_O row norms", True, shared_fe=1.0),
     MethodSpec("entropy", "activations", "nats", "mean attention entropy (nats; a description)", True,
-               descriptive=True),
-    MethodSpec("grad", "gradients", "nats/token per unit gate", "mean |dL/dg| of the head gate (Michel et al.)", True),
-    MethodSpec("taylor", "gradients", "nats/token", "-dL/dg: first-order estimate of the NLL increase", True),
-    MethodSpec("abl_zero", "ablation", _DELTA_NLL, "NLL increase when zero-ablated (nats/token)", True),
+               descriptive=True, shared_fe=1.0),
+    MethodSpec("grad", "gradients", "nats/token per unit gate", "mean |dL/dg| of the head gate (Michel et al.)", True,
+               shared_fe=2.0),
+    MethodSpec("taylor", "gradients", "nats/token", "-dL/dg: first-order estimate of the NLL increase", True,
+               shared_fe=2.0),
+    MethodSpec("abl_zero", "ablation", _DELTA_NLL, "NLL increase when zero-ablated (nats/token)", True, sweeps=1.0),
     MethodSpec("abl_zero_folded", "ablation", _DELTA_NLL,
                "NLL increase when zero-ablated after value-bias folding (nats/token)", True,
-               opt_in=True),  # abl_zero but for the value-bias share (the same on models without value biases)
-    MethodSpec("abl_mean", "ablation", _DELTA_NLL, "NLL increase when mean-ablated (nats/token)", True),
+               opt_in=True, sweeps=1.0),  # abl_zero but for the value-bias share (equal without value biases)
+    MethodSpec("abl_mean", "ablation", _DELTA_NLL, "NLL increase when mean-ablated (nats/token)", True, sweeps=1.0),
     MethodSpec("abl_opt", "ablation", _DELTA_NLL,
                "NLL increase when optimally ablated: z_i := the loss-minimising constant (Li & Janson; nats/token)",
-               True, opt_in=True),  # costly: about 50 ablation sweeps
+               True, opt_in=True, sweeps=48.0),  # costly: fitting, ~3·16 ablation sweeps
     MethodSpec("abl_resample", "resample", _DELTA_NLL,
                "NLL increase when resample-ablated: z_i := its output on another window (nats/token)", True,
-               opt_in=True),  # costly: K ablation sweeps (default 4)
+               opt_in=True, sweeps=1.0),  # costly: K ablation sweeps (default 4)
     # learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own tables
     MethodSpec("gate", "learned", "P(gate open)",
                "probability that the head's learned hard-concrete gate stays open (Voita et al.)", True),
 )
 METHOD_SPECS = {spec.name: spec for spec in METHOD_TABLE}
 LEARNED = "learned"  # the family trained by headprune.pruning.gates rather than computed by `score`
+assert {s.family for s in METHOD_TABLE} <= set(FAMILY_COLORS), "a family of METHOD_TABLE has no colour"
 #: family -> its methods, in canonical order
 METHOD_FAMILIES: dict[str, tuple[str, ...]] = {
     family: tuple(s.name for s in METHOD_TABLE if s.family == family) for family in dict.fromkeys(
@@ -97,7 +126,7 @@ IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)  # the sc
 RANKABLE_METHODS = IMPORTANCE_METHODS + LEARNED_METHODS  # what prune and curve may rank by (and random)
 #: The unit of each method's score (colorbar and axis labels).
 METHOD_UNITS = {s.name: s.unit for s in METHOD_TABLE}
-RANDOM = "random"  # the baseline ranking: needs no column
+RANDOM = "random"  # the baseline ranking: needs no column (drawn in FAMILY_COLORS["random"])
 TRUTH = "abl_zero"  # what the cheap scores are judged against
 
 _FAMILY_PREFIXES = (("wo_", "weights"), ("ov_", "weights"), ("abl_", "ablation"))
@@ -111,6 +140,12 @@ def split_ranking(ranking: str) -> tuple[str, bool]:
     if ranking.endswith(LAYER_NORMALIZED):
         return ranking[: -len(LAYER_NORMALIZED)], True
     return ranking, False
+
+
+def is_cheap(method: str) -> bool:
+    """Whether ``method`` (or its ``@layer`` ranking) is in :data:`METHOD_TABLE` and :attr:`MethodSpec.cheap`."""
+    spec = METHOD_SPECS.get(split_ranking(method)[0])
+    return spec is not None and spec.cheap
 
 
 def method_family(method: str) -> str:

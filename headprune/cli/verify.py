@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     import json
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
-    from headprune.cost import FAMILY_FE, duration, seconds_per_fe, verify_fe
+    from headprune.cost import duration, seconds_per_fe, verify_fe
     from headprune.io.work.files import read_scores, write_json
     from headprune.scoring import ScoringOptions, score_heads
     from headprune.scoring.verified import Verification, verify_ranking
@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> None:
     scores = read_scores(args.scores) if args.scores is not None else None
     if scores is not None and args.estimate not in scores.columns:
         raise HeadpruneError(f"{args.scores} has no column {args.estimate!r}; score it first or give --estimate")
-    if scores is None and (args.estimate not in METHOD_SPECS or METHOD_SPECS[args.estimate].family not in FAMILY_FE):
+    if scores is None and (args.estimate not in METHOD_SPECS or not METHOD_SPECS[args.estimate].cheap):
         raise HeadpruneError(f"--estimate {args.estimate!r}: computed here it must be a cheap score ("
-                             f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.family in FAMILY_FE)}); an "
+                             f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.cheap)}); an "
                              "ablation score is what verify avoids computing for every head")
     verification = Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed,
                                 rows=args.ablation_rows, rounds=args.rounds)

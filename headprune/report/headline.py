@@ -25,11 +25,10 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.report.findings import FINDING_FRACTIONS, layer_totals, versus_random
 from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_heads
-from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, method_family
+from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
 DETAIL = 2  # more untrusted scores than this: one range of ρ and of the intervals instead of each
-CHEAP_FAMILIES = ("weights", "activations", "gradients")  # no ablation sweep: seconds, not minutes
 
 
 def names(items: list[str]) -> str:
@@ -82,7 +81,7 @@ def cheap_rows(pred: pd.DataFrame) -> list[Rho]:
     """The cheap importance scores with a finite ρ, largest ρ first (ties: table order)."""
     if pred.empty:
         return []
-    rows = pred[~pred["method"].isin(DESCRIPTIVE) & pred["method"].map(lambda m: method_family(m) in CHEAP_FAMILIES)]
+    rows = pred[~pred["method"].isin(DESCRIPTIVE) & pred["method"].map(is_cheap)]
     rows = rows[rows["spearman_rho"].notna()].sort_values("spearman_rho", ascending=False, kind="stable")
 
     def col(name: str) -> list[float]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headprune.errors import HeadpruneError
-from headprune.io.work import distributed
 from headprune.io.read.loading import load_model
+from headprune.io.work import distributed
 from headprune.io.work.distributed import assign_units, progress_files
 from headprune.io.work.progress import Progress, fingerprint
 from headprune.perplexity import Windowing

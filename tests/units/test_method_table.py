@@ -70,6 +70,24 @@ def test_every_family_has_a_colour():
     assert styles["wo_fro"]["ls"] != styles["wo_spec"]["ls"] and styles["wo_fro"]["ls"] == styles["grad"]["ls"]
 
 
+def test_each_score_record_says_what_it_costs_and_whether_it_is_cheap_or_exact():
+    """The record is complete: every computed method pays either a shared pass of its family or sweeps of its own;
+    the cheap ones are exactly the families without an ablation sweep, the exact ones the ablations."""
+    for spec in schema.METHOD_TABLE:
+        if spec.family == "learned":
+            assert spec.shared_fe is None and spec.sweeps == 0.0 and not spec.cheap
+            continue
+        assert (spec.shared_fe is None) != (spec.sweeps == 0.0), spec.name
+        assert spec.cheap == (spec.family in ("weights", "activations", "gradients")), spec.name
+        assert spec.exact == spec.name.startswith("abl_"), spec.name
+        assert spec.color == schema.FAMILY_COLORS[spec.family]
+    # forward passes as the scorers make them: none for the weights, one forward for activations, a forward and a
+    # backward for gradients; abl_opt's fit ≈ 3 rounds × 16 ablation sweeps
+    assert [METHOD_SPECS[m].shared_fe for m in ("wo_fro", "out_norm", "grad")] == [0.0, 1.0, 2.0]
+    assert METHOD_SPECS["abl_opt"].sweeps == 48.0
+    assert schema.is_cheap("wo_spec@layer") and not schema.is_cheap("abl_zero@layer") and not schema.is_cheap("x")
+
+
 def test_parse_once_at_the_edge():
     from headprune.pipeline import RunSettings
 

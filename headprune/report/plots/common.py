@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from headprune.schema import LEARNED, METHOD_FAMILIES, RANDOM, method_family
+from headprune.schema import FAMILY_COLORS, method_family
 
 DPI = 110
 MISSING_COLOR = "#d9d9d9"
@@ -99,12 +99,6 @@ def text_scale(png: bytes) -> dict | None:
     return json.loads(raw) if raw else None
 
 
-# Okabe & Ito (2008), colour-blind safe: one hue per method family, line styles within a family. Learned gates
-# share vermillion with names outside the method table.
-FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
-                 "resample": "#0072B2",
-                 LEARNED: "#D55E00", "other": "#D55E00", RANDOM: "#000000"}
-assert set(METHOD_FAMILIES) <= set(FAMILY_COLORS), "a family of schema.METHOD_TABLE has no colour"
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 COMPENSATED_STYLE = (0, (6, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: never a family's own style
