@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from headprune.models.base import HeadModel
+from headprune.models.families import family_of
 from headprune.models.ledger import attention_table
 from headprune.models.nll import model_nll
 from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_ROUNDS, VERIFY_SUBSETS
@@ -35,7 +36,7 @@ def block_flops(model: HeadModel, seq_len: int) -> list[float]:
     """FLOPs per token of each block (attention projections, scores over ``seq_len``, MLP)."""
     t = attention_table(model, seq_len)
     d, d_mlp = model.cfg.d_model, model.cfg.d_mlp
-    mlp_mats = 3 if hasattr(model.h[0].mlp, "gate_proj") else 2  # SwiGLU / GeGLU: gate, up, down
+    mlp_mats = 3 if family_of(model).mlp == "gated" else 2  # gated (SwiGLU / GeGLU): gate, up, down
     attn = t.qkv_flops_per_token + t.W_O_flops_per_token + t.score_flops_per_token
     return [float(a) + 2 * mlp_mats * d * d_mlp for a in attn]
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import pandas as pd
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
+from headprune.models.families import family_of
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
 from headprune.models.memory import capture_windows
@@ -64,6 +65,7 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
 
     logit_sum = 0.0
     step = min(batch_size, capture_windows(model.cfg, tokens.shape[1]))
+    family = family_of(model)  # its final norm: LayerNorm (centred, with a bias) or RMSNorm (w, or Gemma's 1 + w)
     for start in range(0, len(tokens), step):
         chunk = tokens[start:start + step].to(model.device)
         capture = Capture()
@@ -71,11 +73,11 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
         x = final[:, :-1].float()
         norm: Any = model.final_norm
-        centred = isinstance(norm, nn.LayerNorm)  # else RMSNorm: w ⊙ x / ρ, ρ frozen
+        centred = family.norm == "layer"  # else RMSNorm: g ⊙ x / ρ, ρ frozen
         spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
         sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
         u = model.W_U[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
-        direction = getattr(norm, "gain", norm.weight).float() * u  # Gemma's RMSNorm multiplies by 1 + w
+        direction = family.norm_gain(norm).float() * u  # g: w, or Gemma's 1 + w
         if centred:
             direction = direction - direction.mean(-1, keepdim=True)
         direction = direction / sigma  # c · direction = the (centred,) scaled term
@@ -84,7 +86,7 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
             return (c[:, :-1].float() * direction).sum(-1)
 
         add("embed", term(embed))
-        bias = getattr(norm, "bias", None)
+        bias = norm.bias if family.norm == "layer" else None
         add("ln_bias", (bias.float() * u).sum(-1) if bias is not None else u.new_zeros(u.shape[:2]))
         for layer in range(L):
             blk = model.h[layer]

@@ -14,6 +14,7 @@ from typing import Any
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
 from headprune.models.gemma3 import LAYER_TYPES, Gemma3, Gemma3Config
+from headprune.models.gguf_names import GEMMA3, LLAMA, QWEN2, QWEN3, GgufArch
 from headprune.models.gpt2 import GPT2
 from headprune.models.gpt2_config import GPT2Config
 from headprune.models.head_config import HeadConfig
@@ -218,7 +219,8 @@ def read_neox_config(hf: dict) -> NeoXConfig:
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """How one HF ``model_type`` maps onto headprune: its config reader, model class and weight names.
+    """Every fact of one HF ``model_type``, read by loading, GGUF reading and writing, the export, the cost model
+    and the anatomy: its config reader, model class, weight names, architecture and llama.cpp names.
 
     HF keys are ours with ``prefix`` before the embedding, the blocks (``{blocks}.{l}`` for our ``h.{l}``) and the
     final norm, and ``.{attn}.`` for our ``.attn.``; keys ending in one of ``ignored`` are buffers, not weights.
@@ -239,6 +241,14 @@ class ModelFamily:
     heads_divide_width: bool = False  # transformers' config refuses hidden_size % num_attention_heads != 0
     config_writer: Callable[[Any], dict] | None = None  # writes config.json from the model's config (else the
     # source folder's config.json is the export's)
+    mlp: str = "gated"  # "gated": act(x W_gate) ⊙ (x W_up) W_down (SwiGLU, GeGLU); "plain": act(x W_in) W_out
+    norm: str = "rms"  # "rms": w ⊙ x / rms(x); "rms 1+w": (1 + w) ⊙ x / rms(x) (Gemma); "layer": LayerNorm
+    rotary: str = "full"  # rotary on every q/k dimension ("full"), on a share of them ("partial"), or "none"
+    gguf: GgufArch | None = None  # llama.cpp's names and conversions (None: not read from or written to GGUF)
+
+    def norm_gain(self, norm: Any) -> Any:
+        """The multiplicative gain g of a norm module of this family (y = g ⊙ x̂ + b): w, or 1 + w for Gemma."""
+        return norm.weight + 1.0 if self.norm == "rms 1+w" else norm.weight
 
     def native_o_bias(self, hf: dict) -> bool:
         """Whether the HF config ``hf`` as it stands gives the attention output projection a bias."""
@@ -273,20 +283,33 @@ def _decoder(architecture: str, **facts: Any) -> ModelFamily:
 REGISTRY: dict[str, ModelFamily] = {
     "gpt2": ModelFamily(GPT2Config.from_hf, GPT2, "transformer.", "attn", "lm_head", "GPT2LMHeadModel",
                    (".attn.bias", ".attn.masked_bias"), blocks="h", bpe_fallback=True,
-                   o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf),
+                   o_bias_default=True, compact_export=False, config_writer=GPT2Config.to_hf,
+                   mlp="plain", norm="layer", rotary="none"),
     # transformers 5's LlamaConfig and Gemma3TextConfig require hidden_size to be a multiple of num_attention_heads
     # even when head_dim is given (2048 / 24, 640 / 3 are refused); Mistral's, Qwen2's and Qwen3's do not
-    "llama": _decoder("LlamaForCausalLM", o_bias_switch="attention_bias", heads_divide_width=True),
-    "mistral": _decoder("MistralForCausalLM"),
-    "qwen2": _decoder("Qwen2ForCausalLM"),
-    "qwen3": _decoder("Qwen3ForCausalLM", o_bias_switch="attention_bias"),
+    "llama": _decoder("LlamaForCausalLM", o_bias_switch="attention_bias", heads_divide_width=True, gguf=LLAMA),
+    "mistral": _decoder("MistralForCausalLM"),  # llama.cpp's converter writes Mistral as "llama": read as Llama
+    "qwen2": _decoder("Qwen2ForCausalLM", gguf=QWEN2),
+    "qwen3": _decoder("Qwen3ForCausalLM", o_bias_switch="attention_bias", gguf=QWEN3),
     "gemma3_text": ModelFamily(read_gemma3_config, Gemma3, "model.", "self_attn", "lm_head", "Gemma3ForCausalLM",
-                          o_bias_switch="attention_bias", heads_divide_width=True),
+                          o_bias_switch="attention_bias", heads_divide_width=True, norm="rms 1+w", gguf=GEMMA3),
     "gpt_neox": ModelFamily(read_neox_config, NeoX, "gpt_neox.", "attention", "embed_out", "GPTNeoXForCausalLM",
                        ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias"),
-                       o_bias_switch="attention_bias", o_bias_default=True, compact_export=False),
+                       o_bias_switch="attention_bias", o_bias_default=True, compact_export=False, mlp="plain",
+                       norm="layer", rotary="partial"),
 }
+#: llama.cpp's ``general.architecture`` -> the model_type a GGUF file of it is read as
+GGUF_ARCHITECTURES = {family.gguf.name: kind for kind, family in REGISTRY.items() if family.gguf is not None}
 SUPPORTED = tuple(REGISTRY)  # every model_type headprune loads
+
+
+def gguf_arch(kind: str) -> GgufArch:
+    """llama.cpp's names of the ``kind`` family; HeadpruneError where it has none."""
+    arch = REGISTRY[kind].gguf
+    if arch is None:
+        raise HeadpruneError(f"{kind} models have no GGUF form in headprune (GGUF families: "
+                             f"{', '.join(GGUF_ARCHITECTURES.values())})")
+    return arch
 
 
 def loadable_head_count(kind: str, d_model: int, n_heads: int) -> bool:

@@ -7,13 +7,11 @@ every headprune command and stock transformers then load as any local model fold
 model: its logits equal transformers' ``from_pretrained(folder, gguf_file=...)``
 (tests/oracles/test_real_models.py).
 
-What llama.cpp's converter changed and is undone here:
-
-* ``llama``: the rows of q and k are permuted for its rotary layout, (h, 2, d_k/2, d) -> (h, d_k/2, 2, d); the
-  inverse reshapes to (h, d_k/2, 2, d) and swaps axes 1 and 2.
-* ``gemma3``: every RMSNorm weight is stored as 1 + w (Gemma's norm multiplies by 1 + w); 1 is subtracted. The
-  sliding-window layers' rope base (10,000), their pattern (every 6th layer global) and the score scale (d_k, or d/h
-  for the 27B model) are fixed in llama.cpp rather than stored, and set here the same way.
+What llama.cpp's converter changed is undone here, as each family's record says
+(:attr:`headprune.models.families.ModelFamily.gguf`, :mod:`headprune.models.gguf_names`): ``llama``'s q/k rows
+permuted for its rotary layout (the inverse reshapes to (h, d_k/2, 2, d) and swaps axes 1 and 2), ``gemma3``'s
+RMSNorm weights stored as 1 + w (1 is subtracted), and what llama.cpp fixes rather than stores (Gemma 3's local rope
+base, layer pattern and score scale) set the same way.
 
 The conversion dequantizes one tensor at a time (quantized ones in slices of rows) and holds the float32 state dict
 until it is written; the folder is written to a temporary name and renamed when complete, so a
@@ -31,7 +29,6 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +36,8 @@ import numpy as np
 
 from headprune.errors import HeadpruneError
 from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
+from headprune.models.families import GGUF_ARCHITECTURES, REGISTRY, gguf_arch
+from headprune.models.gguf_names import GgufArch
 
 if TYPE_CHECKING:  # torch is imported where a conversion runs: `headprune models` and name checks need none
     import torch
@@ -50,46 +49,6 @@ def models_cache_dir() -> Path:
     """``$HEADPRUNE_MODELS`` if set, else ``~/.cache/headprune/models``: fetched and converted models."""
     env = os.environ.get("HEADPRUNE_MODELS")
     return Path(env) if env else Path.home() / ".cache" / "headprune" / "models"
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """How one GGUF ``general.architecture`` maps onto a transformers ``model_type``."""
-
-    model_type: str
-    hf_architecture: str
-    permute_qk: bool = False  # llama.cpp permuted q/k rows (its Llama converter)
-    norm_offset: float = 0.0  # subtracted from every RMSNorm weight (Gemma stores 1 + w)
-    ffn_norm: str = "post_attention_layernorm"  # what llama.cpp's ffn_norm is in transformers
-
-
-ARCHITECTURES = {
-    "llama": Architecture("llama", "LlamaForCausalLM", permute_qk=True),
-    "qwen2": Architecture("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": Architecture("qwen3", "Qwen3ForCausalLM"),
-    "gemma3": Architecture("gemma3_text", "Gemma3ForCausalLM", norm_offset=1.0, ffn_norm="pre_feedforward_layernorm"),
-}
-
-_BLOCK_NAMES = {  # llama.cpp's tensor name inside blk.{l}. -> transformers' inside model.layers.{l}.
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def hf_name(arch: Architecture, name: str) -> str | None:
-    """transformers' key of a GGUF tensor name (None: not a weight transformers has)."""
-    stem, _, kind = name.rpartition(".")  # kind: weight / bias
-    if stem in _TOP_NAMES:
-        return f"{_TOP_NAMES[stem]}.{kind}"
-    parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
-        inner = arch.ffn_norm if parts[2] == "ffn_norm" else _BLOCK_NAMES.get(parts[2])
-        return f"model.layers.{parts[1]}.{inner}.{kind}" if inner else None
-    return None
 
 
 class Metadata:
@@ -119,7 +78,8 @@ class Metadata:
 
 def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
     """The transformers ``config.json`` of a GGUF's metadata; ``tensors``: GGUF name -> shape (rows, cols)."""
-    arch = ARCHITECTURES[meta.arch]
+    kind = GGUF_ARCHITECTURES[meta.arch]
+    family, arch = REGISTRY[kind], gguf_arch(kind)
     d, n_heads, n_layers = int(meta.need("embedding_length")), int(meta.need("attention.head_count")), \
         int(meta.need("block_count"))
     n_kv = meta.model("attention.head_count_kv", n_heads)
@@ -128,7 +88,7 @@ def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
     d_head = int(meta.model("attention.key_length", d // n_heads))
     vocab = tensors["token_embd.weight"][0]
     hf: dict[str, Any] = {
-        "model_type": arch.model_type, "architectures": [arch.hf_architecture], "vocab_size": vocab,
+        "model_type": kind, "architectures": [family.architecture], "vocab_size": vocab,
         "hidden_size": d, "intermediate_size": int(meta.need("feed_forward_length")),
         "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": int(n_kv),
         "head_dim": d_head, "max_position_embeddings": int(meta.need("context_length")),
@@ -138,7 +98,7 @@ def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
     }
-    theta = float(meta.model("rope.freq_base", 1_000_000.0 if arch.model_type == "gemma3_text" else 10_000.0))
+    theta = float(meta.model("rope.freq_base", arch.rope_theta_default))
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
     scaling = meta.model("rope.scaling.type")
     if scaling not in (None, "none"):
@@ -148,19 +108,8 @@ def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
     if "rope_freqs.weight" in tensors:
         raise HeadpruneError("the GGUF stores rope frequency factors (rope_freqs, Llama 3.1's rope scaling), which "
                              "its metadata does not describe fully; use the model's Hugging Face folder instead")
-    if arch.model_type == "gemma3_text":
-        hf.update(rope_parameters={"full_attention": rope, "sliding_attention": {"rope_type": "default",
-                                                                                 "rope_theta": 10_000.0}},
-                  sliding_window=int(meta.need("attention.sliding_window")), sliding_window_pattern=6,
-                  query_pre_attn_scalar=d // n_heads if n_layers == 62 else d_head,
-                  hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=meta.model("final_logit_softcapping"),
-                  attn_logit_softcapping=None)
-        hf["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
-    else:
-        hf.update(rope_parameters=rope, hidden_act="silu")
-    if arch.model_type == "qwen2":
-        hf["use_sliding_window"] = False
-    if arch.model_type in ("llama", "qwen3") and "blk.0.attn_q.bias" in tensors:
+    hf.update(arch.config(meta, hf, rope))
+    if arch.bias_switch and "blk.0.attn_q.bias" in tensors:
         hf["attention_bias"] = True
     return hf
 
@@ -206,15 +155,15 @@ def _open(path: Path) -> Any:
                              "fetch it again") from None
 
 
-def _state(reader: Any, arch: Architecture, hf: dict) -> dict[str, torch.Tensor]:
+def _state(reader: Any, arch: GgufArch, hf: dict) -> dict[str, torch.Tensor]:
     import torch
     from tqdm import tqdm
 
     state = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
-        name = hf_name(arch, tensor.name)
+        name = arch.hf_name(tensor.name)
         if name is None:
-            raise HeadpruneError(f"the GGUF holds a tensor {tensor.name!r} that a {arch.model_type} model does not "
+            raise HeadpruneError(f"the GGUF holds a tensor {tensor.name!r} that a {hf['model_type']} model does not "
                                  "have; headprune cannot map it")
         values = _dequantized(tensor)
         if arch.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
@@ -252,9 +201,9 @@ def convert(path: Path, out: Path) -> Path:
 
     reader = _open(path)
     meta = Metadata(reader)
-    if meta.arch not in ARCHITECTURES:
+    if meta.arch not in GGUF_ARCHITECTURES:
         raise HeadpruneError(f"{path} holds a GGUF {meta.arch or '(unnamed)'!r} model; headprune reads the GGUF "
-                             f"architectures {', '.join(ARCHITECTURES)}")
+                             f"architectures {', '.join(GGUF_ARCHITECTURES)}")
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     if "token_embd.weight" not in shapes:
         raise HeadpruneError(f"{path} has no token_embd.weight tensor; the file is incomplete")
@@ -265,7 +214,7 @@ def convert(path: Path, out: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         _tokenizer(path, tmp)
-        state = _state(reader, ARCHITECTURES[meta.arch], hf)
+        state = _state(reader, gguf_arch(hf["model_type"]), hf)
         with write_failures(out):  # a full disk: one line
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state
