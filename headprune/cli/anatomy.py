@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import data_from_args, load_from_args, windowing_from_args
-from headprune.cli.options import add_anatomy_args, add_data_args, add_model_args
+from headprune.cli.options import add_anatomy_args, add_data_args, add_model_args, add_out_arg
 from headprune.errors import HeadpruneError
 
 HELP = 'what each head does: roles, composition, logit attribution'
@@ -15,7 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "validation")
     add_anatomy_args(p)
-    p.add_argument("--out", required=True, help="output directory (heads.csv, composition.csv, ...)")
+    add_out_arg(p, "output directory (heads.csv, composition.csv, ...)")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -17,12 +17,17 @@ from headprune.cli.common import (
 )
 from headprune.cli.options import (
     add_bootstrap_arg,
+    add_compensate_arg,
     add_data_args,
     add_fraction_args,
     add_gate_lr_arg,
+    add_gate_steps_arg,
+    add_methods_arg,
     add_model_args,
     add_run_flags,
+    add_scores_arg,
     add_selection_args,
+    add_train_data_arg,
     add_workers_arg,
 )
 from headprune.errors import HeadpruneError
@@ -35,16 +40,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_workers_arg(p)
     add_data_args(p, "test")
-    p.add_argument("--scores", required=True, help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--methods", default="all",
-                   help="scores columns to rank by: all (every importance column of --scores) "
+    add_scores_arg(p, required=True)
+    add_methods_arg(p, "scores columns to rank by: all (every importance column of --scores) "
                         f"or a comma-separated list of: {', '.join(IMPORTANCE_METHODS)}, "
                         "random; gate learns hard-concrete gates for each fraction (on "
                         "--score-data, --gate-steps steps each); NAME@layer (as the report "
                         "names it): NAME's scores normalised per layer")
     add_fraction_args(p)
-    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
-                   help="mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
+    add_compensate_arg(p, "mean / optimal: also measure curves with the pruned heads' mean outputs / the constants "
                         "optimal for ablating each pruned set together (Li & Janson 2024) folded into b_O, both from "
                         "--score-data")
     add_selection_args(p)
@@ -52,8 +55,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recover", type=int, default=0, metavar="STEPS",
                    help="also fine-tune every pruned point STEPS steps (headprune finetune's recipe) and add the "
                         "recovered points (column recover_steps; random left out)")
-    p.add_argument("--train-data", default="default", help="corpus --recover trains on, its train split")
-    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction of --methods gate")
+    add_train_data_arg(p, "corpus --recover trains on, its train split")
+    add_gate_steps_arg(p, "training steps per fraction of --methods gate")
     add_gate_lr_arg(p)
     add_run_flags(p, "output table, .csv or .parquet")
 

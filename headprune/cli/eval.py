@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import _json_number, data_from_args, data_line, load_from_args, windowing_from_args
-from headprune.cli.options import add_data_args, add_model_args
+from headprune.cli.options import add_data_args, add_json_arg, add_model_args, add_quiet_arg
 
 HELP = 'sliding-window perplexity of a model on a corpus'
 
@@ -13,9 +13,9 @@ HELP = 'sliding-window perplexity of a model on a corpus'
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "test")
-    p.add_argument("--json", action="store_true", help="print one JSON object: the header's fields, tokens, windows, "
-                                                       "nll, nll_se, ppl, ppl_se, bytes, bits_per_byte")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_arg(p, "one JSON object: the header's fields, tokens, windows, nll, nll_se, ppl, ppl_se, bytes, "
+                    "bits_per_byte")
+    add_quiet_arg(p)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -11,6 +11,8 @@ from headprune.cli.options import (
     add_device_args,
     add_finetune_args,
     add_fold_arg,
+    add_format_arg,
+    add_json_arg,
     add_run_flags,
 )
 from headprune.errors import HeadpruneError
@@ -21,8 +23,7 @@ HELP = 'recover a pruned model by fine-tuning or distillation'
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
     p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
-    p.add_argument("--format", choices=["native", "hf"], default=None,
-                   help="native or hf (default: the format of PRUNED_DIR)")
+    add_format_arg(p, "native or hf (default: the format of PRUNED_DIR)", default=None)
     add_finetune_args(p)
     add_data_args(p, "test", windows=False,
                   data_help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
@@ -31,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_run_flags(p, "output directory for the recovered checkpoint",
                   overwrite_help="discard the checkpoint of a different earlier fine-tune and replace --out")
     add_fold_arg(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object (recipe, perplexity before and after)")
+    add_json_arg(p, "one JSON object (recipe, perplexity before and after)")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import check_gate_args, data_from_args, load_from_args, windowing_from_args
-from headprune.cli.options import add_data_args, add_gate_lr_arg, add_model_args, add_run_flags, add_seed_arg
+from headprune.cli.options import (
+    add_data_args,
+    add_gate_lr_arg,
+    add_gate_steps_arg,
+    add_json_arg,
+    add_model_args,
+    add_run_flags,
+    add_seed_arg,
+)
 
 HELP = 'learn which heads to keep jointly (hard-concrete gates)'
 
@@ -15,11 +23,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_data_args(p, "validation")
     p.add_argument("--sparsity", type=float, required=True,
                    help="target share of heads to close, in [0, 1]: exactly round(F x heads) close")
-    p.add_argument("--gate-steps", type=int, required=True, help="training steps of the gates (one batch each)")
+    add_gate_steps_arg(p, "training steps of the gates (one batch each)", default=None)
     add_gate_lr_arg(p, "--lr")
     add_seed_arg(p, "seed of the gates' noise")
     add_run_flags(p, "output scores table with a gate column, .csv or .parquet")
-    p.add_argument("--json", action="store_true", help="print a JSON summary (closed heads, lambdas, seconds)")
+    add_json_arg(p, "a JSON summary (closed heads, lambdas, seconds)")
 
 
 def run(args: argparse.Namespace) -> None:

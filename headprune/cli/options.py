@@ -159,11 +159,63 @@ def add_fraction_args(p: argparse.ArgumentParser, seeds: int = DEFAULT_SEEDS, fr
     p.add_argument("--seeds", type=int, default=seeds, help="random-baseline seeds (its curve is their mean and std)")
 
 
+def add_out_arg(p: argparse.ArgumentParser, help: str, default: str | None = None) -> None:
+    p.add_argument("--out", required=default is None, default=default, help=help)
+
+
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_json_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what}")
+
+
+def add_scores_arg(p: argparse.ArgumentParser, help: str = "scores table (.csv/.parquet) from headprune score",
+                   required: bool = False) -> None:
+    p.add_argument("--scores", required=required, help=help)
+
+
+def add_method_arg(p: argparse.ArgumentParser, help: str, choices: tuple[str, ...] | None = None) -> None:
+    """``--method``: one method (``choices`` with the first the default; else none by default)."""
+    p.add_argument("--method", choices=choices, default=choices[0] if choices else None, help=help)
+
+
+#: the formats a pruned model is written in (``prune``, ``finetune``)
+EXPORT_FORMATS = ("native", "hf")
+
+
+def add_format_arg(p: argparse.ArgumentParser, help: str, default: str | None = "native") -> None:
+    p.add_argument("--format", choices=EXPORT_FORMATS, default=default, help=help)
+
+
+def add_methods_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--methods", default="all", help=help)
+
+
+def add_ablation_rows_arg(p: argparse.ArgumentParser, copies: str = "ablated copies x windows", cpu: int = 8) -> None:
+    p.add_argument("--ablation-rows", type=int, default=None,
+                   help=f"{copies} per forward (default {cpu} on the CPU, 64 on a GPU)")
+
+
+def add_gate_steps_arg(p: argparse.ArgumentParser, help: str, default: int | None = 200) -> None:
+    p.add_argument("--gate-steps", type=int, required=default is None, default=default, help=help)
+
+
+def add_compensate_arg(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none", help=help)
+
+
+def add_train_data_arg(p: argparse.ArgumentParser,
+                       help: str = f"training corpus (train split of the default corpus): {CORPUS_FORMS}") -> None:
+    p.add_argument("--train-data", default="default", help=help)
+
+
 def add_run_flags(p: argparse.ArgumentParser, out_help: str, out_default: str | None = None,
                   overwrite_help: str = "discard the progress of a different earlier run") -> None:
-    p.add_argument("--out", required=out_default is None, default=out_default, help=out_help)
+    add_out_arg(p, out_help, out_default)
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet_arg(p)
 
 
 def add_selection_args(p: argparse.ArgumentParser, seed_help: str = "seed of the random baseline and the bootstrap"
@@ -221,8 +273,7 @@ def check_counts(args) -> None:
 
 def add_finetune_args(p: argparse.ArgumentParser) -> None:
     """The recipe of ``headprune finetune`` (see headprune.pruning.finetune.Recipe)."""
-    p.add_argument("--train-data", default="default",
-                   help=f"training corpus (train split of the default corpus): {CORPUS_FORMS}")
+    add_train_data_arg(p)
     p.add_argument("--max-train-tokens", type=int, default=None,
                    help="use only the first K training tokens (default: all)")
     p.add_argument("--teacher", default=None,

@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 
 from headprune.cli.common import load_from_args
-from headprune.cli.options import add_bootstrap_arg, add_model_args, add_run_flags, add_seed_arg, add_verification_args
+from headprune.cli.options import (
+    add_ablation_rows_arg,
+    add_bootstrap_arg,
+    add_json_arg,
+    add_model_args,
+    add_run_flags,
+    add_seed_arg,
+    add_verification_args,
+)
 from headprune.errors import HeadpruneError
 from headprune.schema import DEFAULT_BOUND_SUBSETS
 
@@ -37,12 +45,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="patch each activation at each position alone: a [head x position] table (pairs of one "
                         "length; exact patching only)")
     add_verification_args(p, "patched", DEFAULT_BOUND_SUBSETS, "; 0: no bound")
-    p.add_argument("--ablation-rows", type=int, default=None,
-                   help="patched copies x pairs per forward (default 16 on the CPU, 64 on a GPU)")
+    add_ablation_rows_arg(p, "patched copies x pairs", cpu=16)
     add_bootstrap_arg(p)
     add_run_flags(p, "output table, .csv or .parquet; OUT_agreement, OUT_missed and OUT.json are written beside it "
                      "(name it DIR/patch.csv and headprune report --scores DIR/scores.csv shows the study)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary (metric gap, top heads, agreement)")
+    add_json_arg(p, "a JSON summary (metric gap, top heads, agreement)")
 
 
 def _list(spec: str) -> tuple[str, ...]:

@@ -12,7 +12,17 @@ from headprune.cli.common import (
     selection_from_args,
     windowing_from_args,
 )
-from headprune.cli.options import CORPUS_FORMS, add_data_args, add_model_args, add_run_flags, add_selection_args
+from headprune.cli.options import (
+    CORPUS_FORMS,
+    add_compensate_arg,
+    add_data_args,
+    add_format_arg,
+    add_method_arg,
+    add_model_args,
+    add_run_flags,
+    add_scores_arg,
+    add_selection_args,
+)
 from headprune.errors import HeadpruneError
 from headprune.schema import RANKABLE_METHODS
 
@@ -25,8 +35,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                   data_help="also measure perplexity before and after pruning on this corpus, its test split: "
                             f"{CORPUS_FORMS} (default: none, not measured)")
     p.add_argument("--heads", help="explicit heads to remove, e.g. L0H1,L3H2")
-    p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score")
-    p.add_argument("--method", help=f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random; NAME@layer "
+    add_scores_arg(p)
+    add_method_arg(p, f"scores column to rank by: {', '.join(RANKABLE_METHODS)} or random; NAME@layer "
                                     "(as the report names it): NAME's scores normalised per layer, --normalize layer")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--fraction", type=float, help="fraction of all heads to remove, in [0, 1]")
@@ -37,11 +47,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uniform", action="store_true",
                    help="grouped-query models: the best prune by --method that keeps the same query and KV head "
                         "counts in every layer and group, so --format hf loads at smaller shapes")
-    p.add_argument("--compensate", choices=["none", "mean", "optimal"], default="none",
-                   help="mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
+    add_compensate_arg(p, "mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
                         "ablating these heads together (Li & Janson 2024), fitted jointly on --score-data")
-    p.add_argument("--format", choices=["native", "hf"], default="native",
-                   help="native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
+    add_format_arg(p, "native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
     add_run_flags(p, "output directory for the pruned checkpoint",
                   overwrite_help="replace --out even when it is a non-empty folder that is not a headprune export")
 

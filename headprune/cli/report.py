@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from headprune.cli.options import add_out_arg, add_scores_arg
+
 HELP = 'rebuild the report from saved scores and curves tables'
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scores", required=True,
-                   help="scores table (.csv/.parquet); settings.json and baseline.json beside "
+    add_scores_arg(p, required=True, help="scores table (.csv/.parquet); settings.json and baseline.json beside "
                         "it are used when present")
     p.add_argument("--curves", required=True, help="curves table (.csv/.parquet)")
-    p.add_argument("--out", required=True, help="report directory")
+    add_out_arg(p, "report directory")
     p.add_argument("--scale", choices=["value", "rank"], default="value",
                    help="heatmaps and scatters: each method's own values and units, or importance ranks on one shared "
                         "scale (1 = highest score)")

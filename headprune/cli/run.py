@@ -9,6 +9,8 @@ from headprune.cli.options import (
     add_bootstrap_arg,
     add_data_args,
     add_fraction_args,
+    add_gate_steps_arg,
+    add_methods_arg,
     add_model_args,
     add_run_flags,
     add_score_data_arg,
@@ -35,9 +37,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(the fit costs about 50 abl_mean sweeps: minutes more on a CPU)")
     p.add_argument("--learn-gates", action="store_true",
                    help="also curve hard-concrete gates learned for each fraction (learn-gates; adds minutes)")
-    p.add_argument("--gate-steps", type=int, default=200, help="training steps per fraction with --learn-gates")
-    p.add_argument("--methods", default="all",
-                   help="all, or a comma-separated list of the methods to score (those that "
+    add_gate_steps_arg(p, "training steps per fraction with --learn-gates")
+    add_methods_arg(p, "all, or a comma-separated list of the methods to score (those that "
                         f"rank heads also get curves; e.g. leave out ablation on gpt2-xl): {', '.join(METHODS)}")
     p.add_argument("--patch-task", default="auto",
                    help="built-in task of the report's patching section: brackets (closing a call's bracket, which "

@@ -7,8 +7,11 @@ from typing import Any
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, print_estimate, windowing_from_args
 from headprune.cli.options import (
+    add_ablation_rows_arg,
     add_bootstrap_arg,
     add_data_args,
+    add_json_arg,
+    add_methods_arg,
     add_model_args,
     add_run_flags,
     add_seed_arg,
@@ -23,15 +26,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_workers_arg(p)
     add_data_args(p, "validation")
-    p.add_argument("--methods", default="all",
-                   help=f"all (every method but the opt-in {', '.join(OPT_IN)}: all,abl_opt adds one), or a "
+    add_methods_arg(p, f"all (every method but the opt-in {', '.join(OPT_IN)}: all,abl_opt adds one), or a "
                         f"comma-separated list of: {', '.join(METHODS)}")
     add_run_flags(p, "output table, .csv or .parquet")
-    p.add_argument("--ablation-rows", type=int, default=None,
-                   help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
+    add_ablation_rows_arg(p)
     add_bootstrap_arg(p)
     add_seed_arg(p, "seed of the bootstrap resampling")
-    p.add_argument("--json", action="store_true", help="print a JSON summary (baseline, tokens, seconds per method)")
+    add_json_arg(p, "a JSON summary (baseline, tokens, seconds per method)")
     p.add_argument("--unit", choices=["head", "group"], default="head",
                    help="group (grouped-query models): one row per KV group, each score summed over its query "
                         "heads, plus abl_zero_group (the whole group ablated jointly) and how well the sums "

@@ -7,7 +7,18 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
-from headprune.cli.options import add_data_args, add_model_args, add_run_flags, add_verification_args, add_workers_arg
+from headprune.cli.options import (
+    add_ablation_rows_arg,
+    add_data_args,
+    add_json_arg,
+    add_method_arg,
+    add_model_args,
+    add_run_flags,
+    add_scores_arg,
+    add_seed_arg,
+    add_verification_args,
+    add_workers_arg,
+)
 from headprune.errors import HeadpruneError
 from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
 
@@ -19,11 +30,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_workers_arg(p)
     add_data_args(p, "validation")
-    p.add_argument("--method", choices=VERIFIABLE, default="abl_zero", help="the ablation to verify")
+    add_method_arg(p, "the ablation to verify", VERIFIABLE)
     p.add_argument("--estimate", default="taylor",
                    help="the estimate that ranks every head: a column of --scores, or computed here (taylor, the "
                         "first-order estimate of zero ablation, one forward and backward per batch)")
-    p.add_argument("--scores", help="scores table (.csv/.parquet) from headprune score holding --estimate")
+    add_scores_arg(p, "scores table (.csv/.parquet) from headprune score holding --estimate")
     add_verification_args(p, "ablated", VERIFY_SUBSETS)
     p.add_argument("--inclusion", type=float, default=VERIFY_INCLUSION,
                    help="probability of each unverified head to be in a subset (small: ablating many heads at once "
@@ -31,11 +42,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=VERIFY_ROUNDS,
                    help="rounds of --verify heads ablated exactly: the estimate's top, then those the bound leaves "
                         "most open (the largest upper bounds)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the subsets")
-    p.add_argument("--ablation-rows", type=int, default=None,
-                   help="ablated copies x windows per forward (default 8 on the CPU, 64 on a GPU)")
+    add_seed_arg(p, "seed of the subsets")
+    add_ablation_rows_arg(p)
     add_run_flags(p, "output table, .csv or .parquet (its summary is written beside it as .json)")
-    p.add_argument("--json", action="store_true", help="print the JSON summary")
+    add_json_arg(p, "the JSON summary")
 
 
 def run(args: argparse.Namespace) -> None:
