@@ -11,7 +11,6 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from headprune.models.ledger import format_info
 from headprune.perplexity import Windowing, bos_setting, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import GATE, gate_head_sets
-from headprune.pruning.options import Compensation, CurveOptions, Selection
+from headprune.pruning.options import CurveOptions, Selection
 from headprune.report import ReportSections, best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
@@ -49,7 +48,8 @@ from headprune.schema import (
     WEIGHT_METHODS,
     parse_methods,
 )
-from headprune.scoring import HeadScores, ScoringOptions, head_means, joint_constants, score_heads
+from headprune.scoring import HeadScores, ScoringOptions, score_heads
+from headprune.stages.compensation import compensation_stage
 
 
 @dataclass
@@ -108,14 +108,11 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
     it."""
     if pairs is None:
         return None
-    from headprune.patching.study import StudyOptions, patch_study
-    from headprune.patching.tasks import TASK_TEXT
-    from headprune.report.patching_section import PatchingReport
+    from headprune.patching.study import StudyOptions
+    from headprune.stages.patching import patch_stage
 
     options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
-    study = patch_study(model, pairs, options, progress=progress, show_progress=not quiet)
-    return PatchingReport(study.table, study.agreement, study.missed,
-                          study.summary | {"task": s.patch_task, "task_text": TASK_TEXT[s.patch_task]})
+    return patch_stage(model, pairs, options, task=s.patch_task, progress=progress, quiet=quiet)[1]
 
 
 def _serving_prunes(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, folder: Path,
@@ -237,13 +234,12 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
     """(curves, best ranking, baseline, seconds of the compensated curves): every ranking uncompensated, then the
     best one with mean (and, with ``s.optimal``, optimal) compensation, fills fitted on the scoring split."""
     model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
-    fill_data = f"{s.score_data} (validation split), {len(score_ids):,} tokens"  # where means and c* were measured
     # the means come with the activation scores; without those (a --methods subset) they are measured here
-    means = scored.means if scored.means is not None else head_means(model, score_ids, windowing, progress, not quiet)
-    optimal = partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
+    compensation = compensation_stage(model, score_ids, windowing, kinds=("mean", "optimal"), means=scored.means,
+                                      fill_data=f"{s.score_data} (validation split), {len(score_ids):,} tokens",
+                                      progress=progress, quiet=quiet)
     options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
                            selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
-    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
         return pruning_curves(model, inputs.eval_ids, scored.table, variants, options, compensation, progress,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 from headprune.cli.common import (
     check_gate_args,
@@ -128,17 +127,14 @@ def _measure(args: argparse.Namespace, model, scores, variants, fractions, ids, 
     (resumable), every variant's curve, and with ``--recover`` each point's fine-tuned curve."""
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
-    from headprune.pruning.options import Compensation, CurveOptions, RecoveryData
+    from headprune.pruning.options import CurveOptions, RecoveryData
     from headprune.pruning.recovered_curves import recovered_curves
-    from headprune.scoring import head_means, joint_constants
+    from headprune.stages.compensation import compensation_stage
 
     compensate, learned = args.compensate != "none", any(m == GATE for m, _ in variants)
-    means = optimal = None
-    if score_ids is not None and compensate:
-        means = head_means(model, score_ids, w, progress, not args.quiet)  # resumable; optimal fits start here
-    if score_ids is not None and means is not None and args.compensate == "optimal":  # fitted per pruned set
-        optimal = partial(joint_constants, model, score_ids, windowing=w, means=means, show_progress=False)
     fill_data = fill_source(args, score_ids if compensate else None)
+    compensation = compensation_stage(model, score_ids, w, kinds=(args.compensate,) if compensate else (),
+                                      fill_data=fill_data, progress=progress, quiet=args.quiet)
     head_sets = None
     if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
         assert score_ids is not None
@@ -146,7 +142,6 @@ def _measure(args: argparse.Namespace, model, scores, variants, fractions, ids, 
                                    progress, show_progress=not args.quiet)
     options = CurveOptions(fractions=tuple(fractions), seeds=args.seeds, bootstrap=args.bootstrap,
                            selection=selection_from_args(args), windowing=w, head_sets=head_sets)
-    compensation = Compensation(means=means, optimal=optimal, fill_data=fill_data)
     curves = pruning_curves(model, ids, scores, variants, options, compensation, progress,
                             show_progress=not args.quiet)
     if args.recover:  # the same options and fills: intervals, compensation and learned sets carry over

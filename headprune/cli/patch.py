@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.read.tokenizer import model_tokenizer
     from headprune.io.work.distributed import is_main
     from headprune.patching import read_pairs, task_pairs
-    from headprune.patching.study import StudyOptions, patch_study
-    from headprune.patching.tasks import TASK_TEXT
-    from headprune.report.patching_section import PatchingReport, patching_paths, write_patching_files
+    from headprune.patching.study import StudyOptions
+    from headprune.report.patching_section import patching_paths, write_patching_files
+    from headprune.stages.patching import patch_stage
 
     out = table_output(args)
     options = StudyOptions(metric=args.metric, direction=args.direction, activations=_list(args.activations),
@@ -102,11 +102,10 @@ def run(args: argparse.Namespace) -> None:
                 "metric": args.metric, "direction": args.direction, "activations": list(options.activations),
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
     progress = sweep_progress(args, out, settings)
-    study = patch_study(model, pairs, options, progress=progress, show_progress=not getattr(args, "quiet", False))
-    info = study.summary | {"task": args.task, "by_position": args.by_position,
-                            **({"task_text": TASK_TEXT[args.task]} if args.task in TASK_TEXT else {})}
+    study, report = patch_stage(model, pairs, options, task=args.task, progress=progress,
+                                quiet=getattr(args, "quiet", False), by_position=args.by_position)
     if is_main():  # the files `headprune report` reads beside its --scores where out is DIR/patch.csv
-        write_patching_files(out, PatchingReport(study.table, study.agreement, study.missed, info))
+        write_patching_files(out, report)
     progress.remove()
     if not is_main():
         return
