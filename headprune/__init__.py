@@ -26,6 +26,7 @@ _EXPORTS = {
     "to_hf": "headprune.io.read.in_memory",
     "export_native": "headprune.io.write.export",
     "export_hf": "headprune.io.write.export",
+    "export_gguf": "headprune.io.write.gguf",
     "evaluate": "headprune.perplexity",
     "score_heads": "headprune.scoring",
     "ScoringOptions": "headprune.scoring",
@@ -55,6 +56,7 @@ __all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks th
     "corpus_ids",
     "corpus_rows",
     "evaluate",
+    "export_gguf",
     "export_hf",
     "export_native",
     "from_hf",
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
     from headprune.io.read.loading import load_model
     from headprune.io.read.tokenizer import model_tokenizer
     from headprune.io.write.export import export_hf, export_native
+    from headprune.io.write.gguf import export_gguf
     from headprune.perplexity import evaluate
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GateOptions, learn_gates
