@@ -31,3 +31,40 @@ def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Ten
     t = torch.arange(T, device=device)
     allowed = t[None, :] <= t[:, None]
     return allowed if window is None else allowed & (t[None, :] > t[:, None] - window)
+
+
+def streaming_allowed(t: Tensor, s: Tensor, sink: int, recent: int, window: int | None) -> Tensor:
+    """Bool, True where query position t (column vector) may attend to key position s (row) as a streaming head:
+    s ≤ t, (s < sink or t − s < recent), and t − s < window where the layer has a sliding window of its own."""
+    allowed = (s <= t) & ((s < sink) | (t - s < recent))
+    return allowed if window is None else allowed & (t - s < window)
+
+
+def streaming_probs(q: Tensor, k: Tensor, scale: float, sink: int, recent: int, window: int | None = None) -> Tensor:
+    """softmax(q kᵀ · scale + streaming mask) (B,h,T,T) of q, k (B,h,T,d_k): :func:`causal_probs` where each query
+    sees only the first ``sink`` keys and the last ``recent`` (itself included), in float32 and cast back."""
+    t = torch.arange(q.shape[2], device=q.device)
+    allowed = streaming_allowed(t[:, None], t[None, :], sink, recent, window)
+    scores = (q @ k.transpose(-1, -2)).float() * scale
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1).to(q.dtype)
+
+
+def streaming_z(q: Tensor, k: Tensor, v: Tensor, scale: float, sink: int, recent: int, window: int | None = None,
+                block: int = 256) -> Tensor:
+    """z (B,h,T,d_k) of streaming heads, q, k, v (B,h,T,d_k): ``streaming_probs(q, k) @ v`` computed a block of
+    ``block`` queries at a time against only the keys they may see (the sinks and the ``recent + block − 1``
+    before and within the block), so memory is O(B·h·block·(sink + recent + block)), never (T,T)."""
+    T = q.shape[2]
+    out = []
+    for a in range(0, T, block):
+        b = min(a + block, T)
+        lo = max(0, a - recent + 1)  # the earliest recent key of query a
+        n_sink = min(sink, lo)  # sinks not already inside [lo, b)
+        keys = torch.cat([torch.arange(n_sink, device=q.device), torch.arange(lo, b, device=q.device)])
+        kk = torch.cat([k[:, :, :n_sink], k[:, :, lo:b]], dim=2)  # (B,h,n,d_k)
+        vv = torch.cat([v[:, :, :n_sink], v[:, :, lo:b]], dim=2)
+        allowed = streaming_allowed(torch.arange(a, b, device=q.device)[:, None], keys[None, :], sink, recent, window)
+        scores = (q[:, :, a:b] @ kk.transpose(-1, -2)).float() * scale  # (B,h,b−a,n)
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).to(q.dtype)
+        out.append(probs @ vv)
+    return torch.cat(out, dim=2)

@@ -35,6 +35,7 @@ from headprune.errors import HeadpruneError
 from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
 from headprune.models.head_config import Head, HeadConfig, Origin
 from headprune.models.hooks import AttentionHook, Capture
+from headprune.models.streaming import Streaming
 
 
 def head_rows(heads: list[int], width: int, device: torch.device) -> Tensor:
@@ -81,6 +82,7 @@ class HeadAttention(nn.Module):
     scale: float  # of q kᵀ
     window: int | None = None  # sliding window of this layer (Mistral, Qwen2), None: causal only
     hook: AttentionHook | None = None  # set by :func:`hooked`
+    streaming: Streaming | None = None  # streaming heads, set by :func:`~headprune.models.streaming.streaming`
     PARAM_ROLES: ClassVar[dict[str, str]] = {}  # submodule -> its role in the ledger ("o_proj" -> "W_O")
 
     def set_groups(self, cfg: HeadConfig, layer: int) -> None:
@@ -193,6 +195,8 @@ class HeadAttention(nn.Module):
             k, v = k.index_select(1, self.kv_group), v.index_select(1, self.kv_group)
         if explicit:
             probs = causal_probs(q, k, scale, window)  # (B,h,T,T)
+            if self.streaming is not None:
+                probs = self.streaming.probs(probs, q, k, scale, window)
             if hook is not None:
                 probs = hook.pattern(probs)
             z = probs @ v  # (B,h,T,d_k)
@@ -203,6 +207,8 @@ class HeadAttention(nn.Module):
             gqa = k.shape[1] != h  # repeat_kv layout: SDPA pairs query head i with KV head ⌊i / r⌋
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                                enable_gqa=gqa)
+            if self.streaming is not None:  # streaming heads: their banded z, mixed in by α
+                z = self.streaming.output(z, q, k, v, scale, window)
         if capture is not None:
             capture.z[self.layer] = z
         return gated(z, gate, fill).transpose(1, 2).reshape(B, T, h * dk)
