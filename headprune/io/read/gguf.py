@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headprune.errors import HeadpruneError
+from headprune.io.read.gguf_checks import check_metadata
 from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
 from headprune.models.families import GGUF_ARCHITECTURES, REGISTRY, gguf_arch
 from headprune.models.gguf_names import GgufArch
@@ -207,6 +208,7 @@ def convert(path: Path, out: Path) -> Path:
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     if "token_embd.weight" not in shapes:
         raise HeadpruneError(f"{path} has no token_embd.weight tensor; the file is incomplete")
+    check_metadata(meta, shapes)  # before any reshape: one line naming the key, its value, what the tensors imply
     hf = hf_config(meta, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_tokenizer(path, meta)
