@@ -10,97 +10,32 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-from torch import Tensor
 
-from headprune import __version__
-from headprune.bootstrap import DEFAULT_REPLICATES
-from headprune.data.tokens import corpus_ids, token_digest
 from headprune.errors import HeadpruneError
-from headprune.io.read.fingerprint import model_fingerprint
-from headprune.io.read.loading import load_model
-from headprune.io.read.tokenizer import model_tokenizer
 from headprune.io.work.distributed import is_main, progress_files
 from headprune.io.work.files import check_writable, ensure_dir, write_text
 from headprune.io.work.progress import Progress
-from headprune.models.base import HeadModel
 from headprune.models.ledger import format_info
 from headprune.perplexity import Windowing, bos_setting, scored_bytes
 from headprune.pruning.curves import pruning_curves
-from headprune.pruning.gates import GATE, gate_head_sets
+from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.options import CurveOptions, Selection
 from headprune.report import ReportSections, best_method, build_report, summary_table
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
-from headprune.runtime import configure_allocator, return_freed_memory
+from headprune.runtime import return_freed_memory
 from headprune.schema import (
-    ACTIVATION_METHODS,
-    DEFAULT_FRACTIONS,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_SEEDS,
     IMPORTANCE_METHODS,
-    LAYER_NORMALIZED,
-    RANDOM,
-    WEIGHT_METHODS,
-    parse_methods,
 )
 from headprune.scoring import HeadScores, ScoringOptions, score_heads
 from headprune.stages.compensation import compensation_stage
-
-
-@dataclass
-class RunSettings:
-    model: str
-    data: str = "default"  # curves are measured here (default: test split)
-    score_data: str = "default"  # heads are scored here (default: validation split)
-    out: str = "headprune-report"
-    device: str = "auto"
-    dtype: str = "fp32"
-    fold_value_bias: bool = False  # fold value biases into b_O at load (headprune.models.folding)
-    batch_size: int = 8
-    seq_len: int | None = None
-    stride: int | None = None
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    # pick max_tokens (at most the given one) and, where seq_len is None, the window from the model's size
-    # (headprune.cost.run_budget); resolved once the model is loaded, into max_tokens and seq_len
-    budget: bool = False
-    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
-    seeds: int = DEFAULT_SEEDS  # random-baseline seeds: its band shows seed and data spread
-    seed: int = 0
-    ablation_rows: int | None = None  # see score_heads
-    bootstrap: int = DEFAULT_REPLICATES  # replicates of every 95% interval (0: none)
-    # also abl_opt and the best method's optimal-compensated curve (costly: README, Optimal ablation)
-    optimal: bool = False
-    learn_gates: bool = False  # also curve hard-concrete gates learned per fraction (headprune.pruning.gates; slow)
-    gate_steps: int = 200  # training steps per fraction
-    # the built-in task of the patching section ("none": no patching; "auto": brackets where the model's tokenizer
-    # can build its pairs, induction (random tokens: any tokenizer) where not); resolved once the model is loaded
-    patch_task: str = "auto"
-    patch_pairs: int = 32
-    methods: tuple[str, ...] = ("all",)  # scored ("all": every method but the opt-in abl_zero_folded, abl_opt,
-    #                                      abl_resample; abl_opt with `optimal`); those that rank heads also get
-    #                                      curves. Parsed once, here: afterwards the method names in canonical order
-
-    def __post_init__(self) -> None:
-        from headprune.patching.tasks import TASKS
-
-        self.methods = tuple(parse_methods([*self.methods, *(["abl_opt"] if self.optimal else [])]))
-        if self.patch_task not in (*TASKS, "none", "auto"):
-            raise HeadpruneError(f"patch task {self.patch_task!r} is not one of {', '.join(TASKS)}, auto or none",
-                                 "patch-task")
-        if self.patch_pairs < 2:
-            raise HeadpruneError(f"patch pairs {self.patch_pairs} must be at least 2", "patch-pairs")
-
-
-def _fields(s: RunSettings) -> dict:
-    """The settings as a dict; the gate settings only where gates are learned (runs without them are unchanged);
-    ``budget`` never (once resolved, max_tokens and seq_len hold what it picked)."""
-    return {k: v for k, v in asdict(s).items()
-            if k != "budget" and (s.learn_gates or k not in ("learn_gates", "gate_steps"))}
+from headprune.stages.inputs import RunInputs, load_inputs
+from headprune.stages.settings import RunSettings, rankings_of, settings_fields
 
 
 def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = False):
@@ -128,105 +63,6 @@ def _serving_prunes(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids,
     scored = curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)]
     method = split_ranking(best_method(scored))[0]
     return export_prunes(model, scores, method, eval_ids, windowing, folder), method
-
-
-@dataclass
-class RunInputs:
-    """What every stage of a run reads: the model, its windows and tokenizer, the two token streams, and how long
-    loading and tokenizing took."""
-
-    model: HeadModel
-    windowing: Windowing
-    tokenizer: Any
-    eval_ids: Tensor  # test split of ``data``: the curves judge heads here
-    score_ids: Tensor  # validation split of ``score_data``: heads are scored here
-    seconds_load: float
-    seconds_tokenize: float
-    budget: Any = None  # the headprune.cost.Budget a budgeted run picked (None: the given max_tokens)
-    patch_pairs: Any = None  # the PromptPairs of s.patch_task (None for "none"), built by resolve_patch_task
-    patch_note: str | None = None  # why the patching task differs from the first choice (resolve_patch_task)
-
-    def fingerprint(self, s: RunSettings, methods: list[str]) -> dict:
-        """What the run's progress file is valid for: settings, model, both token streams, windows, device."""
-        return _fields(s) | {"methods": methods, "out": None, "model_fingerprint": model_fingerprint(self.model),
-                             "eval_tokens": token_digest(self.eval_ids), "score_tokens": token_digest(self.score_ids),
-                             **self.windowing.settings(), "device_type": self.model.device.type, "version": __version__}
-
-
-def run_plan(s: RunSettings) -> Any:
-    """The :class:`~headprune.cost.RunPlan` of ``s``: what its cost depends on."""
-    from headprune.cost import RunPlan
-
-    ranked = [m for m in s.methods if m in IMPORTANCE_METHODS]
-    return RunPlan(list(s.methods), len(rankings_of(s, ranked)) - 1, tuple(s.fractions), s.seeds,
-                   s.patch_pairs if s.patch_task != "none" else 0)
-
-
-def resolve_budget(s: RunSettings, model: HeadModel) -> Any:
-    """With ``s.budget`` off a GPU: :func:`headprune.cost.run_budget` for ``s``; where it cuts the tokens, its tokens
-    and window are written into ``s.max_tokens`` and ``s.seq_len`` (so that the settings, the fingerprint and the
-    reproduce commands are those of the explicit command). ``s.budget`` is then off; None without a budget (a GPU
-    runs the given one)."""
-    if not s.budget:
-        return None
-    s.budget = False
-    if model.device.type == "cuda" or not s.max_tokens:
-        return None
-    from headprune.cost import run_budget
-
-    budget = run_budget(model, run_plan(s), s.max_tokens, s.seq_len, s.stride)
-    if budget.tokens < s.max_tokens:
-        s.max_tokens, s.seq_len = budget.tokens, budget.seq_len
-    return budget
-
-
-AUTO_PATCH_TASKS = ("brackets", "induction")  # --patch-task auto: the first whose pairs the tokenizer builds
-
-
-def resolve_patch_task(s: RunSettings, model: HeadModel, tokenizer) -> tuple[Any, str | None]:
-    """Build, before anything is spent, ``s.patch_task``'s pairs for this model and tokenizer (a task that cannot
-    raises here, not after the scoring); ``auto`` becomes the first of :data:`AUTO_PATCH_TASKS` that builds.
-    Returns (the pairs, None for "none"; a line saying why a task was passed over, None where none was)."""
-    from headprune.patching.tasks import task_pairs
-
-    if s.patch_task == "none":
-        return None, None
-    passed: list[str] = []
-    for task in AUTO_PATCH_TASKS if s.patch_task == "auto" else (s.patch_task,):
-        try:
-            pairs = task_pairs(task, model, tokenizer, n_pairs=s.patch_pairs, seed=s.seed)
-        except HeadpruneError as err:
-            if s.patch_task != "auto":
-                raise HeadpruneError(f"--patch-task: {err} (give another task, or none)", "patch-task") from err
-            passed.append(f"{task} ({err})")
-            continue
-        s.patch_task = task
-        return pairs, (f"patching task: {task}, in place of {'; '.join(passed)}" if passed else None)
-    raise AssertionError("induction pairs are random tokens: they build for every tokenizer")
-
-
-def load_inputs(s: RunSettings) -> RunInputs:
-    """The model of ``s`` on its device and dtype, its windows, and the tokens of both splits (with ``s.budget``,
-    as many as :func:`resolve_budget` picks)."""
-    t_start = time.perf_counter()
-    model = load_model(s.model, device=s.device, dtype=s.dtype, fold_value_bias=s.fold_value_bias)
-    configure_allocator(model)  # no number changes (headprune.runtime)
-    t_load = time.perf_counter() - t_start
-    budget = resolve_budget(s, model)
-    windowing = Windowing.for_model(model, s.seq_len, s.stride, s.batch_size)
-    tokenizer = model_tokenizer(model)
-    patch_pairs, patch_note = resolve_patch_task(s, model, tokenizer)
-    eval_ids = corpus_ids(s.data, "test", tokenizer, s.max_tokens)
-    score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
-    return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
-                     time.perf_counter() - t_start - t_load, budget, patch_pairs, patch_note)
-
-
-def rankings_of(s: RunSettings, ranked: list[str]) -> list[str]:
-    """Every ranking the curves measure: each ranking score, weight and activation scores also normalized per layer
-    (Michel et al.), the learned gates where asked, and random."""
-    return [*ranked, *(m + LAYER_NORMALIZED for m in ranked if m in WEIGHT_METHODS + ACTIVATION_METHODS),
-            *([GATE] if s.learn_gates else []), RANDOM]
 
 
 def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
@@ -273,7 +109,7 @@ def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerpr
     each stage's seconds."""
     point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
     score_data = f"{s.score_data} (validation split), {len(inputs.score_ids):,} tokens"
-    return {**_fields(s), "methods": methods,
+    return {**settings_fields(s), "methods": methods,
             "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
             "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": inputs.windowing.seq_len,
             "stride": inputs.windowing.stride, **bos_setting(inputs.windowing), "score_data": score_data,

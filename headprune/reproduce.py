@@ -15,7 +15,7 @@ def reproduce_commands(settings, ranking: str, fraction: float, scores: str = "o
                        pruned: str = "out/pruned") -> list[str]:
     """``headprune score``, ``prune`` and ``eval`` command lines (shell-quoted) whose perplexity is the curves
     table's (``ranking``, ``fraction``, compensation ``none``) point of a run with ``settings``
-    (:class:`headprune.pipeline.RunSettings`). ``ranking``: a method or ``<method>@layer``. They write under
+    (:class:`headprune.stages.settings.RunSettings`). ``ranking``: a method or ``<method>@layer``. They write under
     ``out/``, as the README's recipes do."""
     model = ["--model", settings.model]
     dtype = ["--dtype", settings.dtype] if settings.dtype != "fp32" else []

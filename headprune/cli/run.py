@@ -51,8 +51,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import math
 
-    from headprune.pipeline import RunSettings, run_analysis
+    from headprune.pipeline import run_analysis
     from headprune.schema import parse_fractions
+    from headprune.stages.settings import RunSettings
 
     if args.gate_steps < 1:
         raise HeadpruneError(f"--gate-steps {args.gate_steps} must be at least 1")

@@ -374,6 +374,7 @@ def test_run_frees_its_model_before_transformers_loads_the_exports(built, corpus
     are freed first (two full models of a real one would sit in memory at once); the table's numbers unchanged."""
     from headprune import pipeline
     from headprune.pruning import serving
+    from headprune.stages.settings import RunSettings
 
     loaded, served = [], []
     monkeypatch.setattr(pipeline, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k)) or loaded[-1])
@@ -384,7 +385,7 @@ def test_run_frees_its_model_before_transformers_loads_the_exports(built, corpus
         return measure(folder, work, check, device)
 
     monkeypatch.setattr(serving, "measure_serving", measured)
-    settings = pipeline.RunSettings(str(built["llama"][0]), data=str(corpus), score_data=str(corpus), max_tokens=200,
+    settings = RunSettings(str(built["llama"][0]), data=str(corpus), score_data=str(corpus), max_tokens=200,
                                     seq_len=32, seeds=1, bootstrap=0, fractions=(0.0, 0.5), methods=("wo_fro",),
                                     patch_task="none", out=str(tmp_path / "report"))
     pipeline.run_analysis(settings, quiet=True, log=lambda *a: None)

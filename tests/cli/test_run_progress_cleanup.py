@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 from headprune.io.work.progress import Progress
-from headprune.pipeline import RunSettings, stage_line, stage_names
+from headprune.pipeline import stage_line, stage_names
 from headprune.pruning.curves import bar_label
+from headprune.stages.settings import RunSettings
 
 STAGE = re.compile(r"^\[(\d+)/(\d+)\] ([a-z ]+): \S")
 

@@ -129,7 +129,7 @@ def test_run_budget_keeps_the_shipped_models_default_and_cuts_smollm2s():
 def test_run_resolves_its_budget_into_the_settings_of_the_explicit_command():
     """``run`` without --max-tokens: the budget's tokens and window become the settings (what the report lists and
     its reproduce commands say); a given --seq-len is kept; with --max-tokens nothing changes."""
-    from headprune.pipeline import RunSettings, resolve_budget
+    from headprune.stages.inputs import RunSettings, resolve_budget
 
     smol = _smollm2_shapes()
     s = RunSettings(model="smollm2-135m-instruct", budget=True)

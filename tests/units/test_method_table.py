@@ -89,7 +89,7 @@ def test_each_score_record_says_what_it_costs_and_whether_it_is_cheap_or_exact()
 
 
 def test_parse_once_at_the_edge():
-    from headprune.pipeline import RunSettings
+    from headprune.stages.settings import RunSettings
 
     assert parse_methods(["taylor,wo_fro", "abl_zero"]) == ["wo_fro", "taylor", "abl_zero"]
     assert check_methods(["abl_zero", "wo_fro"]) == ["wo_fro", "abl_zero"]  # names: checked and ordered, no "all"

@@ -10,7 +10,7 @@ from headprune.errors import HeadpruneError
 from headprune.io.read.loading import load_model
 from headprune.io.read.tokenizer import model_tokenizer
 from headprune.patching import tasks
-from headprune.pipeline import RunSettings, resolve_patch_task
+from headprune.stages.inputs import RunSettings, resolve_patch_task
 
 
 def _same(pairs, expected):
