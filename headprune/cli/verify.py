@@ -20,7 +20,15 @@ from headprune.cli.options import (
     add_workers_arg,
 )
 from headprune.errors import HeadpruneError
-from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
+from headprune.schema import (
+    METHOD_SPECS,
+    VERIFIABLE,
+    VERIFY_INCLUSION,
+    VERIFY_ROUNDS,
+    VERIFY_SUBSETS,
+    check_scores,
+    method_columns,
+)
 
 HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options
@@ -61,6 +69,11 @@ def run(args: argparse.Namespace) -> None:
     scores = read_scores(args.scores) if args.scores is not None else None
     if scores is not None and args.estimate not in scores.columns:
         raise HeadpruneError(f"{args.scores} has no column {args.estimate!r}; score it first or give --estimate")
+    if scores is not None and args.estimate not in method_columns(scores):
+        raise HeadpruneError(f"--estimate {args.estimate!r} is not a score column of {args.scores}; its scores are "
+                             f"{', '.join(method_columns(scores)) or 'none'}")
+    if scores is not None:
+        scores = check_scores(scores)  # numbers, finite, one row per head
     if scores is None and (args.estimate not in METHOD_SPECS or not METHOD_SPECS[args.estimate].cheap):
         raise HeadpruneError(f"--estimate {args.estimate!r}: computed here it must be a cheap score ("
                              f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.cheap)}); an "
