@@ -68,7 +68,8 @@ class MethodSpec:
 # Okabe & Ito (2008), colour-blind safe: one hue per method family (line styles tell methods of a family apart).
 # Learned gates share vermillion with names outside the method table; the random baseline is black.
 FAMILY_COLORS = {"weights": "#E69F00", "activations": "#CC79A7", "gradients": "#009E73", "ablation": "#0072B2",
-                 "resample": "#0072B2", "learned": "#D55E00", "other": "#D55E00", "random": "#000000"}
+                 "resample": "#0072B2", "context": "#56B4E9", "learned": "#D55E00", "other": "#D55E00",
+                 "random": "#000000"}
 
 _WEIGHT_NORM, _DELTA_NLL = "weight norm", "ΔNLL, nats/token"
 
@@ -99,6 +100,16 @@ METHOD_TABLE: tuple[MethodSpec, ...] = (
     MethodSpec("abl_resample", "resample", _DELTA_NLL,
                "NLL increase when resample-ablated: z_i := its output on another window (nats/token)", True,
                opt_in=True, sweeps=1.0),  # costly: K ablation sweeps (default 4)
+    # a head's need for the whole context (scoring/context.py): per KV head, streaming = first sink + last recent
+    MethodSpec("ctx_stream", "context", _DELTA_NLL,
+               "NLL increase when its KV head sees only sinks and a recent window (nats/token)", True,
+               opt_in=True, sweeps=1.0),  # a sweep per KV head: opt-in, like the other context scores
+    MethodSpec("ctx_gate", "context", _DELTA_NLL,
+               "-dL/dα of its KV head's full-vs-streaming gate (DuoAttention at α = 1; nats/token)", True,
+               opt_in=True, shared_fe=2.0),
+    MethodSpec("ctx_retrieval", "context", "share of copy events",
+               "how often its top attention lands on the token the model copies from beyond the window", True,
+               opt_in=True, shared_fe=1.0),
     # learned by training (headprune.pruning.gates, `learn-gates`), never by `score`: columns of their own tables
     MethodSpec("gate", "learned", "P(gate open)",
                "probability that the head's learned hard-concrete gate stays open (Voita et al.)", True),
@@ -116,6 +127,7 @@ ACTIVATION_METHODS = METHOD_FAMILIES["activations"]
 GRADIENT_METHODS = METHOD_FAMILIES["gradients"]
 ABLATION_METHODS = METHOD_FAMILIES["ablation"]
 RESAMPLE_METHODS = METHOD_FAMILIES["resample"]  # resample ablation (scoring/resample.py)
+CONTEXT_METHODS = METHOD_FAMILIES["context"]  # a head's need for the whole context (scoring/context.py)
 LEARNED_METHODS = METHOD_FAMILIES[LEARNED]
 METHODS = tuple(s.name for s in METHOD_TABLE if s.family != LEARNED)  # what `score` computes
 ALL_METHODS = tuple(METHOD_SPECS)  # every method column a scores table may hold

@@ -7,6 +7,7 @@ Methods (higher = more important for all but ``entropy``, which describes a head
   ablation    abl_zero, abl_zero_folded, abl_mean, abl_opt          (see :mod:`.ablation`; abl_opt's constants
               are fitted first, by :mod:`.optimal`)
   resample    abl_resample                                          (see :mod:`.resample`)
+  context     ctx_stream, ctx_gate, ctx_retrieval                   (see :mod:`.context`; opt-in)
 
 Every family implements :class:`~.base.Family` (units of work, then a combine); data methods run over
 sliding windows exactly as ``eval`` does. Each unit is recorded in a :class:`~headprune.io.work.progress.Progress`,
@@ -38,6 +39,7 @@ from headprune.schema import LEARNED, METHOD_FAMILIES, METHOD_SPECS, check_metho
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head, rows_per_forward
+from headprune.scoring.context import ContextScores
 from headprune.scoring.gradients import GradientScores
 from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
 from headprune.scoring.resample import RESAMPLE_DRAWS, ResampleScores
@@ -47,7 +49,8 @@ from headprune.scoring.weights import WeightScores
 #: optimal fit starts from mean_z and must run before ablation evaluates abl_opt with its opt_c). Each family of
 #: schema.METHOD_TABLE but the learned one (gate: trained by headprune.pruning.gates) has its scorer here.
 FAMILY_SCORERS: dict[str, Family] = {f.name: f for f in (WeightScores(), ActivationScores(), GradientScores(),
-                                                           OptimalFit(), AblationScores(), ResampleScores())}
+                                                           OptimalFit(), AblationScores(), ResampleScores(),
+                                                           ContextScores())}
 assert {name: f.methods for name, f in FAMILY_SCORERS.items() if f.methods} == {
     family: methods for family, methods in METHOD_FAMILIES.items() if family != LEARNED}, \
     "the scorers' methods disagree with schema.METHOD_TABLE"
@@ -94,6 +97,8 @@ class ScoringOptions:
     seed: int = 0
     optimal_steps: int = STEPS
     resample_draws: int = RESAMPLE_DRAWS
+    stream_sink: int = 4  # the context scores' streaming heads: the first stream_sink tokens and the last
+    stream_recent: int = 256  # stream_recent (scoring/context.py)
 
 
 DEFAULT_SCORING = ScoringOptions()
@@ -138,7 +143,8 @@ def score_heads(
     if options.resample_draws < 1:
         raise HeadpruneError(f"resample_draws {options.resample_draws} must be at least 1", "resample_draws")
     ctx = ScoringContext(model, batches, methods, rows, optimal_steps=options.optimal_steps,
-                         resample_draws=options.resample_draws, resample_seed=options.seed)
+                         resample_draws=options.resample_draws, resample_seed=options.seed,
+                         stream_sink=options.stream_sink, stream_recent=options.stream_recent)
     progress = progress or NoProgress()
     columns: dict[str, torch.Tensor] = {}
     seconds: dict[str, float] = {}

@@ -61,6 +61,8 @@ class ScoringContext:
     optimal_steps: int = 16  # passes of abl_opt's per-head BFGS fit per layer (see scoring/optimal.py)
     resample_draws: int = 4  # K source windows per window of abl_resample (see scoring/resample.py)
     resample_seed: int = 0  # seeds abl_resample's draws
+    stream_sink: int = 4  # the context scores' streaming heads: first stream_sink tokens (see scoring/context.py)
+    stream_recent: int = 256  # and the last stream_recent
 
 
 class Family:

@@ -18,29 +18,30 @@ def test_derived_views_pinned():
     assert schema.GRADIENT_METHODS == ("grad", "taylor")
     assert schema.ABLATION_METHODS == ("abl_zero", "abl_zero_folded", "abl_mean", "abl_opt")
     assert schema.RESAMPLE_METHODS == ("abl_resample",)
+    assert schema.CONTEXT_METHODS == ("ctx_stream", "ctx_gate", "ctx_retrieval")
     assert schema.LEARNED_METHODS == ("gate",)
     assert schema.METHODS == (schema.WEIGHT_METHODS + schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS
-                              + schema.ABLATION_METHODS + schema.RESAMPLE_METHODS)
+                              + schema.ABLATION_METHODS + schema.RESAMPLE_METHODS + schema.CONTEXT_METHODS)
     assert schema.ALL_METHODS == schema.METHODS + ("gate",)
     assert schema.DATA_METHODS == (schema.ACTIVATION_METHODS + schema.GRADIENT_METHODS + schema.ABLATION_METHODS
-                                   + schema.RESAMPLE_METHODS)
-    assert schema.OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample")
+                                   + schema.RESAMPLE_METHODS + schema.CONTEXT_METHODS)
+    assert schema.OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample", "ctx_stream", "ctx_gate", "ctx_retrieval")
     assert schema.DESCRIPTIVE == ("entropy",)
     assert schema.IMPORTANCE_METHODS == tuple(m for m in schema.METHODS if m != "entropy")
     assert schema.RANKABLE_METHODS == schema.IMPORTANCE_METHODS + ("gate",)
     assert list(schema.METHOD_FAMILIES) == ["weights", "activations", "gradients", "ablation", "resample",
-                                           "learned"]
+                                           "context", "learned"]
     weight, delta = "weight norm", "ΔNLL, nats/token"
     assert schema.METHOD_UNITS == {
         "wo_fro": weight, "wo_spec": weight, "ov_fro": weight, "ov_spec": weight,
         "out_norm": "residual-stream norm", "fluct": "residual-stream norm²", "entropy": "nats",
         "grad": "nats/token per unit gate", "taylor": "nats/token",
         "abl_zero": delta, "abl_zero_folded": delta, "abl_mean": delta, "abl_opt": delta, "abl_resample": delta,
-        "gate": "P(gate open)"}
+        "ctx_stream": delta, "ctx_gate": delta, "ctx_retrieval": "share of copy events", "gate": "P(gate open)"}
 
 
 def test_table_rows():
-    assert len({s.name for s in METHOD_TABLE}) == len(METHOD_TABLE) == 15
+    assert len({s.name for s in METHOD_TABLE}) == len(METHOD_TABLE) == 18
     assert all(s.label and s.unit for s in METHOD_TABLE)
     with pytest.raises(dataclasses.FrozenInstanceError):
         METHOD_SPECS["wo_fro"].opt_in = True  # type: ignore[misc]
@@ -55,7 +56,7 @@ def test_scorers_match_the_table():
     scored = {name: f.methods for name, f in FAMILY_SCORERS.items() if f.methods}
     assert scored == {f: m for f, m in schema.METHOD_FAMILIES.items() if f != "learned"}
     assert list(FAMILY_SCORERS) == ["weights", "activations", "gradients", "optimal fit", "ablation",
-                                   "resample"]  # run order
+                                   "resample", "context"]  # run order
     assert all(f.needs_data == any(METHOD_SPECS[m].data_dependent for m in f.methods)
                for f in FAMILY_SCORERS.values() if f.methods)
 
@@ -78,7 +79,9 @@ def test_each_score_record_says_what_it_costs_and_whether_it_is_cheap_or_exact()
             assert spec.shared_fe is None and spec.sweeps == 0.0 and not spec.cheap
             continue
         assert (spec.shared_fe is None) != (spec.sweeps == 0.0), spec.name
-        assert spec.cheap == (spec.family in ("weights", "activations", "gradients")), spec.name
+        # the context family: its gate gradient and retrieval score share a pass, its exact sweep does not
+        assert spec.cheap == (spec.family in ("weights", "activations", "gradients")
+                              or spec.name in ("ctx_gate", "ctx_retrieval")), spec.name
         assert spec.exact == spec.name.startswith("abl_"), spec.name
         assert spec.color == schema.FAMILY_COLORS[spec.family]
     # forward passes as the scorers make them: none for the weights, one forward for activations, a forward and a
