@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -120,8 +122,33 @@ def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerpr
             "seconds_per_method": {k: round(v, 2) for k, v in scored.seconds.items()}}
 
 
-def report_stage(s: RunSettings, inputs: RunInputs, scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict,
-                 settings: dict, patching, out: Path, log) -> Path:
+@dataclass
+class Run:
+    """One run in progress: its settings and inputs, its progress file, its stages, where it logs, and each stage's
+    seconds so far."""
+
+    s: RunSettings
+    inputs: RunInputs
+    progress: Progress
+    quiet: bool
+    log: Callable[[str], None]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def stage(self, name: str, detail: str) -> None:
+        self.log(stage_line(stage_names(self.s), name, detail))
+
+
+@dataclass
+class RunResults:
+    """What the measuring stages found, for the report."""
+
+    scores: pd.DataFrame
+    curves: pd.DataFrame
+    baseline: dict
+    patching: Any  # the PatchingReport, None without a patching task
+
+
+def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Path:
     """The head anatomy, the serving table (families with compact exports: headprune writes and evaluates the
     prunes, frees the run's model, then transformers loads and times each export), then the report into ``out``."""
     from headprune.anatomy.for_report import anatomy_report
@@ -129,16 +156,17 @@ def report_stage(s: RunSettings, inputs: RunInputs, scores: pd.DataFrame, curves
     from headprune.pruning.serving import Workload, serve_prunes
     from headprune.schema import SCORES_DIGEST, scores_digest
 
+    inputs, scores = run.inputs, results.scores
     model, windowing = inputs.model, inputs.windowing
     return_freed_memory()  # what the heap kept of the stages before, returned before the anatomy's passes
     t0 = time.perf_counter()
-    anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, s.seed)
+    anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, run.s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
     settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
     t0 = time.perf_counter()
     serving = None
     with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
-        prunes = _serving_prunes(model, curves, scores, inputs.eval_ids, Path(tmp), windowing)
+        prunes = _serving_prunes(model, results.curves, scores, inputs.eval_ids, Path(tmp), windowing)
         device = model.device
         # the run's last use of its model: its weights are freed before transformers loads the exports beside it
         model.to("meta")
@@ -148,15 +176,71 @@ def report_stage(s: RunSettings, inputs: RunInputs, scores: pd.DataFrame, curves
             serving = serve_prunes(prunes[0], work, device)
             settings |= {"serving": {"method": prunes[1], "workload": asdict(work)},
                          "seconds_serving": round(time.perf_counter() - t0, 1)}
-    curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
+    curves = results.curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
-    extra = ReportSections(anatomy=anatomy, patching=patching, serving=serving)
-    report = build_report(scores, curves, out, settings=settings, baseline=baseline, extra=extra)
+    extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving)
+    report = build_report(scores, curves, out, settings=settings, baseline=results.baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
-    log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
-        + f", report {time.perf_counter() - t0:.1f}")
+    run.log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
+            + f", report {time.perf_counter() - t0:.1f}")
     return report
+
+
+def _scoring(run: Run, methods: list[str]) -> HeadScores:
+    """Every method's scores on the scoring split (its cost said first), then the gates' head sets where asked."""
+    s, model, windowing, score_ids = run.s, run.inputs.model, run.inputs.windowing, run.inputs.score_ids
+    run.stage("scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "
+                         f"(validation split), {len(score_ids):,} tokens")
+    if not run.quiet:
+        from headprune.cost import scoring_lines
+
+        for line in scoring_lines(model, methods, len(score_ids), windowing.seq_len):
+            run.log(f"      {line}")
+    t0 = time.perf_counter()
+    scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
+    scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=run.progress,
+                         show_progress=not run.quiet)
+    run.seconds["scoring"] = time.perf_counter() - t0
+    return scored
+
+
+def _gates(run: Run) -> dict | None:
+    """With ``learn_gates``: one head set per fraction, learned on the scoring split."""
+    s = run.s
+    if not s.learn_gates:
+        return None
+    run.stage("gates", f"learning them on {s.score_data} (validation split), {s.gate_steps} steps for each fraction")
+    t0 = time.perf_counter()
+    head_sets = gate_head_sets(run.inputs.model, run.inputs.windowing.batches(run.inputs.score_ids),
+                               list(s.fractions), s.gate_steps, seed=s.seed, progress=run.progress,
+                               show_progress=not run.quiet)
+    run.seconds["gates"] = time.perf_counter() - t0
+    return head_sets
+
+
+def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScores, RunResults, str]:
+    """The measuring stages in order: scoring (and gates), the curves, the patching study. Returns the scores, the
+    results for the report and the best ranking."""
+    s, inputs = run.s, run.inputs
+    scored = _scoring(run, methods)
+    head_sets = _gates(run)
+    rankings = rankings_of(s, ranked)
+    run.stage("pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
+                                f"(test split), {len(inputs.eval_ids):,} tokens")
+    t0 = time.perf_counter()
+    curves, best, baseline, run.seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
+                                                                            run.progress, run.quiet)
+    run.seconds["curves"] = time.perf_counter() - t0
+    if s.patch_task != "none":
+        run.stage("patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
+                              "exact patching of every head, AtP and AtP*")
+    t0 = time.perf_counter()
+    # every process patches: its exact sweeps are units like the scores'
+    patching = _patching(inputs.model, s, inputs.patch_pairs, run.progress, run.quiet)
+    if patching is not None:
+        run.seconds["patching"] = time.perf_counter() - t0
+    return scored, RunResults(scored.table, curves, baseline, patching), best
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -172,63 +256,24 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
                              f"{', '.join(IMPORTANCE_METHODS)}", "methods")
     t_start = time.perf_counter()
     inputs = load_inputs(s)
-    model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
     fingerprint = inputs.fingerprint(s, methods)
     out = ensure_dir(s.out)
-    log = log if is_main() else (lambda *a: None)
     mine, others = progress_files(out / ".progress.jsonl")
-    progress = Progress(mine, fingerprint, overwrite=overwrite, others=others)
-    write_text(out / "ledger.txt", format_info(model, 1, windowing.seq_len) + "\n")
-    stages = stage_names(s)
+    run = Run(s, inputs, Progress(mine, fingerprint, overwrite=overwrite, others=others), quiet,
+              log if is_main() else (lambda *a: None))
+    write_text(out / "ledger.txt", format_info(inputs.model, 1, inputs.windowing.seq_len) + "\n")
     if inputs.budget is not None:
-        log(inputs.budget.line(DEFAULT_MAX_TOKENS))
+        run.log(inputs.budget.line(DEFAULT_MAX_TOKENS))
     if inputs.patch_note is not None:
-        log(inputs.patch_note)
-    log(stage_line(stages, "ledger", f"parameters and shapes -> {out / 'ledger.txt'}"))
-
-    log(stage_line(stages, "scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "
-                                      f"(validation split), {len(score_ids):,} tokens"))
-    if not quiet:
-        from headprune.cost import scoring_lines
-
-        for line in scoring_lines(model, methods, len(score_ids), windowing.seq_len):
-            log(f"      {line}")
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
-    scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=progress,
-                         show_progress=not quiet)
-    seconds["scoring"] = time.perf_counter() - t0
-    head_sets = None
-    if s.learn_gates:
-        log(stage_line(stages, "gates", f"learning them on {s.score_data} (validation split), {s.gate_steps} steps "
-                                        "for each fraction"))
-        t0 = time.perf_counter()
-        head_sets = gate_head_sets(model, windowing.batches(score_ids), list(s.fractions), s.gate_steps, seed=s.seed,
-                                   progress=progress, show_progress=not quiet)
-        seconds["gates"] = time.perf_counter() - t0
-
-    rankings = rankings_of(s, ranked)
-    log(stage_line(stages, "pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
-                                             f"(test split), {len(inputs.eval_ids):,} tokens"))
-    t0 = time.perf_counter()
-    curves, best, baseline, seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
-                                                                        progress, quiet)
-    seconds["curves"] = time.perf_counter() - t0
-    if s.patch_task != "none":
-        log(stage_line(stages, "patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
-                                           "exact patching of every head, AtP and AtP*"))
-    t0 = time.perf_counter()
-    # every process patches: its exact sweeps are units like the scores'
-    patching = _patching(model, s, inputs.patch_pairs, progress, quiet)
-    if patching is not None:
-        seconds["patching"] = time.perf_counter() - t0
-    settings = run_settings(s, methods, inputs, fingerprint, best, seconds, scored)
+        run.log(inputs.patch_note)
+    run.stage("ledger", f"parameters and shapes -> {out / 'ledger.txt'}")
+    scored, results, best = _measure(run, methods, ranked)
+    settings = run_settings(s, methods, inputs, fingerprint, best, run.seconds, scored)
     if not is_main():
         return None
-    log(stage_line(stages, "report", f"the head anatomy, then the report -> {out}"))
-    report = report_stage(s, inputs, scored.table, curves, baseline, settings, patching, out, log)
-    progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
-    return {"report": report, "out": out, "best": best, "baseline": baseline,
-            "table": summary_table(curves, bpb_factor(baseline)),
+    run.stage("report", f"the head anatomy, then the report -> {out}")
+    report = report_stage(run, results, settings, out)
+    run.progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
+    return {"report": report, "out": out, "best": best, "baseline": results.baseline,
+            "table": summary_table(results.curves, bpb_factor(results.baseline)),
             "seconds": time.perf_counter() - t_start}

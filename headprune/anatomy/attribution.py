@@ -32,7 +32,7 @@ from torch import Tensor
 
 from headprune.errors import HeadpruneError
 from headprune.models.base import HeadModel
-from headprune.models.families import family_of
+from headprune.models.families import ModelFamily, family_of
 from headprune.models.heads import head_id
 from headprune.models.hooks import Capture
 from headprune.models.memory import capture_windows
@@ -71,16 +71,9 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
         capture = Capture()
         embed = model.embed(chunk)  # (b,T,d)
         final = model.run_blocks(embed, capture=capture)  # (b,T,d)
-        x = final[:, :-1].float()
         norm: Any = model.final_norm
-        centred = family.norm == "layer"  # else RMSNorm: g ⊙ x / ρ, ρ frozen
-        spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
-        sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
         u = model.W_U[chunk[:, 1:]].float()  # (b,T-1,d): u_t of the correct next tokens
-        direction = family.norm_gain(norm).float() * u  # g: w, or Gemma's 1 + w
-        if centred:
-            direction = direction - direction.mean(-1, keepdim=True)
-        direction = direction / sigma  # c · direction = the (centred,) scaled term
+        direction = _read_direction(family, norm, final[:, :-1].float(), u)
 
         def term(c: Tensor, direction: Tensor = direction) -> Tensor:  # c (b,T,d) -> (b,T-1)
             return (c[:, :-1].float() * direction).sum(-1)
@@ -113,6 +106,26 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
         logits = (model.final_norm(final)[:, :-1].float() * u).sum(-1)  # (b,T-1)
         logit_sum += float(logits.double().sum())
     n = tokens.shape[0] * (tokens.shape[1] - 1)
+    heads, components = _tables(model, sums, n)
+    return Attribution(heads, components, logit_sum / n, n)
+
+
+def _read_direction(family: ModelFamily, norm: Any, x: Tensor, u: Tensor) -> Tensor:
+    """The direction a residual component c is read along by the correct token's logit through the final norm,
+    its scale σ frozen: c · (g ⊙ u − mean) / σ for a LayerNorm, c · (g ⊙ u) / ρ for an RMSNorm (g: w, or Gemma's
+    1 + w). ``x`` (b,T-1,d) the final residual, ``u`` (b,T-1,d) the correct tokens' rows of W_U."""
+    centred = family.norm == "layer"
+    spread = x.var(-1, unbiased=False, keepdim=True) if centred else x.pow(2).mean(-1, keepdim=True)
+    sigma = (spread + norm.eps).sqrt()  # (b,T-1,1), frozen
+    direction = family.norm_gain(norm).float() * u
+    if centred:
+        direction = direction - direction.mean(-1, keepdim=True)
+    return direction / sigma
+
+
+def _tables(model: HeadModel, sums: dict[str, Tensor], n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each head's DLA and each residual component's mean term, from the sums over ``n`` positions."""
+    L = model.cfg.n_layers
     rows = []
     for layer, head in model.head_ids:
         i = model.cfg.kept_heads[layer].index(head)
@@ -124,4 +137,4 @@ def logit_attribution(model: HeadModel, tokens: Tensor, batch_size: int = 8) -> 
         components += [(f"L{layer}.b_O", float(sums[f"b_O.{layer}"]) / n),
                        (f"L{layer}.mlp", float(sums[f"mlp.{layer}"]) / n)]
     components.append(("ln_bias", float(sums["ln_bias"]) / n))
-    return Attribution(pd.DataFrame(rows), pd.DataFrame(components, columns=["component", "value"]), logit_sum / n, n)
+    return pd.DataFrame(rows), pd.DataFrame(components, columns=["component", "value"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Any
 
 from headprune.cli.common import (
     check_gate_args,
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> None:
                               gate_steps=args.gate_steps if learned else None,
                               gate_lr=args.gate_lr if learned else None)
     progress = sweep_progress(args, out, settings)
-    curves, fill_data = _measure(args, model, scores, variants, fractions, ids, score_ids, train_ids, w, progress)
+    streams = Streams(ids, score_ids, train_ids, w)
+    curves, fill_data = _measure(args, model, scores, variants, fractions, streams, progress)
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     if not finish_sweep(progress, curves, out):
         return
@@ -122,9 +125,21 @@ def curve_methods(args: argparse.Namespace, scores) -> list[str]:
     return [m for m in methods if m != RANDOM]
 
 
-def _measure(args: argparse.Namespace, model, scores, variants, fractions, ids, score_ids, train_ids, w, progress):
+@dataclass(frozen=True)
+class Streams:
+    """The token streams of ``curve``, in windows ``w``: curves measured on ``ids``; fills and gates fitted on
+    ``score_ids`` (None where neither is asked); ``--recover`` trains on ``train_ids`` (None without it)."""
+
+    ids: Any
+    score_ids: Any
+    train_ids: Any
+    w: Any
+
+
+def _measure(args: argparse.Namespace, model, scores, variants, fractions, streams: Streams, progress):
     """(curves, where the fills were fitted): compensation fills and learned gate sets fitted on the score data
     (resumable), every variant's curve, and with ``--recover`` each point's fine-tuned curve."""
+    ids, score_ids, train_ids, w = streams.ids, streams.score_ids, streams.train_ids, streams.w
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
     from headprune.pruning.options import CurveOptions, RecoveryData

@@ -38,6 +38,54 @@ def shown_methods(curves: pd.DataFrame, best: int | None, keep: tuple[str, ...] 
     return list(dict.fromkeys([*chosen, *[m for m in keep if m in set(curves["method"])]]))
 
 
+def _draw_curve(ax_ppl, ax_nll, method: str, comp: str, g: pd.DataFrame, styles: dict) -> list[float]:
+    """One ranking's curve (random: its mean and ± 1 std band) on both panels; the perplexities drawn."""
+    seen: list[float] = []
+    x, ppl, dnll = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float), g["delta_nll"].to_numpy(float)
+    lo, hi = _delta_interval(g)
+    suffix = "" if comp == "none" else f" ({comp}-compensated)"
+    if method == RANDOM:
+        std_ppl = np.nan_to_num(g["ppl_std"].to_numpy(float))
+        seeds = int(g["n_seeds"].max())
+        ls = "-" if comp == "none" else COMPENSATED_STYLE
+        kw = {"color": FAMILY_COLORS[RANDOM], "ls": ls, "lw": 1.6}
+        ax_ppl.plot(x, ppl, label=f"random, mean of {seeds} seeds{suffix}", **kw)
+        ax_nll.plot(x, dnll, **kw)
+        band = {"color": "grey", "alpha": 0.25, "lw": 0}
+        ax_ppl.fill_between(x, np.maximum(ppl - std_ppl, 1.0), ppl + std_ppl, label=f"random ± 1 std{suffix}",
+                            **band)
+        ax_nll.fill_between(x, lo, hi, **band)
+        seen.extend(ppl + std_ppl)
+    else:
+        st = dict(styles[method])
+        if comp != "none":
+            st.update(ls=COMPENSATED_STYLE, marker="*" if comp == "mean" else "P")
+        kw = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "ms": 4, "lw": 1.5}
+        ax_ppl.plot(x, ppl, label=f"{method}{suffix}", **kw)
+        ax_nll.plot(x, dnll, **kw)
+        ax_nll.fill_between(x, lo, hi, color=st["color"], alpha=0.12, lw=0)
+    seen.extend(ppl)
+    return seen
+
+
+def _label_axes(ax_ppl, ax_nll, fonts, phone: bool, n_heads: int | None) -> None:
+    """Titles, axis labels (the perplexity axis says where it is logarithmic), grids, and heads removed on top."""
+    ax_ppl.set_ylabel("perplexity" + (" (log scale)" if ax_ppl.get_yscale() == "log" else ""), fontsize=fonts.label)
+    ax_nll.set_ylabel("ΔNLL (nats/token)", fontsize=fonts.label)
+    ax_ppl.set_title("Perplexity", fontsize=fonts.title + 1)
+    ax_nll.set_title("NLL increase over the unpruned model" + ("\n" if phone else " ") + "(bands: 95% intervals)",
+                     fontsize=fonts.title + 1)
+    for ax in (ax_ppl, ax_nll):
+        ax.set_xlabel("heads pruned (%)", fontsize=fonts.label)
+        ax.tick_params(labelsize=fonts.tick + 1)
+        ax.grid(alpha=0.3, which="both")
+        if n_heads:
+            top = ax.secondary_xaxis("top", functions=(lambda p, n=n_heads: p * n / 100,
+                                                       lambda k, n=n_heads: k * 100 / n))
+            top.set_xlabel("heads removed", fontsize=fonts.label)
+            top.tick_params(labelsize=fonts.tick + (0 if phone else 1))
+
+
 def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None, keep: tuple[str, ...] = (),
                 best: int | None = MAIN_CURVES, phone: bool = False) -> bytes:
     """Perplexity (left) and ΔNLL (right) against the % of heads pruned; a secondary x axis in heads removed.
@@ -56,30 +104,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
     styles = curve_styles(methods)
     seen: list[float] = []
     for (method, comp), g in groups(curves):
-        x, ppl, dnll = 100 * g["fraction"].to_numpy(), g["ppl"].to_numpy(float), g["delta_nll"].to_numpy(float)
-        lo, hi = _delta_interval(g)
-        suffix = "" if comp == "none" else f" ({comp}-compensated)"
-        if method == RANDOM:
-            std_ppl = np.nan_to_num(g["ppl_std"].to_numpy(float))
-            seeds = int(g["n_seeds"].max())
-            ls = "-" if comp == "none" else COMPENSATED_STYLE
-            kw = {"color": FAMILY_COLORS[RANDOM], "ls": ls, "lw": 1.6}
-            ax_ppl.plot(x, ppl, label=f"random, mean of {seeds} seeds{suffix}", **kw)
-            ax_nll.plot(x, dnll, **kw)
-            band = {"color": "grey", "alpha": 0.25, "lw": 0}
-            ax_ppl.fill_between(x, np.maximum(ppl - std_ppl, 1.0), ppl + std_ppl, label=f"random ± 1 std{suffix}",
-                                **band)
-            ax_nll.fill_between(x, lo, hi, **band)
-            seen.extend(ppl + std_ppl)
-        else:
-            st = dict(styles[method])
-            if comp != "none":
-                st.update(ls=COMPENSATED_STYLE, marker="*" if comp == "mean" else "P")
-            kw = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "ms": 4, "lw": 1.5}
-            ax_ppl.plot(x, ppl, label=f"{method}{suffix}", **kw)
-            ax_nll.plot(x, dnll, **kw)
-            ax_nll.fill_between(x, lo, hi, color=st["color"], alpha=0.12, lw=0)
-        seen.extend(ppl)
+        seen.extend(_draw_curve(ax_ppl, ax_nll, method, comp, g, styles))
     if np.isfinite(baseline["ppl"]):
         ax_ppl.axhline(baseline["ppl"], color="grey", ls=":", lw=1, label=f"unpruned ({baseline['ppl']:.2f})")
         seen.append(baseline["ppl"])
@@ -88,20 +113,7 @@ def plot_curves(curves: pd.DataFrame, baseline: dict, n_heads: int | None = None
     shown = shown[np.isfinite(shown) & (shown > 0)]
     if len(shown) and shown.max() / shown.min() > LOG_Y_RATIO:
         ax_ppl.set_yscale("log")
-    ax_ppl.set_ylabel("perplexity" + (" (log scale)" if ax_ppl.get_yscale() == "log" else ""), fontsize=fonts.label)
-    ax_nll.set_ylabel("ΔNLL (nats/token)", fontsize=fonts.label)
-    ax_ppl.set_title("Perplexity", fontsize=fonts.title + 1)
-    ax_nll.set_title("NLL increase over the unpruned model" + ("\n" if phone else " ") + "(bands: 95% intervals)",
-                     fontsize=fonts.title + 1)
-    for ax in (ax_ppl, ax_nll):
-        ax.set_xlabel("heads pruned (%)", fontsize=fonts.label)
-        ax.tick_params(labelsize=fonts.tick + 1)
-        ax.grid(alpha=0.3, which="both")
-        if n_heads:
-            top = ax.secondary_xaxis("top", functions=(lambda p, n=n_heads: p * n / 100,
-                                                       lambda k, n=n_heads: k * 100 / n))
-            top.set_xlabel("heads removed", fontsize=fonts.label)
-            top.tick_params(labelsize=fonts.tick + (0 if phone else 1))
+    _label_axes(ax_ppl, ax_nll, fonts, phone, n_heads)
     handles, labels = ax_ppl.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=2 if phone else min(6, len(labels)),
                fontsize=fonts.legend, frameon=False)
