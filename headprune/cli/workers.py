@@ -23,7 +23,8 @@ from headprune.errors import HeadpruneError
 #: environment variable that sets ``--workers``' default (e.g. 1 in a test suite that reads a command's output
 #: in-process)
 WORKERS_ENV = "HEADPRUNE_WORKERS"
-GRACE_SECONDS = 10  # how long rank 0 may take to fail on its own once another rank failed
+GRACE_SECONDS = 10  # how long rank 0 may take to fail on its own once another rank failed with an error
+STOP_SECONDS = 5  # how long a worker may take to stop once signalled before it is killed
 
 
 def resolve_workers(requested: str, device: str) -> int:
@@ -59,20 +60,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(procs: list[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` to every running worker, then kill whatever still runs after :data:`STOP_SECONDS`, and reap
+    them all: no worker outlives the launcher. Their progress files stay (each unit is written whole)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+    deadline = time.monotonic() + STOP_SECONDS
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def launch(argv: list[str], workers: int) -> int:
     """Run ``headprune ARGV`` as ``workers`` single-threaded processes (ranks above 0 with ``--quiet``); their exit
-    status: 0, or the first failure's, said on one line. SIGTERM and SIGHUP stop every process."""
+    status: 0, or the first failure's, said on one line. SIGINT (Ctrl-C, or sent to this process alone), SIGTERM
+    and SIGHUP are passed on to every worker, which stop within :data:`STOP_SECONDS` or are killed; a worker that
+    dies stops the others at once. The progress files stay, so the same command resumes."""
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
     logs: list = []
     procs: list[subprocess.Popen] = []
 
     def stop(signum, _frame):  # a scheduler's or a closed terminal's signal: no worker outlives this process
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            p.wait()
+        _stop(procs, signum)
+        print(f"headprune: stopped by {signal.Signals(signum).name}; run the same command again to resume",
+              file=sys.stderr)
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -90,9 +106,10 @@ def launch(argv: list[str], workers: int) -> int:
                 break
             time.sleep(0.2)
         return _outcome(procs, logs)
-    except KeyboardInterrupt:  # the terminal interrupted every process; rank 0 says how to resume
-        for p in procs:
-            p.wait()
+    except KeyboardInterrupt:  # Ctrl-C (the workers had it too) or SIGINT to this process alone: pass it on
+        _stop(procs, signal.SIGINT)
+        if procs and procs[0].returncode != 130:  # rank 0 did not say how to resume
+            print("headprune: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():
@@ -106,16 +123,13 @@ def _outcome(procs: list[subprocess.Popen], logs: list) -> int:
     """Stop the processes still running once one failed (they would wait for it in a collective); the exit status:
     0, or the first failure's, with one line saying why unless rank 0 said it."""
     workers = len(procs)
-    if procs[0].poll() is None and any(p.returncode not in (None, 0) for p in procs):
+    if procs[0].poll() is None and any(p.returncode is not None and p.returncode > 0 for p in procs):
         try:  # the same bad input fails every rank: let rank 0 say it, rather than a quiet rank's copy
             procs[0].wait(timeout=GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             pass
     failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            p.wait()
+    _stop(procs, signal.SIGTERM)  # a killed worker: the others would wait for it in a collective
     if not failed:
         return 0
     first = failed[0]
