@@ -5,6 +5,8 @@ A corpus *spec* names where the text comes from:
 - ``default``: the Python standard library's own documentation (:mod:`headprune.data.stdlib_docs`),
   split deterministically into train/validation/test by document name;
 - ``code``: the standard library's Python source, one document per module, split the same way (prose vs code);
+- ``longdocs``: long whole documents (long modules' source, the language reference's long chapters, long docstring
+  collections, CPython's licence: :mod:`headprune.data.long_docs`), split the same way;
 - a ``.txt`` file, or a directory of ``.txt`` files (read in sorted order, one document each; streamed);
 - a ``.jsonl`` or ``.parquet`` file with a ``text`` column (one document per row);
 - ``hf:NAME[:CONFIG]:SPLIT``: a Hugging Face dataset with a ``text`` column.
@@ -19,13 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from headprune.data.long_docs import long_documents
 from headprune.data.stdlib_docs import code_documents, default_documents, split_of
 from headprune.errors import HeadpruneError
 
 SPLITS = ("train", "validation", "test")
 
 #: The corpora every machine has, by spec: their documents as ``(name, text)`` pairs, split by name.
-BUILTIN = {"default": default_documents, "code": code_documents}
+BUILTIN = {"default": default_documents, "code": code_documents, "longdocs": long_documents}
 
 
 def is_builtin(spec: str) -> bool:
@@ -137,7 +140,7 @@ def check_corpus_spec(spec: str) -> None:
     """Refuse a corpus spec that names a local path that does not exist (before anything loads)."""
     if not is_builtin(spec) and not spec.startswith("hf:") and spec.strip() and not Path(spec).expanduser().exists():
         raise HeadpruneError(f"corpus path {Path(spec).expanduser()} does not exist; give an existing file or "
-                             "directory, default, code, or hf:NAME[:CONFIG]:SPLIT")
+                             "directory, default, code, longdocs, or hf:NAME[:CONFIG]:SPLIT")
 
 
 def corpus_sources(spec: str, split: str = "validation") -> Sequence[Source]:
