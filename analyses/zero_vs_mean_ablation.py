@@ -19,7 +19,8 @@ scored = score_heads(model, score_ids, ["abl_zero", "abl_mean"], windowing=args.
 scores, means = scored.table, scored.means
 fractions = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
 curves = pruning_curves(model, eval_ids, scores, [("abl_zero", "none"), ("abl_zero", "mean"), ("abl_mean", "mean")],
-                        CurveOptions(tuple(fractions), windowing=args.windowing), Compensation(means=means))
+                        options=CurveOptions(tuple(fractions), windowing=args.windowing),
+                        compensation=Compensation(means=means))
 rho = spearmanr(scores.abl_zero, scores.abl_mean)[0]
 fig = Figure(figsize=(10, 4.2), layout="constrained")
 ax1, ax2 = fig.subplots(1, 2)

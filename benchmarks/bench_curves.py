@@ -68,7 +68,7 @@ def main() -> None:
         curves_module.pruned_window_sums = counting
         t0 = time.perf_counter()
         options = CurveOptions(tuple(fractions), args.seeds, bootstrap=0, windowing=w)
-        df = curves_module.pruning_curves(model, eval_ids, scores, variants, options, show_progress=False)
+        df = curves_module.pruning_curves(model, eval_ids, scores, variants, options=options, show_progress=False)
         curves_module.pruned_window_sums = work
         return time.perf_counter() - t0, df["nll"].to_numpy(), sum(layers)
 

@@ -47,10 +47,12 @@ def main() -> None:
     options = ScoringOptions(bootstrap=0)
 
     t0 = time.perf_counter()
-    exact = score_heads(model, ids, "abl_zero", w, options, show_progress=False).table["abl_zero"].to_numpy()
+    exact = score_heads(model, ids, "abl_zero", windowing=w, options=options,
+                        show_progress=False).table["abl_zero"].to_numpy()
     sweep_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    taylor = score_heads(model, ids, "taylor", w, options, show_progress=False).table["taylor"].to_numpy()
+    taylor = score_heads(model, ids, "taylor", windowing=w, options=options,
+                         show_progress=False).table["taylor"].to_numpy()
     taylor_s = time.perf_counter() - t0
     rows = []
     for rounds in map(int, args.rounds.split(",")):

@@ -208,6 +208,7 @@ def evaluate(
     model: HeadModel,
     ids: Tensor,
     windowing: Windowing | None = None,
+    *,
     progress: bool = True,
     **forward_kwargs,
 ) -> Perplexity:

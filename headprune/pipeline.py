@@ -80,8 +80,8 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
                            selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
 
     def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
-        return pruning_curves(model, inputs.eval_ids, scored.table, variants, options, compensation, progress,
-                              show_progress=not quiet)
+        return pruning_curves(model, inputs.eval_ids, scored.table, variants, options=options,
+                              compensation=compensation, progress=progress, show_progress=not quiet)
 
     curves = curves_of([(m, "none") for m in rankings])
     best = best_method(curves)

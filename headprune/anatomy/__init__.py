@@ -77,7 +77,7 @@ def corpus_rows(ids: Tensor, seq_len: int, rows: int, bos: int | None = None) ->
     return windows if bos is None else torch.cat([windows.new_full((len(windows), 1), bos), windows], dim=1)
 
 
-def head_anatomy(model: HeadModel, probe: Tensor, corpus: Tensor, batch_size: int = 8) -> Anatomy:
+def head_anatomy(model: HeadModel, probe: Tensor, corpus: Tensor, *, batch_size: int = 8) -> Anatomy:
     """Every anatomy measure of every head: roles on ``probe`` (B,T; the repeated random tokens) and the
     previous/duplicate-token roles and DLA on ``corpus`` (B,T rows of real text); weights for the rest."""
     model.require_heads("head anatomy")

@@ -42,7 +42,7 @@ def anatomy_report(model: HeadModel, score_ids: Tensor, windowing: Windowing, sc
     length = min(PROBE_LENGTH, (model.cfg.n_positions - (bos is not None)) // 2)
     probe = repeated_random_tokens(model.cfg.vocab_size, length, PROBE_COUNT, seed, bos)
     corpus = corpus_rows(score_ids, windowing.seq_len, CORPUS_ROWS, bos)
-    a = head_anatomy(model, probe, corpus, windowing.batch_size)
+    a = head_anatomy(model, probe, corpus, batch_size=windowing.batch_size)
     uniform, ideal = induction_baselines(probe)
     example = corpus_rows(score_ids, min(EXAMPLE_TOKENS, model.cfg.n_positions - (bos is not None)), 1, bos)[0]
     picks: list[tuple[str, str, str]] = []  # (head_id, label, example)

@@ -50,7 +50,7 @@ def run_anatomy(model: HeadModel, ids: torch.Tensor, windowing: Windowing, input
     t0 = time.perf_counter()
     probe = repeated_random_tokens(model.cfg.vocab_size, probe_length, probe_count, seed, windowing.bos)
     corpus = corpus_rows(ids, windowing.seq_len, rows, windowing.bos)
-    anatomy = head_anatomy(model, probe, corpus, windowing.batch_size)
+    anatomy = head_anatomy(model, probe, corpus, batch_size=windowing.batch_size)
     record = settings | {"model_fingerprint": model_fingerprint(model), "tokens": token_digest(ids),
                          "probe_length": probe_length, "probe_count": probe_count, "seed": seed,
                          "corpus_rows": int(corpus.shape[0]), "corpus_row_tokens": int(corpus.shape[1]),

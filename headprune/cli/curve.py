@@ -157,8 +157,8 @@ def _measure(args: argparse.Namespace, model, scores, variants, fractions, strea
                                    progress, show_progress=not args.quiet)
     options = CurveOptions(fractions=tuple(fractions), seeds=args.seeds, bootstrap=args.bootstrap,
                            selection=selection_from_args(args), windowing=w, head_sets=head_sets)
-    curves = pruning_curves(model, ids, scores, variants, options, compensation, progress,
-                            show_progress=not args.quiet)
+    curves = pruning_curves(model, ids, scores, variants, options=options, compensation=compensation,
+                            progress=progress, show_progress=not args.quiet)
     if args.recover:  # the same options and fills: intervals, compensation and learned sets carry over
         import pandas as pd
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     progress = sweep_progress(args, out, settings)
     t0 = time.perf_counter()
     options = GateOptions(args.gate_steps, sparsity=args.sparsity, lr=args.gate_lr, seed=args.seed)
-    result = learn_gates(model, w.batches(ids), options, progress=progress, show_progress=not args.quiet)
+    result = learn_gates(model, w.batches(ids), options=options, progress=progress, show_progress=not args.quiet)
     if not finish_sweep(progress, result.table, out):
         return
     last = result.history[-1]

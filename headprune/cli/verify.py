@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> None:
     else:
         by_head = scores.set_index(["layer", "head"])[args.estimate]
         estimate = by_head.loc[model.head_ids].to_numpy(dtype=float)  # model.head_ids order
-    result = verify_ranking(model, ids, estimate, args.method, args.estimate, verification, w, progress=progress,
+    result = verify_ranking(model, ids, estimate, args.method, estimate_name=args.estimate, verification=verification,
+                            windowing=w, progress=progress,
                             show_progress=not args.quiet)
     if not finish_sweep(progress, result.table, out):
         return

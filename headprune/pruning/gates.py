@@ -196,6 +196,7 @@ def check_gate_settings(steps: int, sparsity: float | None, penalty: float | Non
 def learn_gates(
     model: HeadModel,
     batches: list[Batch],  # the scoring split's windows (Windowing.batches); step k uses batch k mod len
+    *,
     options: GateOptions,
     progress: Progress | NoProgress | None = None,
     prefix: str = "gates",  # progress keys: several trainings may share one progress file
@@ -324,7 +325,7 @@ def gate_head_sets(
 
         def train(f: float = f) -> list[list[int]]:
             options = GateOptions(steps, sparsity=f, lr=lr, seed=seed)
-            result = learn_gates(model, batches, options, progress=progress, prefix=f"gates/{f!r}",
+            result = learn_gates(model, batches, options=options, progress=progress, prefix=f"gates/{f!r}",
                                  show_progress=show_progress)
             return [list(h) for h in result.closed]
 

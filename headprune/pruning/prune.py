@@ -32,7 +32,7 @@ __all__ = ["prune_model", "removed_heads"]
 
 
 
-def prune_model(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None,
+def prune_model(model: HeadModel, heads: Iterable[Head], fills: Mapping[Head, Tensor] | None = None, *,
                 share: bool = False) -> HeadModel:
     """A new, physically smaller model without query ``heads`` (the input is not changed): see
     :func:`headprune.models.prune.prune_heads`, which every family shares.

@@ -108,6 +108,7 @@ def score_heads(
     model: HeadModel,
     ids: torch.Tensor | None,  # None only when every method reads the weights alone
     methods: str | Sequence[str] = "all",
+    *,
     windowing: Windowing | None = None,
     options: ScoringOptions = DEFAULT_SCORING,
     progress: Progress | NoProgress | None = None,
@@ -181,6 +182,7 @@ def head_means(
     model: HeadModel,
     ids: torch.Tensor,
     windowing: Windowing | None = None,
+    *,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
 ) -> dict[Head, torch.Tensor]:
@@ -210,7 +212,7 @@ def optimal_constants(
     windowing = windowing or Windowing.for_model(model)
     wanted = model.head_ids if heads is None else check_heads(model, heads)
     check_ids(ids, model.cfg.vocab_size, "optimal_constants")
-    means = head_means(model, ids, windowing, progress, show_progress)
+    means = head_means(model, ids, windowing, progress=progress, show_progress=show_progress)
     batches = windowing.batches(ids)
     rows = rows_per_forward(model, ablation_rows)
     jobs: list[Unit] = []
@@ -233,6 +235,7 @@ def joint_constants(
     ids: torch.Tensor,
     heads: Iterable[Head],
     windowing: Windowing | None = None,
+    *,
     means: dict[Head, torch.Tensor] | None = None,
     steps: int = STEPS,
     show_progress: bool = True,

@@ -217,6 +217,7 @@ def verify_ranking(
     ids: Tensor,
     estimate: Tensor | Iterable[float],  # [H] in model.head_ids order: an estimate of each head's ΔL
     method: str = "abl_zero",
+    *,
     estimate_name: str = "taylor",
     verification: Verification = Verification(),
     windowing: Windowing | None = None,
@@ -243,7 +244,7 @@ def verify_ranking(
     if method == "abl_mean" and means is None:
         from headprune.scoring import head_means
 
-        means = head_means(model, ids, windowing, progress, show_progress)
+        means = head_means(model, ids, windowing, progress=progress, show_progress=show_progress)
     fills: list[Tensor | None] = (list(fill_tensors(model, means)) if method == "abl_mean" and means is not None
                                   else [None] * model.cfg.n_layers)
 

@@ -31,7 +31,7 @@ def compensation_stage(model: HeadModel, score_ids: Tensor | None, windowing: Wi
     from headprune.scoring import head_means, joint_constants
 
     if means is None:
-        means = head_means(model, score_ids, windowing, progress, not quiet)
+        means = head_means(model, score_ids, windowing, progress=progress, show_progress=not quiet)
     optimal = (partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
                if "optimal" in kinds else None)
     return Compensation(means=means, optimal=optimal, fill_data=fill_data)

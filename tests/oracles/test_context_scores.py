@@ -65,7 +65,7 @@ def hf_nll(hf, layer: int | None = None, query_heads: tuple[int, ...] = (), wind
 
 def test_ctx_stream_is_transformers_nll_change(models):
     hf, ours = models
-    table = score_heads(ours, IDS, ["ctx_stream"], WINDOWING, OPTIONS, show_progress=False).table
+    table = score_heads(ours, IDS, ["ctx_stream"], windowing=WINDOWING, options=OPTIONS, show_progress=False).table
     base = hf_nll(hf)
     r = hf.config.num_attention_heads // hf.config.num_key_value_heads
     for layer in range(2):
@@ -88,7 +88,7 @@ def corpus_nll(model, alphas: dict[int, torch.Tensor]) -> float:
 
 def test_ctx_gate_is_the_derivative_in_the_group_gate(models):
     _, ours = models
-    table = score_heads(ours, IDS, ["ctx_gate"], WINDOWING, OPTIONS, show_progress=False).table
+    table = score_heads(ours, IDS, ["ctx_gate"], windowing=WINDOWING, options=OPTIONS, show_progress=False).table
     eps = 1e-2
     for layer in range(2):
         attn = ours.h[layer].attn
@@ -106,8 +106,8 @@ def test_context_scores_are_opt_in_and_refuse_a_window_covering_the_context(mode
     _, ours = models
     assert not {"ctx_stream", "ctx_gate", "ctx_retrieval"} & set(parse_methods("all"))
     with pytest.raises(HeadpruneError, match="cover the whole context"):
-        score_heads(ours, IDS, ["ctx_gate"], WINDOWING, ScoringOptions(stream_sink=4, stream_recent=SEQ),
-                    show_progress=False)
+        score_heads(ours, IDS, ["ctx_gate"], windowing=WINDOWING,
+                    options=ScoringOptions(stream_sink=4, stream_recent=SEQ), show_progress=False)
 
 
 def test_ctx_retrieval_counts_top_attention_on_the_copied_token(tmp_path_factory):
@@ -116,7 +116,7 @@ def test_ctx_retrieval_counts_top_attention_on_the_copied_token(tmp_path_factory
     ids = tokenize_corpus(load_texts("code", "validation"), tok, tmp_path_factory.mktemp("ctx-tokens"))[:4 * 128]
     sink, recent = 2, 16
     windowing = Windowing.resolve(model.cfg.n_positions, 128, 128, batch_size=2)
-    table = score_heads(model, ids, ["ctx_retrieval"], windowing, ScoringOptions(stream_sink=sink,
+    table = score_heads(model, ids, ["ctx_retrieval"], windowing=windowing, options=ScoringOptions(stream_sink=sink,
                         stream_recent=recent, bootstrap=0), show_progress=False).table
     hits, events = torch.zeros(len(table)), 0
     for x in ids.view(4, 128):

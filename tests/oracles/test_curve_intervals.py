@@ -31,8 +31,8 @@ def setup(tiny_dir):
     scored = score_heads(model, score_ids, ["wo_fro", "fluct", "abl_zero"], windowing=windowing, show_progress=False)
     variants = [("abl_zero", "none"), ("wo_fro@layer", "none"), ("random", "none"), ("abl_zero", "mean")]
     curves = pruning_curves(model, ids, scored.table, variants,
-                            CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
-                            Compensation(means=scored.means), show_progress=False)
+                            options=CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
+                            compensation=Compensation(means=scored.means), show_progress=False)
     return model, ids, windowing, scored, variants, curves
 
 
@@ -72,8 +72,8 @@ def test_cached_residual_start_equals_full_forwards(setup, monkeypatch):
     model, ids, windowing, scored, variants, curves = setup
     monkeypatch.setattr(curves_module, "CACHE_BYTES", 0)  # no cache: every point runs the whole model
     full = pruning_curves(model, ids, scored.table, variants,
-                            CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
-                            Compensation(means=scored.means), show_progress=False)
+                            options=CurveOptions(tuple(FRACTIONS), SEEDS, REPLICATES, Selection(seed=4), windowing),
+                            compensation=Compensation(means=scored.means), show_progress=False)
     np.testing.assert_array_equal(full[["nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]].to_numpy(),
                                   curves[["nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]].to_numpy())  # bit for bit
     # and both equal the plain sliding-window perplexity of the physically pruned model

@@ -27,7 +27,7 @@ def inputs(tiny_dir):
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=gen)
     windowing = Windowing(SEQ, SEQ, 2)
-    scored = score_heads(model, ids, ["wo_fro", "fluct", "abl_zero"], windowing, show_progress=False)
+    scored = score_heads(model, ids, ["wo_fro", "fluct", "abl_zero"], windowing=windowing, show_progress=False)
     return model, ids, windowing, scored
 
 
@@ -45,8 +45,8 @@ def _curves(inputs, monkeypatch, **limits) -> tuple[pd.DataFrame, int]:
 
     monkeypatch.setattr(curves_module, "pruned_window_sums", counting)
     options = CurveOptions(FRACTIONS, seeds=3, bootstrap=4, selection=Selection(seed=2), windowing=windowing)
-    df = pruning_curves(model, ids, scored.table, VARIANTS, options, Compensation(means=scored.means),
-                        show_progress=False)
+    df = pruning_curves(model, ids, scored.table, VARIANTS, options=options,
+                        compensation=Compensation(means=scored.means), show_progress=False)
     monkeypatch.undo()
     return df, sum(layers)
 

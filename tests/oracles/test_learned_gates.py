@@ -92,7 +92,7 @@ def test_gate_cdf_refuses_x_outside_its_range():
 
 def test_training_reduces_the_objective(tiny, batches):
     penalty = 0.05
-    result = learn_gates(tiny, batches, GateOptions(40, penalty=penalty, lr=0.1, seed=0), show_progress=False)
+    result = learn_gates(tiny, batches, options=GateOptions(40, penalty=penalty, lr=0.1, seed=0), show_progress=False)
     start = torch.full((len(tiny.head_ids),), 3.0)  # the initial log α
     before = gate_objective(tiny, batches, start, penalty)
     after = gate_objective(tiny, batches, torch.tensor(result.log_alpha), penalty)
@@ -111,17 +111,17 @@ def test_without_penalty_no_gate_closes_and_with_one_they_shut():
     model = load_model("stdlib-gpt2-mini", device="cpu")
     ids = corpus_ids("default", "validation", model_tokenizer(model), 4 * 32)
     data = Windowing.resolve(256, 32, 32, 2).batches(ids)
-    free = learn_gates(model, data, GateOptions(20, penalty=0.0, seed=0), show_progress=False)
+    free = learn_gates(model, data, options=GateOptions(20, penalty=0.0, seed=0), show_progress=False)
     assert (free.table["gate"] > 0.5).all() and (deterministic_gates(torch.tensor(free.log_alpha)) > 0).all()
     assert free.closed == []
-    taxed = learn_gates(model, data, GateOptions(20, penalty=0.05, seed=0), show_progress=False)
+    taxed = learn_gates(model, data, options=GateOptions(20, penalty=0.05, seed=0), show_progress=False)
     assert all(t < f for t, f in zip(taxed.log_alpha, free.log_alpha))
     assert sum(taxed.log_alpha) / len(taxed.log_alpha) < sum(free.log_alpha) / len(free.log_alpha) - 0.25
 
 
 @pytest.mark.parametrize("sparsity", [0.25, 0.3, 0.5, 0.75])
 def test_sparsity_target_is_met_exactly_after_thresholding(tiny, batches, sparsity):
-    result = learn_gates(tiny, batches, GateOptions(12, sparsity=sparsity, seed=1), show_progress=False)
+    result = learn_gates(tiny, batches, options=GateOptions(12, sparsity=sparsity, seed=1), show_progress=False)
     n = len(tiny.head_ids)
     assert len(result.closed) == round(sparsity * n)  # 3, 4 (3.6), 6, 9 of 12
     table = check_scores(result.table)
@@ -132,7 +132,7 @@ def test_sparsity_target_is_met_exactly_after_thresholding(tiny, batches, sparsi
 
 @pytest.mark.slow
 def test_the_lagrangian_drives_the_expected_sparsity_to_the_target(tiny, batches):
-    result = learn_gates(tiny, batches, GateOptions(150, sparsity=0.5, seed=0, checkpoint_every=25),
+    result = learn_gates(tiny, batches, options=GateOptions(150, sparsity=0.5, seed=0, checkpoint_every=25),
                          show_progress=False)
     opened = [h["open"] for h in result.history]
     assert opened[0] > 10  # the gates start open (12 heads)
@@ -142,11 +142,12 @@ def test_the_lagrangian_drives_the_expected_sparsity_to_the_target(tiny, batches
 def test_a_resumed_training_is_bit_identical(tiny, batches, tmp_path):
     settings = {"what": "test"}
     options = GateOptions(25, sparsity=0.5, seed=2, checkpoint_every=5)
-    whole = learn_gates(tiny, batches, options, progress=Progress(tmp_path / "a.jsonl", settings), show_progress=False)
+    whole = learn_gates(tiny, batches, options=options, progress=Progress(tmp_path / "a.jsonl", settings),
+                        show_progress=False)
     lines = (tmp_path / "a.jsonl").read_text().splitlines()
     assert len(lines) == 1 + 5  # header and a checkpoint every 5 steps
     (tmp_path / "b.jsonl").write_text("\n".join(lines[:3]) + "\n")  # as if killed after step 10
-    resumed = learn_gates(tiny, batches, options, progress=Progress(tmp_path / "b.jsonl", settings),
+    resumed = learn_gates(tiny, batches, options=options, progress=Progress(tmp_path / "b.jsonl", settings),
                           show_progress=False)
     assert resumed.steps_run == 15
     assert resumed.log_alpha == whole.log_alpha and resumed.lambdas == whole.lambdas
@@ -154,7 +155,7 @@ def test_a_resumed_training_is_bit_identical(tiny, batches, tmp_path):
     pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
     # the same checkpoints, byte for byte
     assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
-    other_seed = learn_gates(tiny, batches, GateOptions(25, sparsity=0.5, seed=3), show_progress=False)
+    other_seed = learn_gates(tiny, batches, options=GateOptions(25, sparsity=0.5, seed=3), show_progress=False)
     assert other_seed.log_alpha != whole.log_alpha  # the seed matters: the comparison above can fail
 
 

@@ -284,7 +284,7 @@ def test_gates_html_lists_the_heads_least_likely_open(ids):
     model = from_hf(_trained_in_memory(seed=11))
     w = Windowing.resolve(TINY["n_positions"], SEQ)
     options = GateOptions(steps=4, sparsity=0.25, checkpoint_every=2)
-    result = learn_gates(model, w.batches(ids), options, show_progress=False)
+    result = learn_gates(model, w.batches(ids), options=options, show_progress=False)
     page = result._repr_html_()
     assert HEAD_ID.findall(page) == _expected_top(result.table, "gate", 10, highest=False)
     assert f"closed: <b>{len(result.closed)}</b>" in page and len(result.closed) == 3

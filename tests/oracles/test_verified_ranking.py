@@ -44,7 +44,7 @@ def ids():
 
 @pytest.fixture(scope="module")
 def scored(model, ids):
-    return score_heads(model, ids, "taylor,abl_zero,abl_mean", WINDOWS, ScoringOptions(bootstrap=0),
+    return score_heads(model, ids, "taylor,abl_zero,abl_mean", windowing=WINDOWS, options=ScoringOptions(bootstrap=0),
                        show_progress=False)
 
 

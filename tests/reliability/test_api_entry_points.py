@@ -92,8 +92,8 @@ def test_curve_options_refused_before_any_evaluation(model, ids, scores, monkeyp
 
     monkeypatch.setattr(curves, "run_units", no_evaluation)
     with pytest.raises(HeadpruneError, match=words):
-        curves.pruning_curves(model, ids, scores, [("random", "none"), ("grad", "none")], CurveOptions(**fields),
-                              show_progress=False)
+        curves.pruning_curves(model, ids, scores, [("random", "none"), ("grad", "none")],
+                              options=CurveOptions(**fields), show_progress=False)
 
 
 CONFIGS = {  # id: (config.json, the refusal's words)

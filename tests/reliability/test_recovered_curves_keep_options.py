@@ -58,8 +58,8 @@ def test_recovered_rows_have_the_curves_bootstrap_fills_and_learned_sets(setup):
     finetune(compensated, ids, Recipe(steps=2, seed=1), show_progress=False)
     row = mean_rows[mean_rows.fraction == 0.5].iloc[0]
     assert row.ppl == pytest.approx(evaluate(compensated, ids, Windowing(64, 64, 4), progress=False).ppl, rel=1e-9)
-    with_intervals = pruning_curves(model, ids, scores, variants[:1], CurveOptions((0.5,), bootstrap=5, windowing=w),
-                                    show_progress=False)
+    with_intervals = pruning_curves(model, ids, scores, variants[:1],
+                                    options=CurveOptions((0.5,), bootstrap=5, windowing=w), show_progress=False)
     assert not math.isnan(with_intervals.delta_nll_ci_lo.iloc[0])  # the intervals exist when asked for
 
 

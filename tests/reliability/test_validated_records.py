@@ -100,4 +100,5 @@ def test_damaged_gate_checkpoint_is_one_line(tiny_dir, record):
     model = load_model(tiny_dir)
     batches = [torch.randint(0, 1000, (2, 16))]
     with pytest.raises(HeadpruneError, match="gate checkpoint in the progress file is damaged"):
-        learn_gates(model, batches, GateOptions(20, sparsity=0.5), progress=_Damaged(record), show_progress=False)
+        learn_gates(model, batches, options=GateOptions(20, sparsity=0.5), progress=_Damaged(record),
+                    show_progress=False)

@@ -68,6 +68,7 @@ def zero_filled(cfg: HeadConfig, key: str) -> bool:
 
 def load_model(
     source: str | os.PathLike = DEFAULT_MODEL,
+    *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = torch.float32,
     check_finite: bool = True,

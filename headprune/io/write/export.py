@@ -143,7 +143,7 @@ def _marker(model: HeadModel, fmt: str, metadata: dict | None) -> dict:
             "removed_heads": [head_id(*h) for h in removed_heads(model)], **(metadata or {})}
 
 
-def export_native(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
+def export_native(model: HeadModel, folder: str | os.PathLike, *, overwrite: bool = False,
                   metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """Save a (pruned) model as a headprune checkpoint that :func:`headprune.io.read.loading.load_model` reloads
     exactly: config.json (with ``headprune_kept_heads``), model.safetensors with the smaller tensors, the source
@@ -162,7 +162,7 @@ def export_native(model: HeadModel, folder: str | os.PathLike, overwrite: bool =
     return write_export(folder, _writer(model, family, hf, state, marker, dtype), overwrite)
 
 
-def export_hf(model: HeadModel, folder: str | os.PathLike, overwrite: bool = False,
+def export_hf(model: HeadModel, folder: str | os.PathLike, *, overwrite: bool = False,
               metadata: dict | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """Save a (pruned) model for stock transformers: compact when its family allows it and the prune is uniform,
     else zeroed at the original shapes (module docstring); in ``dtype``, by default the source checkpoint's."""
