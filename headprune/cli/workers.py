@@ -37,13 +37,14 @@ def resolve_workers(requested: str, device: str) -> int:
     name = "workers"
     if requested == "auto" and os.environ.get(WORKERS_ENV):
         requested, name = os.environ[WORKERS_ENV], f"environment variable {WORKERS_ENV}="
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if requested == "auto":
         if device != "cpu":
             import torch
 
             if torch.cuda.is_available():
                 return 1
-        return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+        return max(1, min(2, cores))
     try:
         count = int(requested)
     except ValueError:
@@ -51,6 +52,10 @@ def resolve_workers(requested: str, device: str) -> int:
     if count < 1:
         raise HeadpruneError(f"{name} {requested!r}: give auto or a whole number of processes, at least 1",
                              "workers" if name == "workers" else None)
+    if count > cores:  # single-threaded processes beyond the cores only take turns on them (and hold more memory)
+        print(f"headprune: {count} workers on {cores} cores: running {cores} (more only take turns on the cores)",
+              file=sys.stderr)
+        return cores
     return count
 
 

@@ -48,7 +48,9 @@ def test_auto_is_the_cores_on_the_cpu(monkeypatch):
     assert resolve_workers("auto", "cpu") == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert resolve_workers("auto", "cpu") == 1
-    assert resolve_workers("3", "cpu") == 3
+    assert resolve_workers("3", "cpu") == 1  # capped at the cores (issue 52): said on one line
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert resolve_workers("3", "cpu") == 3 and resolve_workers("9", "cpu") == 4
     monkeypatch.setenv("HEADPRUNE_WORKERS", "1")
     assert resolve_workers("auto", "cpu") == 1 and resolve_workers("2", "cpu") == 2  # the option wins
     monkeypatch.setenv("WORLD_SIZE", "4")  # under torchrun: already sharded

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 
 def _args(tiny_dir, corpus, out):
     return [sys.executable, "-m", "headprune", "score", "--model", str(tiny_dir), "--data", str(corpus),
@@ -55,6 +53,7 @@ def uninterrupted(tiny_dir, corpus, tmp_path_factory):
     return out.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGINT to the launcher", "SIGTERM to the launcher", "kill -9 of worker 1"])
 def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterrupted, tiny_dir, corpus, tmp_path):
     out = tmp_path / "s.csv"
@@ -89,3 +88,15 @@ def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterru
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert out.read_bytes() == uninterrupted and not any(p.exists() for p in ranks)
+
+
+def test_more_workers_than_cores_are_capped_with_a_line(monkeypatch, capsys):
+    from headprune.cli.workers import resolve_workers
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("HEADPRUNE_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert resolve_workers("2", "cpu") == 2 and capsys.readouterr().err == ""
+    assert resolve_workers("16", "cpu") == 2
+    assert capsys.readouterr().err.strip() == "headprune: 16 workers on 2 cores: running 2 (more only take turns on " \
+                                              "the cores)"
