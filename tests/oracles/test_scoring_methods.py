@@ -243,8 +243,8 @@ def test_fast_ablation_equals_naive_forward_per_head(tiny_dir, ids, scores):
 
 def test_parse_methods():
     assert parse_methods("all") == [m for m in METHODS if m not in OPT_IN]  # the opt-in ones: named only
-    assert OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample")
-    assert parse_methods("abl_opt,abl_resample,abl_zero_folded,all") == list(METHODS)
+    assert OPT_IN == ("abl_zero_folded", "abl_opt", "abl_resample", "ctx_stream", "ctx_gate", "ctx_retrieval")
+    assert parse_methods("abl_opt,abl_resample,abl_zero_folded,ctx_retrieval,ctx_gate,ctx_stream,all") == list(METHODS)
     assert parse_methods("taylor, wo_fro") == ["wo_fro", "taylor"]
     with pytest.raises(HeadpruneError, match="unknown scoring method"):
         parse_methods("wo_fro,magic")
