@@ -18,7 +18,8 @@ It reads the run's settings (model, token budget, windows, seed) and tables, and
 
 Each part is written as it finishes and skipped when its table is already there with the same settings, so a
 killed study resumes (the code sweep also per layer, through its progress file). ``study.md``'s sentences are
-computed from the tables by :func:`findings` (tested against tables built by hand).
+computed from the tables by :func:`analyses.study_findings.findings` (tested against tables built by hand);
+``--render-only`` re-renders study.md from the committed tables without loading the model.
 """
 
 from __future__ import annotations
@@ -34,14 +35,12 @@ import numpy as np
 import pandas as pd
 
 from analyses.common import save
+from analyses.study_findings import PERFORMS, TOP, findings, prose_code_roles
 from headprune.io.work.files import write_text
 
 UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 RECOVER_FRACTIONS = (0.3, 0.5)
 RANDOM_GROUP_SEEDS = 3
-BREAK_NATS = 0.1  # a curve "breaks" where ΔNLL first exceeds this (perplexity +10.5%)
-PERFORMS = 0.8  # a task is performed when at least this share of clean prompts ranks the answer above the wrong token
-TOP = 5
 
 
 # --- the parts, each one table ------------------------------------------------------------------------------------
@@ -85,7 +84,8 @@ def unit_curves(model, score_ids, eval_ids, windowing, scores: pd.DataFrame, bes
     methods = sorted({m for m, _ in sets})
     options = CurveOptions(fractions=UNIT_FRACTIONS, seeds=1, bootstrap=bootstrap, selection=Selection(seed=seed),
                            windowing=windowing, head_sets=sets)
-    return pruning_curves(model, eval_ids, scores, [(m, "none") for m in methods], options, progress=progress)
+    return pruning_curves(model, eval_ids, scores, [(m, "none") for m in methods], options=options,
+                          progress=progress)
 
 
 def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: str, steps: int, seed: int
@@ -101,17 +101,17 @@ def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: 
 
     name, by_layer = split_ranking(best)
     selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
-    base = evaluate(model, eval_ids, windowing, False).ppl
+    base = evaluate(model, eval_ids, windowing, progress=False).ppl
     rows = []
     for f in RECOVER_FRACTIONS:
         heads = select_heads(scores, name, fraction=f, selection=selection)
         pruned = prune_model(model, heads)
-        before = evaluate(pruned, eval_ids, windowing, False).ppl
+        before = evaluate(pruned, eval_ids, windowing, progress=False).ppl
         recipe = Recipe(steps=steps, batch_size=4, seq_len=windowing.seq_len, seed=seed, distill_weight=1.0,
                         temperature=1.0)
         t0 = time.perf_counter()
         finetune(pruned, train_ids, recipe, teacher=model, show_progress=True)
-        after = evaluate(pruned, eval_ids, windowing, False).ppl
+        after = evaluate(pruned, eval_ids, windowing, progress=False).ppl
         rows.append({"method": best, "fraction": f, "heads_pruned": len(heads), "steps": steps,
                      "train_tokens": steps * 4 * windowing.seq_len, "ppl_unpruned": base, "ppl_pruned": before,
                      "ppl_distilled": after, "gap_recovered": gap_recovered(base, before, after),
@@ -139,180 +139,6 @@ def task_table(model, seed: int, pairs_per_task: int) -> pd.DataFrame:
                      "logit_diff_clean": float(runs.m_clean.mean()), "logit_diff_corrupt": float(runs.m_corrupt.mean()),
                      "performs": accuracy >= PERFORMS, "note": ""})
     return pd.DataFrame(rows)
-
-
-# --- findings: sentences computed from the tables ------------------------------------------------------------------
-
-def _heads(items) -> str:
-    items = list(items)
-    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else "".join(items)
-
-
-def _ranks(values: pd.Series) -> pd.Series:
-    """1 = the largest value."""
-    return values.rank(ascending=False, method="min").astype(int)
-
-
-def prose_code_roles(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame) -> pd.DataFrame:
-    """One row per head: abl_zero on prose (``abl_zero``) and on code (``code``) beside its anatomy columns."""
-    code = code[["head_id", "abl_zero"]].rename(columns={"abl_zero": "code"})
-    return scores[["head_id", "abl_zero"]].merge(code, on="head_id").merge(anatomy, on="head_id")
-
-
-def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame, seed: int = 0) -> list[str]:
-    """Do the strongest induction and previous-token heads cost the most when ablated, on prose and on code? Ranks:
-    1 = the costliest head."""
-    from headprune.report.anatomy import bootstrap_spearman
-
-    j = prose_code_roles(scores, code, anatomy)
-    n = len(j)
-    prose_rank, code_rank = _ranks(j["abl_zero"]), _ranks(j["code"])
-    out = []
-    for role, what in (("induction", "induction"), ("previous_token", "previous-token")):
-        top = j[role].sort_values(ascending=False).index[:TOP]
-        names = [f"{j.at[i, 'head_id']} ({j.at[i, role]:.2f})" for i in top]
-        rho_p = bootstrap_spearman(j[role].to_numpy(), j["abl_zero"].to_numpy(), seed=seed)
-        rho_c = bootstrap_spearman(j[role].to_numpy(), j["code"].to_numpy(), seed=seed)
-        out.append(
-            f"The {TOP} strongest {what} heads ({what} score in brackets: {_heads(names)}) rank "
-            f"{_heads(str(prose_rank[i]) for i in top)} of {n} by zero-ablation cost (1 = costliest) on prose and "
-            f"{_heads(str(code_rank[i]) for i in top)} on code (median ranks {np.median(prose_rank[top]):.0f} and "
-            f"{np.median(code_rank[top]):.0f}); Spearman ρ of the {what} score with the ablation cost over all heads: "
-            f"{rho_p[0]:+.2f} [{rho_p[1]:+.2f}, {rho_p[2]:+.2f}] on prose, {rho_c[0]:+.2f} "
-            f"[{rho_c[1]:+.2f}, {rho_c[2]:+.2f}] on code.")
-    rho = bootstrap_spearman(j["abl_zero"].to_numpy(), j["code"].to_numpy(), seed=seed)
-    top_p = set(j.nlargest(TOP, "abl_zero")["head_id"])
-    top_c = set(j.nlargest(TOP, "code")["head_id"])
-    moved = j.assign(shift=(prose_rank - code_rank).abs()).nlargest(3, "shift")
-    out.append(
-        f"Prose vs code: the heads' zero-ablation costs rank-correlate at ρ {rho[0]:+.2f} [{rho[1]:+.2f}, "
-        f"{rho[2]:+.2f}]; {len(top_p & top_c)} of the top {TOP} are shared (prose: {_heads(sorted(top_p))}; code: "
-        f"{_heads(sorted(top_c))}); the total over all heads is {j['abl_zero'].sum():.3f} nats/token on prose and "
-        f"{j['code'].sum():.3f} on code; the heads that move most: "
-        + _heads(f"{r.head_id} (rank {prose_rank[i]} → {code_rank[i]})" for i, r in moved.iterrows()) + ".")
-    return out
-
-
-def breakpoint(curves: pd.DataFrame, method: str) -> float | None:
-    """The smallest fraction at which ``method``'s uncompensated ΔNLL exceeds :data:`BREAK_NATS` (None: never)."""
-    c = curves[(curves["method"] == method) & (curves["compensation"] == "none")].sort_values("fraction")
-    over = c[c["delta_nll"] > BREAK_NATS]
-    return float(over["fraction"].iloc[0]) if len(over) else None
-
-
-def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str, n_heads: int) -> list[str]:
-    """Where the best ranking and random break, and the units compared at 30% and 50% where both tables have them
-    (a uniform prune removes whole shapes: its own share is said)."""
-    def at(frame: pd.DataFrame, method: str, f: float) -> pd.Series:
-        rows = frame[(frame["method"] == method) & (frame["compensation"] == "none") & np.isclose(frame["fraction"], f)]
-        return rows.iloc[0]
-
-    def share(row: pd.Series) -> str:
-        return f"{int(row.heads_pruned)} heads, {row.heads_pruned / n_heads:.0%}"
-
-    out = []
-    b_best, b_rand = breakpoint(curves, best), breakpoint(curves, "random")
-    last = float(curves["fraction"].max())
-    say = lambda b: f"at {b:.0%} of heads" if b is not None else f"not up to {last:.0%}"
-    out.append(f"Where pruning breaks (ΔNLL first above {BREAK_NATS} nats/token, perplexity +"
-               f"{math.expm1(BREAK_NATS):.1%}): {best} {say(b_best)}, random {say(b_rand)}.")
-    group_random = sorted(m for m in units["method"].unique() if m.startswith("group:random"))
-    uniform = sorted(m for m in units["method"].unique() if m.startswith("uniform:"))
-    shared = set(np.round(curves["fraction"], 6)) & set(np.round(units["fraction"], 6))
-    for f in (f for f in (0.3, 0.5) if round(f, 6) in shared):
-        head_best, head_rand = at(curves, best, f), at(curves, "random", f)
-        grp = at(units, "group:abl_zero", f)
-        rand_g = np.mean([at(units, m, f)["delta_nll"] for m in group_random])
-        parts = [f"by query head {best} {head_best.delta_nll:+.3f} (random {head_rand.delta_nll:+.3f})",
-                 (f"by KV group (joint abl_zero) {grp.delta_nll:+.3f} ({share(grp)}; random groups "
-                  f"{rand_g:+.3f}, mean of {len(group_random)})")]
-        parts += [f"uniform by {m.split(':', 1)[1]} {at(units, m, f).delta_nll:+.3f} ({share(at(units, m, f))}: "
-                  "the nearest loadable shape)" for m in uniform]
-        out.append(f"At {f:.0%} of heads removed, ΔNLL (nats/token): " + "; ".join(parts) + ".")
-    return out
-
-
-def recovery_sentence(rec: pd.DataFrame) -> str:
-    parts = [f"at {r.fraction:.0%} ({r.heads_pruned} heads) perplexity {r.ppl_unpruned:.2f} → {r.ppl_pruned:.2f}, "
-             f"distilled {r.ppl_distilled:.2f} ("
-             + (f"{r.gap_recovered:.0%} of the gap recovered)" if math.isfinite(r.gap_recovered)
-                else "no gap to recover)")
-             for r in rec.itertuples()]
-    r0 = rec.iloc[0]
-    return (f"Distillation from the unpruned model ({int(r0.steps)} steps, {int(r0.train_tokens):,} training tokens, "
-            f"{r0.method}'s prunes): " + "; ".join(parts) + ".")
-
-
-def task_sentences(tasks: pd.DataFrame, patched: dict[str, pd.DataFrame]) -> list[str]:
-    """Per task: performed or not (and why not run); for a performed task with an exact patching table, the three
-    heads that restore the most of the clean-corrupt gap (patch_z, a share of the gap, denoising) and their sum."""
-    out = []
-    for r in tasks.itertuples():
-        if not r.pairs:
-            out.append(f"{r.task}: not run ({r.note})")
-            continue
-        verdict = "performs it" if r.performs else f"does not perform it (below {PERFORMS:.0%})"
-        line = (f"{r.task}: the model {verdict}: {r.accuracy:.0%} of {r.pairs} clean prompts rank the answer above "
-                f"the wrong token, logit difference {r.logit_diff_clean:+.2f} clean, {r.logit_diff_corrupt:+.2f} "
-                "corrupt")
-        if r.performs and r.task in patched:
-            top = patched[r.task].nlargest(3, "patch_z")
-            line += ("; exact patching: " + _heads(f"{h.head_id} {h.patch_z:.2f}" for h in top.itertuples())
-                     + f" of the gap each, the largest of {len(patched[r.task])} heads (single-head effects need not "
-                     f"add up: {top['patch_z'].sum():.2f} together)")
-        out.append(line + ".")
-    return out
-
-
-def serving_sentence(serving: pd.DataFrame) -> str:
-    rows = []
-    for r in serving.itertuples():
-        rows.append(f"{r.fraction:.0%} asked, {int(r.removed)} heads removed ({int(r.query_heads)} query / "
-                    f"{int(r.kv_heads)} KV heads per layer): {int(r.parameters) / 1e6:.1f} M parameters, "
-                    f"perplexity {r.ppl:.2f}, "
-                    f"prefill {r.prefill_tokens_per_s:,.0f} tokens/s ({r.prefill_tokens_per_s_min:,.0f}–"
-                    f"{r.prefill_tokens_per_s_max:,.0f}), decode (32 sequences) {r.decode_b32_tokens_per_s:,.0f} "
-                    f"tokens/s ({r.decode_b32_tokens_per_s_min:,.0f}–{r.decode_b32_tokens_per_s_max:,.0f})")
-    return "Uniform exports in stock transformers (median of repeats after warm-up, slowest–fastest): " + "; ".join(
-        rows) + "."
-
-
-def findings(run: Path) -> list[str]:
-    """The study's sentences from the tables in ``run`` (the run's and the study's own)."""
-    settings = json.loads((run / "settings.json").read_text())
-    scores = pd.read_csv(run / "scores.csv")
-    curves = pd.read_csv(run / "curves.csv")
-    pred = pd.read_csv(run / "predictiveness.csv")
-    best = settings["commands"]["ranking"]
-    layer_total = scores.groupby("layer")["abl_zero"].sum()
-    first = int(layer_total.idxmax())
-    rest = layer_total.drop(first)
-    top = scores.nlargest(TOP, "abl_zero")
-    out = ["Which heads matter (zero-ablation on prose, 95% interval over windows): "
-           + _heads(f"{r.head_id} {r.abl_zero:.3f} [{r.abl_zero_ci_lo:.3f}, {r.abl_zero_ci_hi:.3f}]"
-                    for r in top.itertuples())
-           + f"; layer {first} holds {layer_total[first] / layer_total.sum():.0%} of the total "
-             f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token); the second-largest layer is "
-             f"{int(rest.idxmax())} ({rest.max():.3f})."]
-    out += role_sentences(scores, pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"))
-    cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")].sort_values(
-        "spearman_rho", ascending=False)
-    good = cheap.iloc[0]
-    bad = cheap[cheap["spearman_ci_hi"] <= 0]["method"].tolist()
-    out.append(f"Cheap scores against zero-ablation (Spearman ρ over {int(good.n)} heads, 95% interval): "
-               + "; ".join(f"{r.method} {r.spearman_rho:+.2f} [{r.spearman_ci_lo:+.2f}, {r.spearman_ci_hi:+.2f}]"
-                           for r in cheap.itertuples())
-               + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "") + ".")
-    out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best, len(scores))
-    out.append(recovery_sentence(pd.read_csv(run / "study_recovery.csv")))
-    tasks = pd.read_csv(run / "study_tasks.csv", keep_default_na=False, na_values=[""])
-    patched = {t: pd.read_csv(p) for t, p in [(settings.get("patch_task"), run / "patch.csv"),
-                                               *[(t, run / f"study_patch_{t}.csv") for t in tasks["task"]]]
-               if t and p.is_file()}
-    out += task_sentences(tasks, patched)
-    if (run / "serving.csv").is_file():
-        out.append(serving_sentence(pd.read_csv(run / "serving.csv")))
-    return out
 
 
 # --- the figure ---------------------------------------------------------------------------------------------------
@@ -393,7 +219,12 @@ def main() -> None:
     ap.add_argument("run", help="the folder a headprune run wrote (its tables are read, the study is added)")
     ap.add_argument("--recover-steps", type=int, default=50, help="distillation steps per prune")
     ap.add_argument("--task-pairs", type=int, default=32, help="prompt pairs per task")
+    ap.add_argument("--render-only", action="store_true",
+                    help="only re-render study.md from the tables already in the folder (no model, no computation)")
     args = ap.parse_args()
+    if args.render_only:
+        print("\n".join(write_study(Path(args.run))))
+        return
     from headprune.data.sources import is_builtin
     from headprune.data.tokens import corpus_ids
     from headprune.io.read.loading import load_model
@@ -456,13 +287,25 @@ def main() -> None:
                                       pd.read_csv(run / "study_recovery.csv"), scores,
                                       pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"),
                                       best))
-    lines = findings(run)
-    write_text(run / "study.md", "# What the run's report does not answer\n\n"
-               + f"Computed by `python -m analyses.real_model {run}` from the tables in this folder; the figure is "
-               "study.png.\n\n![Pruning by unit; ablation cost on prose vs code](study.png)\n\n"
-               + "\n".join(f"- {line}" for line in lines) + "\n")
+    lines = write_study(run)
     progress.remove()
     print("\n".join(lines))
+
+
+def write_study(run: Path) -> list[str]:
+    """study.md from the tables in ``run`` (:func:`findings`); its sentences."""
+    missing = [n for n in ("settings.json", "scores.csv", "curves.csv", "predictiveness.csv", "anatomy.csv",
+                           "study_code_scores.csv", "study_units.csv", "study_recovery.csv", "study_tasks.csv")
+               if not (run / n).is_file()]
+    if missing:
+        raise SystemExit(f"{run} lacks {', '.join(missing)}: run the study without --render-only first")
+    lines = findings(run)
+    write_text(run / "study.md", "# What the run's report does not answer\n\n"
+               + f"Computed by `python -m analyses.real_model {run}` from the tables in this folder (re-rendered "
+               f"from them alone by `python -m analyses.real_model {run} --render-only`); the figure is "
+               "study.png.\n\n![Pruning by unit; ablation cost on prose vs code](study.png)\n\n"
+               + "\n".join(f"- {line}" for line in lines) + "\n")
+    return lines
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def layer_sentence(scores: pd.DataFrame) -> str | None:
         return None
     top, value = int(totals.index[0]), float(totals.iloc[0])
     text = f"Layer {top} matters most: its heads' {TRUTH} (NLL increase when one head is zero-ablated) sum to " \
-           f"{nats(value)} nats/token"
+           f"{nats(value)} nats/token (a sum of single ablations: the layer's heads were not removed together)"
     if totals.sum() > 0 and (totals >= 0).all():
         text += f", {value / totals.sum():.0%} of all heads' total"
     if len(totals) > 1:
@@ -79,6 +79,28 @@ def versus_random(curves: pd.DataFrame, target: float):
     return r, beat, worse
 
 
+BEATS, WITHIN, WORSE = "beats", "within", "worse"  # against the random band at one fraction
+
+
+def verdict(curves: pd.DataFrame, method: str, target: float) -> str | None:
+    """Where ``method``'s uncompensated ΔNLL nearest ``target`` lies against the random band (mean ± 1 std over
+    seeds at the same point): :data:`BEATS` below it, :data:`WORSE` above it, :data:`WITHIN` inside (None: no
+    random curve or no such method)."""
+    found = versus_random(curves, target)
+    if found is None or not (curves["method"] == method).any():
+        return None
+    _, beat, worse = found
+    return BEATS if method in {m for m, _, _ in beat} else WORSE if method in worse else WITHIN
+
+
+def band_text(r: pd.Series) -> str:
+    """``the random band (ΔNLL 1.420 ± 0.271 nats/token, mean ± 1 std over 5 seeds)``."""
+    std = 0.0 if math.isnan(r["nll_std"]) else float(r["nll_std"])
+    seeds = int(r["n_seeds"]) if "n_seeds" in r and not math.isnan(float(r["n_seeds"])) else None
+    over = f", mean ± 1 std over {seeds} seed{'s' if seeds != 1 else ''}" if seeds is not None else ""
+    return f"the random band (ΔNLL {nats(float(r['delta_nll']))} ± {nats(std)} nats/token{over})"
+
+
 def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
     found = versus_random(curves, target)
     if found is None:
@@ -87,8 +109,7 @@ def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
     where = f"At {target:.0%} of heads pruned"
     if abs(float(r["fraction"]) - target) > FRACTION_TOL:
         where += f" (nearest point: {float(r['fraction']):.1%})"
-    std = 0.0 if math.isnan(r["nll_std"]) else float(r["nll_std"])
-    band = f"the random band (ΔNLL {nats(float(r['delta_nll']))} ± {nats(std)} nats/token)"
+    band = band_text(r)
     if beat:
         parts = [f"{m} {nats(delta)} ({nats(margin)} below random)" for m, delta, margin in beat]
         n = f"{len(beat)} scores beat" if len(beat) > 1 else "1 score beats"

@@ -7,8 +7,9 @@
 2. **Which cheap score to trust?** Of the cheap scores (families weights, activations, gradients: no ablation
    sweep), the one with the largest Spearman ρ against ``abl_zero``, with its 95% head-bootstrap interval, is
    trusted where that interval lies above 0; those whose interval reaches 0 or below are not. Rankings that prune
-   worse than random (ΔNLL above the random mean + 1 std) at every finding fraction but beat it (below the mean
-   − 1 std) once normalised per layer (``<method>@layer``) are named as such.
+   worse than random (ΔNLL above the random mean + 1 std) at every finding fraction are named, with where each
+   one's ranking normalised per layer (``<method>@layer``) lies against that band at each fraction: better (below
+   the mean − 1 std), within, or worse.
 3. **What does pruning cost?** Perplexity unpruned → after pruning the best ranking's :data:`FINDING_FRACTIONS`
    of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's.
 
@@ -23,11 +24,12 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.report.findings import FINDING_FRACTIONS, layer_totals, versus_random
+from headprune.report.findings import BEATS, FINDING_FRACTIONS, WITHIN, WORSE, layer_totals, verdict
 from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
+SUM_OF_SINGLES = "a sum of single ablations, each head removed alone, not the layer's heads removed together"
 DETAIL = 2  # more untrusted scores than this: one range of ρ and of the intervals instead of each
 
 
@@ -71,7 +73,7 @@ def heads_answer(scores: pd.DataFrame) -> str | None:
     layer, value = int(totals.index[0]), float(totals.iloc[0])
     if total > 0 and (totals >= 0).all():
         text += (f" Layer {layer} holds {value / total:.0%} of the total, where the total is {TRUTH} summed over all "
-                 f"{n} heads (layer {layer}: {value:.3f} of {total:.3f} nats/token).")
+                 f"{n} heads (layer {layer}: {value:.3f} of {total:.3f} nats/token; {SUM_OF_SINGLES}).")
     else:
         text += f" Layer {layer} has the largest sum of {TRUTH} ({value:.3f} nats/token)."
     return text
@@ -91,18 +93,46 @@ def cheap_rows(pred: pd.DataFrame) -> list[Rho]:
         rows["method"], rows["n"], rows["spearman_rho"], col("spearman_ci_lo"), col("spearman_ci_hi"))]
 
 
-def rescued_by_layer(curves: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(methods worse than random at every finding fraction whose ``@layer`` ranking beats random at every one,
-    methods worse than random at every finding fraction whose ``@layer`` ranking does not)."""
-    found = [versus_random(curves, t) for t in FINDING_FRACTIONS]
-    if any(f is None for f in found):
-        return [], []
-    worse = [set(f[2]) for f in found if f is not None]
-    beat = [{m for m, _, _ in f[1]} for f in found if f is not None]
-    always_worse = [m for m in dict.fromkeys(curves["method"]) if all(m in w for w in worse)]
-    rescued = [m for m in always_worse if all(m + LAYER_NORMALIZED in b for b in beat)]
+VERDICT_WORDS = {BEATS: "better than random", WITHIN: "within the random band", WORSE: "worse than random"}
+
+
+def verdict_phrase(verdicts: tuple[str, ...]) -> str:
+    """``worse than random at 30%, within the random band at 50%``: one clause per verdict, in the order of
+    :data:`FINDING_FRACTIONS` (fractions sharing a verdict joined)."""
+    by: dict[str, list[str]] = {}
+    for v, t in zip(verdicts, FINDING_FRACTIONS, strict=True):
+        by.setdefault(v, []).append(f"{t:.0%}")
+    return ", ".join(f"{VERDICT_WORDS[v]} at {names(at)}" for v, at in by.items())
+
+
+def layer_verdicts(curves: pd.DataFrame) -> dict[str, tuple[str, ...]]:
+    """For each method worse than random at every finding fraction that has a ``<method>@layer`` curve: that
+    ranking's verdict against the random band at each of :data:`FINDING_FRACTIONS` (:func:`verdict`)."""
+    out: dict[str, tuple[str, ...]] = {}
     variants = set(curves["method"])
-    return rescued, [m for m in always_worse if m not in rescued and m + LAYER_NORMALIZED in variants]
+    for m in dict.fromkeys(curves["method"]):
+        if m + LAYER_NORMALIZED not in variants:
+            continue
+        plain = [verdict(curves, m, t) for t in FINDING_FRACTIONS]
+        if all(v == WORSE for v in plain):
+            found = tuple(verdict(curves, m + LAYER_NORMALIZED, t) for t in FINDING_FRACTIONS)
+            out[m] = tuple(v for v in found if v is not None)
+    return out
+
+
+def normalised_sentence(curves: pd.DataFrame) -> str | None:
+    """The scores that prune worse than random at every finding fraction, and where each one's ``@layer`` ranking
+    lies against the random band at each (better, within, worse: mean ± 1 std over seeds)."""
+    found = layer_verdicts(curves)
+    if not found:
+        return None
+    at = names([f"{t:.0%}" for t in FINDING_FRACTIONS])
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for m, v in found.items():
+        groups.setdefault(v, []).append(m + LAYER_NORMALIZED)
+    clauses = [f"{names(ms)} {verdict_phrase(v)}" for v, ms in groups.items()]
+    return (f"{names(list(found))} prune worse than random at {at} of heads; normalised per layer: "
+            + "; ".join(clauses) + ".")
 
 
 def trust_answer(pred: pd.DataFrame, curves: pd.DataFrame) -> str | None:
@@ -129,14 +159,8 @@ def trust_answer(pred: pd.DataFrame, curves: pd.DataFrame) -> str | None:
     elif bad:
         text += f" Do not trust {'; '.join(f'{r.method} ({rho_text(r)})' for r in bad)}: the interval reaches 0 " \
                 "or below."
-    rescued, not_rescued = rescued_by_layer(curves)
-    at = names([f"{t:.0%}" for t in FINDING_FRACTIONS])
-    if rescued:
-        text += (f" {names(rescued)} prune worse than random at {at} of heads unless normalised per layer: each "
-                 f"one's {LAYER_NORMALIZED} ranking beats random at {at}.")
-    if not_rescued:
-        text += f" {names(not_rescued)} prune worse than random at {at} even normalised per layer."
-    return text
+    normalised = normalised_sentence(curves)
+    return text + (f" {normalised}" if normalised else "")
 
 
 def best_layer_ranking(curves: pd.DataFrame) -> str | None:
@@ -188,6 +212,9 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
         if fraction is not None and abs(fraction[0] - target) > FRACTION_TOL:
             where += f" (nearest point: {fraction[0]:.1%})"
         sentences.append(f"Pruning {where} of heads, perplexity: {'; '.join(parts)}.")
+    one = len(rankings) == 1
+    sentences.append(f"{names([m for m, _ in rankings])} {'was' if one else 'were'} chosen on the curves "
+                     f"{'it is' if one else 'they are'} measured on (the same split and tokens): no held-out choice.")
     return " ".join(sentences)
 
 

@@ -60,12 +60,12 @@ def test_findings_sentences_match_numbers_computed_here():
         f = nearest(FRACTIONS, target)
         rand, std = SLOPES["random"] * f, 0.05
         assert sentence.startswith(f"At {target:.0%} of heads pruned")
-        assert f"random band (ΔNLL {rand:.3f} ± {std:.3f} nats/token)" in sentence
+        assert f"random band (ΔNLL {rand:.3f} ± {std:.3f} nats/token, mean ± 1 std over 5 seeds)" in sentence
         beat = sorted((m for m in SLOPES if m != "random" and SLOPES[m] * f < rand - std),
                       key=lambda m: SLOPES[m])
         assert beat == ["taylor", "abl_mean"]
         listed = ", ".join(f"{m} {SLOPES[m] * f:.3f} ({rand - SLOPES[m] * f:.3f} below random)" for m in beat)
-        assert "2 scores beat the random band" in sentence and f"nats/token), with ΔNLL: {listed}" in sentence
+        assert "2 scores beat the random band" in sentence and f"seeds), with ΔNLL: {listed}" in sentence
         assert sentence.endswith("ov_spec is worse than random.")  # wo_fro sits inside the band
         assert "wo_fro" not in sentence
 

@@ -31,6 +31,7 @@ def test_next_layer_and_its_total_are_the_second_largest_sum(per_layer):
     assert sentence.startswith(f"Layer {top} matters most")
     assert f"sum to {totals[top]:.3f} nats/token" in sentence
     assert sentence.endswith(f"; next is layer {second} ({totals[second]:.3f}).")
+    assert "(a sum of single ablations: the layer's heads were not removed together)" in sentence
     positive = all(t >= 0 for t in totals.values())
     assert ("of all heads' total" in sentence) == positive
     if positive:
@@ -40,4 +41,5 @@ def test_next_layer_and_its_total_are_the_second_largest_sum(per_layer):
 def test_one_layer_has_no_next():
     sentence = findings(_scores({0: [0.1, 0.3]}), pd.DataFrame(columns=["method", "compensation"]), pd.DataFrame())
     assert sentence == [("Layer 0 matters most: its heads' abl_zero (NLL increase when one head is zero-ablated) sum "
-                         "to 0.400 nats/token, 100% of all heads' total.")]
+                         "to 0.400 nats/token (a sum of single ablations: the layer's heads were not removed "
+                         "together), 100% of all heads' total.")]

@@ -9,13 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyses.real_model import (
+from analyses.real_model import ranking_key
+from analyses.study_findings import (
+    break_between,
     breakpoint,
     curve_sentences,
     findings,
-    ranking_key,
     recovery_sentence,
     role_sentences,
+    serving_sentence,
     task_sentences,
 )
 
@@ -33,6 +35,8 @@ def test_breakpoint_is_the_first_fraction_above_a_tenth_of_a_nat():
                           + _curve("random", [0.0, 0.1, 0.3, 0.5], [0.0, 0.09, 0.1, 0.1], [0, 1, 3, 5]))
     assert breakpoint(curves, "grad") == 0.3
     assert breakpoint(curves, "random") is None  # 0.1 is not above 0.1
+    assert break_between(curves, "grad") == (0.1, 0.3)  # located no finer than the grid
+    assert break_between(curves, "random") is None
 
 
 def test_roles_rank_against_the_ablation_cost_on_both_corpora():
@@ -74,11 +78,16 @@ def test_units_compared_at_thirty_and_fifty_percent():
                          + _curve("group:random#1", [0.3, 0.5], [0.8, 2.0], [3, 6])
                          + _curve("uniform:grad", [0.3, 0.5], [0.25, 0.7], [4, 6]))
     breaks, at30, at50 = curve_sentences(curves, units, "grad", n_heads=10)
-    assert "grad at 30% of heads, random at 30% of heads" in breaks
+    assert "grad between 0% and 30% of heads, random between 0% and 30% of heads" in breaks
+    # uniform removed 4 of 10 heads when asked for 30%: 10 points away, so it is not an answer at 30%
     assert at30 == ("At 30% of heads removed, ΔNLL (nats/token): by query head grad +0.200 (random +0.500); by KV "
-                    "group (joint abl_zero) +0.300 (3 heads, 30%; random groups +0.700, mean of 2); uniform by grad "
-                    "+0.250 (4 heads, 40%: the nearest loadable shape).")
-    assert "random groups +1.500, mean of 2" in at50
+                    "group (joint abl_zero) +0.300 (3 heads, 30%); random groups +0.700 (mean of 2 seeds, range +0.600 "
+                    "to +0.800); uniform by grad: no loadable prune within 5% of 30% (the nearest removes 4 heads, "
+                    "40%).")
+    assert "random groups +1.500 (mean of 2 seeds, range +1.000 to +2.000); uniform by grad +0.700 (6 heads, 60%)" \
+        not in at50 and "uniform by grad: no loadable prune within 5% of 50% (the nearest removes 6 heads, 60%)" in at50
+    units.loc[units["method"] == "uniform:grad", "heads_pruned"] = [3, 5]
+    assert curve_sentences(curves, units, "grad", n_heads=10)[1].endswith("uniform by grad +0.250 (3 heads, 30%).")
     # a fraction the run's curves lack is left out, not an error
     assert len(curve_sentences(curves[curves["fraction"] != 0.5], units, "grad", n_heads=10)) == 2
 
@@ -92,6 +101,24 @@ def test_recovery_is_the_share_of_the_gap_won_back():
     assert "(50 steps, 25,600 training tokens, grad's prunes)" in text
     assert "at 30% (81 heads) perplexity 10.00 → 20.00, distilled 12.50 (75% of the gap recovered)" in text
     assert "at 50% (135 heads) perplexity 10.00 → 10.00, distilled 10.50 (no gap to recover)" in text
+    assert text.endswith("Measured on the test split of the corpus it trained on (the train split), one seed, no "
+                         "control (no random prune or unpruned model trained the same way).")
+
+
+def test_a_speed_up_only_where_the_ranges_separate():
+    def row(removed, prefill, lo, hi):
+        return {"fraction": removed / 10, "removed": removed, "query_heads": 2, "kv_heads": 1, "parameters": 1e6,
+                "ppl": 10.0, "prefill_tokens_per_s": prefill, "prefill_tokens_per_s_min": lo,
+                "prefill_tokens_per_s_max": hi, "decode_b32_tokens_per_s": 50.0, "decode_b32_tokens_per_s_min": 45.0,
+                "decode_b32_tokens_per_s_max": 55.0}
+
+    text = serving_sentence(pd.DataFrame([row(0, 100, 90, 110), row(2, 130, 111, 140), row(4, 130, 105, 140),
+                                          row(6, 80, 70, 89)]))
+    parts = text.split("; ")
+    assert parts[1].endswith("against unpruned: prefill faster, decode no difference shown (ranges overlap)")
+    assert parts[2].endswith("against unpruned: prefill no difference shown (ranges overlap), decode no difference "
+                             "shown (ranges overlap)")  # 105 < 110: the ranges overlap though the median is higher
+    assert "against unpruned: prefill slower," in parts[3] and "against" not in parts[0]
 
 
 def test_a_task_is_performed_from_four_in_five_prompts():
