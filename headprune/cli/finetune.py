@@ -12,6 +12,7 @@ from headprune.cli.options import (
     add_finetune_args,
     add_fold_arg,
     add_format_arg,
+    add_gguf_type_arg,
     add_json_arg,
     add_run_flags,
 )
@@ -23,7 +24,9 @@ HELP = 'recover a pruned model by fine-tuning or distillation'
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("pruned", metavar="PRUNED_DIR", help="a pruned export (headprune prune --out), native or hf format")
     p.add_argument("--steps", type=int, required=True, dest="train_steps", metavar="N", help="AdamW steps")
-    add_format_arg(p, "native or hf (default: the format of PRUNED_DIR)", default=None)
+    add_format_arg(p, "native, hf or gguf (--out FILE.gguf, for llama.cpp) (default: the format of PRUNED_DIR)",
+                   default=None)
+    add_gguf_type_arg(p)
     add_finetune_args(p)
     add_data_args(p, "test", windows=False,
                   data_help=f"evaluation corpus (test split of the default corpus): {CORPUS_FORMS}")
@@ -66,18 +69,26 @@ def run_finetune(args: argparse.Namespace) -> dict:
 
     if args.distill_weight is not None and args.teacher is None:
         raise HeadpruneError("--distill-weight needs --teacher ORIGINAL (the unpruned model to distil from)")
-    out = check_writable(args.out)
+    gguf = args.format == "gguf"
+    if gguf and not str(args.out).lower().endswith(".gguf"):
+        raise HeadpruneError(f"--format gguf writes one file: give --out a name ending in .gguf (got {args.out})")
+    out = check_writable(args.out, file=gguf)
     if Path(args.pruned).expanduser().is_dir() and out.resolve() == Path(args.pruned).expanduser().resolve():
         raise HeadpruneError(f"--out {args.out} is PRUNED_DIR itself; write the recovered model to another folder")
-    check_export_target(out, args.overwrite)
+    if not gguf:
+        check_export_target(out, args.overwrite)
     ckpt = checkpoint_path(args.out)
     check_writable(ckpt, file=True)
     model, marker = load_pruned(args.pruned, args.device, args.dtype, args.fold_value_bias)
+    if gguf:  # the family and the tokenizer's GGUF, before the training
+        from headprune.io.write.gguf import check_exportable
+
+        check_exportable(model)
     configure_allocator(model)
     teacher = None
     if args.teacher is not None:  # loaded as the export's source was (folded or not), then checked to be it
         folded = bool(marker.get("fold_value_bias"))
-        teacher = load_model(args.teacher, args.device, args.dtype, fold_value_bias=folded)
+        teacher = load_model(args.teacher, device=args.device, dtype=args.dtype, fold_value_bias=folded)
         check_teacher(teacher, model, marker, args.teacher)
         if args.fold_value_bias and not folded:
             from headprune.models.folding import fold_value_biases_
@@ -104,7 +115,13 @@ def run_finetune(args: argparse.Namespace) -> dict:
             "teacher_eval": teacher_ppl, "first_loss": result.losses[0], "last_loss": result.losses[-1]}
     if teacher_ppl is not None:
         info["gap_recovered"] = gap_recovered(teacher_ppl["ppl"], before["ppl"], after["ppl"])
-    export_recovered(model, out, fmt, marker, info, overwrite=args.overwrite)
+    if gguf:
+        from headprune.io.write.gguf import export_gguf
+
+        meta = {k: v for k, v in marker.items() if k not in ("format", "source", "removed_heads", "dtype")}
+        export_gguf(model, out, gguf_type=args.gguf_type, metadata={**meta, "finetune": info})
+    else:
+        export_recovered(model, out, fmt, marker, info, overwrite=args.overwrite)
     ckpt.unlink(missing_ok=True)  # only once the recovered model is safely written
     return {"out": str(out), "format": fmt, **info}
 

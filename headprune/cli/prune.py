@@ -17,6 +17,7 @@ from headprune.cli.options import (
     add_compensate_arg,
     add_data_args,
     add_format_arg,
+    add_gguf_type_arg,
     add_method_arg,
     add_model_args,
     add_run_flags,
@@ -49,8 +50,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "counts in every layer and group, so --format hf loads at smaller shapes")
     add_compensate_arg(p, "mean: fold the pruned heads' mean outputs into b_O; optimal: the constants optimal for "
                         "ablating these heads together (Li & Janson 2024), fitted jointly on --score-data")
-    add_format_arg(p, "native: really smaller tensors; hf: original shapes, zeroed, loads in stock transformers")
-    add_run_flags(p, "output directory for the pruned checkpoint",
+    add_format_arg(p, "native: really smaller tensors; hf: for stock transformers (smaller shapes where the prune "
+                      "is uniform, else zeroed); gguf: one --out FILE.gguf that llama.cpp runs, uneven Llama prunes "
+                      "included")
+    add_gguf_type_arg(p)
+    add_run_flags(p, "output directory for the pruned checkpoint (--format gguf: the .gguf file)",
                   overwrite_help="replace --out even when it is a non-empty folder that is not a headprune export")
 
 
@@ -70,8 +74,14 @@ def run(args: argparse.Namespace) -> None:
     if args.uniform and (args.scores is None or args.steps != 1 or args.per_layer):
         raise HeadpruneError("--uniform needs --scores and --method, and no --iterative or --per-layer")
     layer_ranking_from_args(args)
-    check_writable(args.out)
+    if args.format == "gguf" and not str(args.out).lower().endswith(".gguf"):
+        raise HeadpruneError(f"--format gguf writes one file: give --out a name ending in .gguf (got {args.out})")
+    check_writable(args.out, file=args.format == "gguf")
     model = load_from_args(args, args.dtype or "fp32")  # --dtype not given: fp32, the export in the source's
+    if args.format == "gguf":  # the family and the tokenizer's GGUF, before any work
+        from headprune.io.write.gguf import check_exportable
+
+        check_exportable(model)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model) if args.data is not None else None  # checked before anything is written
     score_ids = None
@@ -83,9 +93,14 @@ def run(args: argparse.Namespace) -> None:
     fill_data = fill_source(args, score_ids if args.compensate != "none" else None)
     meta = {"heads": format_heads(heads), "compensate": args.compensate, "fill_data": fill_data, "stats": stats,
             "source_fingerprint": model_fingerprint(model), "fold_value_bias": args.fold_value_bias}
-    export = export_native if args.format == "native" else export_hf
     saved = export_dtype(pruned, args.dtype)
-    export(pruned, args.out, overwrite=args.overwrite, metadata=meta, dtype=saved)
+    if args.format == "gguf":
+        from headprune.io.write.gguf import export_gguf
+
+        export_gguf(pruned, args.out, gguf_type=args.gguf_type, metadata=meta)
+    else:
+        export = export_native if args.format == "native" else export_hf
+        export(pruned, args.out, overwrite=args.overwrite, metadata=meta, dtype=saved)
     _report(args, model, pruned, heads, stats, fill_data, ids, w, saved)
 
 
@@ -139,6 +154,12 @@ def _report(args: argparse.Namespace, model, pruned, heads, stats: dict, fill_da
                   f"(headprune finetune {args.out} --steps 200 --teacher {args.model} --out {args.out}-recovered)")
     if args.format == "hf":
         print(hf_layout(pruned))
+    if args.format == "gguf":
+        from headprune.io.write.gguf import gguf_plan
+
+        print(gguf_plan(pruned).describe())
+        print(f"saved gguf ({args.gguf_type} matrices) -> {args.out}: llama-cli -m {args.out}, or --model it here")
+        return
     if args.format == "native":
         print("native checkpoint: reloads in headprune (--model OUT, load_model), not in stock transformers; "
               "for transformers' from_pretrained export with --format hf")

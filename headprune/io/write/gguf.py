@@ -9,9 +9,7 @@
   tensors). Other families pruned unevenly are refused: prune them with ``--uniform``.
 * **Weights.** llama.cpp's rotary row order for Llama q/k (the inverse of what :mod:`headprune.io.read.gguf`
   undoes), Gemma's RMSNorm weights stored as 1 + w, norms and biases in F32, the matrices in ``gguf_type``.
-  The default ``q8_0``: llama.cpp's common 8-bit type, half the size of f16, and for the packaged models (whose
-  GGUFs are Q4_1 / Q4_K / Q5_0, dequantized when headprune loads them) its rounding error is far below their own;
-  ``f32`` reproduces headprune's logits to float rounding, ``q4_1`` re-quantizes a Q4_1 source losslessly.
+  The default ``q8_0`` (:mod:`.gguf_types` says why).
 * **b_O** (a compensation constant or folded value biases): written as ``attn_output.bias``, which llama.cpp's
   ``llama`` and ``deci`` graphs add; the others have none and such an export is refused (nothing to fold it into
   exactly: Gemma's post-attention norm sits after it).
@@ -39,14 +37,12 @@ from headprune.io.work.files import atomic_path, check_writable, write_failures
 from headprune.io.write.export import is_uniform
 from headprune.io.write.export_folder import LICENCE_FILES
 from headprune.io.write.gguf_layout import GgufAttention, padded_layer, permute_rotary, uniform_layer
+from headprune.io.write.gguf_types import DEFAULT_GGUF_TYPE, GGUF_TYPES
 from headprune.models.base import HeadModel
 from headprune.models.families import model_type
 from headprune.models.gguf_names import BLOCK_NAMES, TOP_NAMES
 from headprune.models.llama import Attention
 
-#: ``--gguf-type``: the matrices' type (norms and biases stay F32, as llama.cpp's converter writes them)
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_1")
-DEFAULT_GGUF_TYPE = "q8_0"
 _SOURCE_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 _NOT_COPIED = ("general.architecture", "general.file_type", "general.quantization_version")
 
@@ -69,16 +65,27 @@ class GgufPlan:
             return f"gguf export: {self.arch}, {heads[0]} query / {self.layers[0].n_head_kv} KV heads per layer"
         cost = (f"; {self.padded} zero-weight query heads complete uneven KV groups (query compute only, no KV cache)"
                 if self.padded else "")
-        return (f"gguf export: deci (per-layer head counts {min(heads)}..{max(heads)}, "
-                f"{sum(not h for h in heads)} layers without attention){cost}")
+        empty = sum(not h for h in heads)
+        return (f"gguf export: deci (per-layer head counts {min(heads)}..{max(heads)}, {empty} "
+                f"layer{'s' if empty != 1 else ''} without attention){cost}")
+
+
+def check_exportable(model: HeadModel, source: str | os.PathLike | None = None) -> Path:
+    """Before any work: the model's family has a GGUF form and its tokenizer source is found (returned)."""
+    _check_family(model_type(model))
+    return source_gguf(model, source)
+
+
+def _check_family(kind: str) -> None:
+    if kind not in _SOURCE_ARCH:
+        raise HeadpruneError(f"llama.cpp has no GGUF form of headprune's {kind} models (GGUF export: "
+                             f"{', '.join(_SOURCE_ARCH)})")
 
 
 def gguf_plan(model: HeadModel) -> GgufPlan:
     """The architecture and layer layout of ``model``'s GGUF, or HeadpruneError where llama.cpp cannot run it."""
     kind = model_type(model)
-    if kind not in _SOURCE_ARCH:
-        raise HeadpruneError(f"llama.cpp has no GGUF form of headprune's {kind} models (GGUF export: "
-                             f"{', '.join(_SOURCE_ARCH)})")
+    _check_family(kind)
     cfg = model.cfg
     if any(getattr(cfg, "sliding_windows", [])) and kind != "gemma3_text":
         raise HeadpruneError(f"this {kind} model has sliding-window layers, which llama.cpp's {kind} does not have")
