@@ -205,6 +205,20 @@ def serving_sentence(serving: pd.DataFrame) -> str:
         rows) + "."
 
 
+def within_note(inverse: pd.DataFrame) -> str:
+    """For the inversely ranking scores whose within-layer ρ interval reaches 0 or above: that the inversion is
+    across layers only (empty where the table has no within-layer ρ or none is)."""
+    if "within_layer_ci_hi" not in inverse or inverse.empty:
+        return ""
+    across = inverse[inverse["within_layer_ci_hi"] >= 0]
+    if across.empty:
+        return ""
+    lo, hi = across["within_layer_rho"].min(), across["within_layer_rho"].max()
+    return (f", across layers only: within a layer {_heads(across['method'])} "
+            f"{'has' if len(across) == 1 else 'have'} ρ {lo:+.2f} to {hi:+.2f}, every 95% interval reaching 0 or "
+            "above")
+
+
 def findings(run: Path) -> list[str]:
     """The study's sentences from the tables in ``run`` (the run's and the study's own)."""
     settings = json.loads((run / "settings.json").read_text())
@@ -231,7 +245,8 @@ def findings(run: Path) -> list[str]:
     out.append(f"Cheap scores against zero-ablation (Spearman ρ over {int(good.n)} heads, 95% interval): "
                + "; ".join(f"{r.method} {r.spearman_rho:+.2f} [{r.spearman_ci_lo:+.2f}, {r.spearman_ci_hi:+.2f}]"
                            for r in cheap.itertuples())
-               + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "") + ".")
+               + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "")
+               + within_note(cheap[cheap["spearman_ci_hi"] <= 0]) + ".")
     out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best, len(scores))
     out.append(recovery_sentence(pd.read_csv(run / "study_recovery.csv")))
     tasks = pd.read_csv(run / "study_tasks.csv", keep_default_na=False, na_values=[""])

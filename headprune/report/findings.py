@@ -133,6 +133,20 @@ def inverse_methods(pred: pd.DataFrame) -> pd.DataFrame:
 
 
 def inverse_sentence(pred: pd.DataFrame) -> str | None:
+    text = _inverse_sentence(pred)
+    if text is None or "within_layer_ci_hi" not in pred:
+        return text
+    inverse = inverse_methods(pred)
+    across = inverse[inverse["within_layer_ci_hi"] >= 0]
+    if across.empty:
+        return text
+    them = list(across["method"])
+    return (f"{text[:-1]}; within a layer, {_names(them)} {'does' if len(them) == 1 else 'do'} not (within-layer ρ "
+            f"{_span(across['within_layer_rho'])}, {'its' if len(them) == 1 else 'every'} 95% interval reaching 0 "
+            "or above): the inverse order is one of layers, not of heads within a layer.")
+
+
+def _inverse_sentence(pred: pd.DataFrame) -> str | None:
     if pred.empty:
         return None
     inverse = inverse_methods(pred)

@@ -8,6 +8,12 @@ For B resamplings (with replacement) of n paired scores (x, y), each row of X, Y
 
 A replicate where x or y takes one value only (or n < 3) leaves ρ and τ undefined (NaN), as does a replicate
 without positives or negatives for the ROC-AUC; :func:`headprune.bootstrap.interval` leaves NaNs out.
+
+Within-layer ρ compares heads of one layer only: each score is ranked within its layer and the layer's mean rank
+subtracted, ã_i = rank_l(x_i) − mean_l rank, and ρ_within = Σ ã b̃ / sqrt(Σ ã² Σ b̃²) over all heads (the pooled
+Spearman ρ of within-layer ranks: for layers of equal size without ties, the mean of the per-layer ρ). A score
+whose global ρ and within-layer ρ differ in sign ranks layers, not heads. Its interval resamples heads within each
+layer (the layers' sizes kept).
 """
 
 from __future__ import annotations
@@ -71,3 +77,29 @@ def head_bootstrap(x: np.ndarray, y: np.ndarray, positive: np.ndarray, replicate
     lo, hi = interval(rank_replicates(x[draws], y[draws], positive[draws]))
     return {"spearman_ci_lo": lo[0], "spearman_ci_hi": hi[0], "kendall_ci_lo": lo[1], "kendall_ci_hi": hi[1],
             "roc_auc_ci_lo": lo[2], "roc_auc_ci_hi": hi[2]}
+
+
+def within_layer_rows(X: np.ndarray, Y: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """Row-wise within-layer ρ of X, Y [B, n] (see the module docstring); ``layers`` [n] each column's layer
+    (NaN where no layer varies in both)."""
+    a, b = np.empty_like(X, dtype=float), np.empty_like(Y, dtype=float)
+    for layer in np.unique(layers):
+        cols = layers == layer
+        ra, rb = stats.rankdata(X[:, cols], axis=1), stats.rankdata(Y[:, cols], axis=1)
+        a[:, cols], b[:, cols] = ra - ra.mean(1, keepdims=True), rb - rb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    return np.where(np.isfinite(rho), rho, np.nan)
+
+
+def within_layer(x: np.ndarray, y: np.ndarray, layers: np.ndarray, replicates: int = HEAD_REPLICATES,
+                 seed: int = HEAD_SEED) -> tuple[float, float, float]:
+    """(within-layer ρ, 95% interval lo, hi) of x, y [n] (finite), heads resampled with replacement within each
+    layer."""
+    rng = np.random.default_rng(seed)
+    members = [np.flatnonzero(layers == layer) for layer in np.unique(layers)]
+    draws = np.stack([np.concatenate([rng.choice(m, size=len(m)) for m in members]) for _ in range(replicates)])
+    order = np.concatenate(members)  # draws keep each layer's block of columns in this order
+    point = float(within_layer_rows(x[None, :], y[None, :], layers)[0])
+    lo, hi = interval(within_layer_rows(x[draws], y[draws], layers[order]))
+    return point, float(lo), float(hi)

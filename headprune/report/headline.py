@@ -159,8 +159,50 @@ def trust_answer(pred: pd.DataFrame, curves: pd.DataFrame) -> str | None:
     elif bad:
         text += f" Do not trust {'; '.join(f'{r.method} ({rho_text(r)})' for r in bad)}: the interval reaches 0 " \
                 "or below."
-    normalised = normalised_sentence(curves)
-    return text + (f" {normalised}" if normalised else "")
+    extra = [x for x in (within_sentence(pred), normalised_sentence(curves)) if x]
+    return " ".join([text, *extra])
+
+
+FLIPS = {(1, 0): "rank heads like {t} across layers but not within a layer",
+         (1, -1): "rank heads like {t} across layers but inversely within a layer",
+         (0, 1): "rank heads like {t} within a layer but not across layers",
+         (-1, 0): "rank heads inversely to {t} across layers only, not within a layer",
+         (-1, 1): "rank heads inversely to {t} across layers but like it within a layer",
+         (0, -1): "rank heads inversely to {t} within a layer but not across layers"}
+
+
+def sign_class(lo: float, hi: float) -> int:
+    """+1 where a 95% interval lies above 0, −1 below 0, 0 where it holds 0 (or is missing)."""
+    return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def within_layer_flips(pred: pd.DataFrame) -> dict[tuple[int, int], list[tuple[str, float, float, float]]]:
+    """The cheap scores whose global ρ interval and within-layer ρ interval (``predictiveness``) say different
+    things: (global class, within class) -> [(method, within ρ, lo, hi)], table order."""
+    out: dict[tuple[int, int], list[tuple[str, float, float, float]]] = {}
+    if pred.empty or "within_layer_rho" not in pred:
+        return out
+    columns = ["method", "spearman_ci_lo", "spearman_ci_hi", "within_layer_rho", "within_layer_ci_lo",
+               "within_layer_ci_hi"]
+    for method, g_lo, g_hi, rho, lo, hi in pred[columns].itertuples(index=False):
+        m = str(method)
+        if m in DESCRIPTIVE or not is_cheap(m) or math.isnan(float(rho)):
+            continue
+        key = (sign_class(float(g_lo), float(g_hi)), sign_class(float(lo), float(hi)))
+        if key[0] != key[1]:
+            out.setdefault(key, []).append((m, float(rho), float(lo), float(hi)))
+    return out
+
+
+def within_sentence(pred: pd.DataFrame) -> str | None:
+    """Where the within-layer ρ flips the global verdict (both 95% intervals against 0), named with its values."""
+    flips = within_layer_flips(pred)
+    if not flips:
+        return None
+    parts = [FLIPS[key].format(t=TRUTH) + ": " + ", ".join(
+        f"{m} (within-layer ρ {rho:.2f}, 95% interval {lo:.2f} to {hi:.2f})" for m, rho, lo, hi in rows)
+        for key, rows in flips.items()]
+    return "Compared within each layer only, the verdict changes; these " + "; these ".join(parts) + "."
 
 
 def best_layer_ranking(curves: pd.DataFrame) -> str | None:

@@ -15,12 +15,12 @@ from sklearn.linear_model import LinearRegression
 
 from headprune.errors import HeadpruneError
 from headprune.pruning.selection import rank_heads, select_heads
-from headprune.report.head_bootstrap import head_bootstrap
+from headprune.report.head_bootstrap import head_bootstrap, within_layer
 from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
                           "kendall_tau", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_top10", "roc_auc_ci_lo",
-                          "roc_auc_ci_hi", "inverse")
+                          "roc_auc_ci_hi", "inverse", "within_layer_rho", "within_layer_ci_lo", "within_layer_ci_hi")
 INTERVAL_COLUMNS = ("spearman_ci_lo", "spearman_ci_hi", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_ci_lo",
                     "roc_auc_ci_hi")
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
@@ -194,9 +194,9 @@ def roc_auc(x: np.ndarray, positive: np.ndarray) -> float:
     return float((stats.rankdata(x)[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray) -> dict:
+def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray, layers: np.ndarray) -> dict:
     ok = np.isfinite(x) & np.isfinite(truth)
-    x, y, pos = x[ok], truth[ok], positive[ok]
+    x, y, pos, layers = x[ok], truth[ok], positive[ok], layers[ok]
     row: dict[str, str | int | float | bool] = {
         "method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())
     }
@@ -209,6 +209,8 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
     intervals = head_bootstrap(x, y, pos) if _varies(x) and _varies(y) else dict.fromkeys(INTERVAL_COLUMNS, math.nan)
     row |= intervals
     row["inverse"] = bool(intervals["roc_auc_ci_hi"] < 0.5)  # the whole interval below chance: ranks heads inversely
+    within = within_layer(x, y, layers) if _varies(x) and _varies(y) else (math.nan,) * 3
+    row["within_layer_rho"], row["within_layer_ci_lo"], row["within_layer_ci_hi"] = within
     return row
 
 
@@ -218,14 +220,17 @@ def predictiveness(scores: pd.DataFrame) -> pd.DataFrame:
     r2: R^2 of the least-squares line abl_zero ~ score; spearman_rho, kendall_tau (tau-b): rank agreement;
     roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). ``*_ci_lo/hi``:
     95% bootstrap intervals over heads (:func:`head_bootstrap`); ``inverse``: the ROC-AUC interval lies below
-    0.5. Rows use the heads where both values are finite; entropy is marked kind=description (its sign carries
-    no importance claim).
+    0.5; ``within_layer_rho`` and its interval: ρ of the ranks within each layer (:func:`within_layer`: heads
+    compared with the heads of their own layer only). Rows use the heads where both values are finite; entropy is
+    marked kind=description (its sign carries no importance claim).
     """
     scores = check_scores(scores)
     if TRUTH not in scores.columns:
         return pd.DataFrame(columns=PREDICTIVENESS_COLUMNS)
     truth, positive = scores[TRUTH].to_numpy(float), top_heads_mask(scores)
-    rows = [_predict_row(m, scores[m].to_numpy(float), truth, positive) for m in method_columns(scores) if m != TRUTH]
+    layers = scores["layer"].to_numpy()
+    rows = [_predict_row(m, scores[m].to_numpy(float), truth, positive, layers)
+            for m in method_columns(scores) if m != TRUTH]
     return pd.DataFrame(rows, columns=PREDICTIVENESS_COLUMNS)
 
 

@@ -17,6 +17,7 @@ import pytest
 from headprune.report.findings import findings
 from headprune.report.headline import answers
 from headprune.report.tables import predictiveness
+from headprune.schema import is_cheap
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = [p.parent for p in sorted((ROOT / "reports").glob("*/summary.md"))]
@@ -131,14 +132,63 @@ def check_share(text: str, scores: pd.DataFrame) -> None:
     assert (m[4], m[5]) == (f"{sums[layer]:.3f}", f"{sums.sum():.3f}")
 
 
-def check_all(found: list[str], said: dict[str, str], scores, curves, base: float) -> int:
+FLIP_WORDS = {"rank heads like abl_zero across layers but not within a layer": (1, 0),
+              "rank heads like abl_zero across layers but inversely within a layer": (1, -1),
+              "rank heads like abl_zero within a layer but not across layers": (0, 1),
+              "rank heads inversely to abl_zero across layers only, not within a layer": (-1, 0),
+              "rank heads inversely to abl_zero across layers but like it within a layer": (-1, 1),
+              "rank heads inversely to abl_zero within a layer but not across layers": (0, -1)}
+WITHIN_ITEM = re.compile(r"([\w@]+) \(within-layer ρ (-?[\d.]+), 95% interval (-?[\d.]+) to (-?[\d.]+)\)")
+
+
+def side(lo: float, hi: float) -> int:
+    return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def check_within(trust: str, pred: pd.DataFrame) -> int:
+    """The within-layer sentence names every cheap score whose global and within-layer intervals disagree about 0,
+    each under the right words, with the table's values."""
+    rows = pred[pred["method"].map(is_cheap) & (pred["kind"] == "importance")].set_index("method")
+    flipped = {m for m, r in rows.iterrows() if side(r.spearman_ci_lo, r.spearman_ci_hi)
+               != side(r.within_layer_ci_lo, r.within_layer_ci_hi) and pd.notna(r.within_layer_rho)}
+    m = re.search(r"Compared within each layer only, the verdict changes; (.*?)\.(?= \w|$)", trust)
+    assert bool(m) == bool(flipped), trust
+    if not m:
+        return 0
+    named = set()
+    for clause in m[1].split("; these "):
+        words, _, items = clause.removeprefix("these ").partition(": ")
+        for method, rho, lo, hi in WITHIN_ITEM.findall(items):
+            r = rows.loc[method]
+            assert (side(r.spearman_ci_lo, r.spearman_ci_hi), side(r.within_layer_ci_lo, r.within_layer_ci_hi)) == \
+                FLIP_WORDS[words], (method, clause)
+            assert (rho, lo, hi) == (f"{r.within_layer_rho:.2f}", f"{r.within_layer_ci_lo:.2f}",
+                                     f"{r.within_layer_ci_hi:.2f}")
+            named.add(method)
+    assert named == flipped, trust
+    return 1
+
+
+def check_inverse_within(sentence: str, pred: pd.DataFrame) -> None:
+    rows = pred[pred["kind"] == "importance"]
+    inverse = rows[(rows["spearman_ci_hi"] < 0) | (rows["roc_auc_ci_hi"] < 0.5)]
+    across = set(inverse.loc[inverse["within_layer_ci_hi"] >= 0, "method"])
+    m = re.search(r"; within a layer, ([\w@, ]+?) do(?:es)? not \(within-layer ρ", sentence)
+    assert set(split_names(m[1]) if m else []) == across, sentence
+
+
+def check_all(found: list[str], said: dict[str, str], scores, curves, base: float, pred=None) -> int:
     """Every claim of every kind checked; returns how many sentences were."""
     n = 0
     for sentence in found:
         if sentence.startswith("At "):
             check_random(sentence, curves)
             n += 1
+        if "inversely to abl_zero" in sentence and pred is not None:
+            check_inverse_within(sentence, pred)
+            n += 1
     trust = said.get("Which cheap score to trust?", "")
+    n += check_within(trust, pred) if pred is not None and trust else 0
     if "prune worse than random" in trust:
         check_normalised(trust, curves)
         n += 1
@@ -164,7 +214,8 @@ def test_committed_summaries_say_what_their_tables_say(folder):
     curves, scores = pd.read_csv(folder / "curves.csv"), pd.read_csv(folder / "scores.csv")
     base = json.loads((folder / "baseline.json").read_text())["ppl"]
     found, said = summary_claims((folder / "summary.md").read_text())
-    assert check_all(found, said, scores, curves, base) >= 3
+    pred = pd.read_csv(folder / "predictiveness.csv")
+    assert check_all(found, said, scores, curves, base, pred) >= 3
 
 
 def test_smollm2_layer_normalised_sentence_says_the_spec_rankings_are_not_worse_at_50_percent():
@@ -191,6 +242,9 @@ def random_tables(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     ablation = rng.gamma(2.0, 0.05, n)
     for m in METHODS:
         scores[m] = ablation if m == "abl_zero" else ablation * rng.uniform(-1, 1) + rng.normal(0, 0.05, n)
+    level = rng.normal(0, 0.3, layers)[scores["layer"]]  # a per-layer level: flips global against within-layer ρ
+    scores["abl_zero"] = ablation = ablation + np.abs(level)
+    scores["wo_spec"] = ablation - 3 * np.abs(level) + rng.normal(0, 0.02, n)
     fractions = np.round(np.arange(0, 9) / 10, 2)
     rows = []
     slope_random, std_random = rng.uniform(2, 4), rng.uniform(0.02, 0.6)
@@ -218,7 +272,7 @@ def test_randomised_tables_every_claim_recomputed(seed):
     pred = predictiveness(scores)
     said = dict(answers(scores, curves, pred, {"ppl": math.exp(3.0), "nll": 3.0, "tokens": 1000}))
     found = findings(scores, curves, pred)
-    assert check_all(found, said, scores, curves, math.exp(3.0)) >= 3
+    assert check_all(found, said, scores, curves, math.exp(3.0), pred) >= 3
 
 
 # --- the real-model studies' study.md, against their tables --------------------------------------------------------
@@ -295,6 +349,13 @@ def test_committed_studies_say_what_their_tables_say(folder):
     top = int(sums.idxmax())
     assert (f"layer {top} holds {sums[top] / sums.sum():.0%} of the total ({sums[top]:.3f} of {sums.sum():.3f} "
             "nats/token, a sum of single ablations") in lines[0]
+    cheap = next(line for line in lines if line.startswith("Cheap scores against zero-ablation"))
+    pred = pd.read_csv(folder / "predictiveness.csv")
+    rows = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")]
+    inverse = rows[rows["spearman_ci_hi"] <= 0]
+    across = set(inverse.loc[inverse["within_layer_ci_hi"] >= 0, "method"])
+    m = re.search(r"across layers only: within a layer ([\w@, ]+?) ha(?:s|ve) ρ", cheap)
+    assert set(split_names(m[1]) if m else []) == across, cheap
     distill = next(line for line in lines if line.startswith("Distillation"))
     rec = pd.read_csv(folder / "study_recovery.csv")
     assert "control" not in " ".join(rec.columns) and "seed" not in " ".join(rec.columns)
