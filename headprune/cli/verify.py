@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> None:
         seconds = fe["total"] * seconds_per_fe(model, w.seq_len, len(ids))
         print(f"estimated time: {duration(seconds)} on {len(ids):,} tokens ({fe['total']:.0f} forward passes' worth; "
               f"the exact sweep of every head: {fe['sweep']:.0f})")
+        if fe["total"] >= fe["sweep"]:  # few heads: every head ablated exactly costs less than checking a ranking
+            print(f"note: on this model the exact sweep ({fe['sweep']:.0f} forward passes' worth) costs less than "
+                  f"verifying ({fe['total']:.0f}); headprune score --methods {args.method} gives every head's exact "
+                  "value")
     settings = sweep_settings(args, model, ids, w, "verify", method=args.method, estimate=args.estimate,
                               scores=None if scores is None else scores[args.estimate].tolist(), verify=k,
                               subsets=args.bound_subsets, inclusion=args.inclusion, seed=args.seed,

@@ -22,3 +22,17 @@ def test_a_column_that_is_not_a_score_is_refused(tiny_dir, corpus, tmp_path, cap
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"--estimate {column!r} is not a score column of {scores}; its scores are taylor" in err
     assert not (tmp_path / "v.csv").exists()
+
+
+def test_verify_says_when_the_exact_sweep_is_cheaper(tiny_dir, corpus, tmp_path, capsys):
+    """12 heads: a taylor pass, 2 rounds of 2 heads and 8 subsets cost more forwards than ablating every head."""
+    from headprune.cost import verify_fe
+    from headprune.io.read.loading import load_model
+
+    fe = verify_fe(load_model(tiny_dir), 16, 2, 8)
+    assert fe["total"] > fe["sweep"]  # the premise, from the cost model
+    assert main(["verify", "--model", str(tiny_dir), "--data", str(corpus), "--seq-len", "16", "--max-tokens", "64",
+                 "--verify", "2", "--bound-subsets", "8", "--out", str(tmp_path / "v.csv"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert (f"note: on this model the exact sweep ({fe['sweep']:.0f} forward passes' worth) costs less than "
+            f"verifying ({fe['total']:.0f}); headprune score --methods abl_zero") in out
