@@ -203,3 +203,15 @@ def test_gemma3_uniform_prune_logits_equal_llama_cpp(tmp_path):
     diff, top = _compare(pruned, path, ids)
     assert _arch(path) == "gemma3" and diff < 1e-3 * top, (diff, top)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.GEMMA_TERMS.html", "g.NOTICE.md", "g.gguf"]
+
+
+def test_prune_format_gguf_refuses_in_one_line_before_writing(tiny, tmp_path, capsys):
+    from headprune.cli.main import main
+
+    model, _, _ = tiny
+    folder = str(model.origin.folder)
+    for out, said in ((tmp_path / "p", "ending in .gguf"), (tmp_path / "p.gguf", "transformers folder")):
+        code = main(["prune", "--model", folder, "--heads", "L0H1", "--format", "gguf", "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and said in err[0], err
+    assert list(tmp_path.iterdir()) == []
