@@ -154,12 +154,35 @@ def bar_label(variants: list[tuple[str, str]]) -> str:
     return "pruning curves" + (f" ({', '.join(c + '-compensated' for c in kinds)})" if kinds else "")
 
 
+def _curve_rows(runs_of: dict[tuple[str, str, float], list[dict]], base: list[float], n: torch.Tensor,
+                bootstrap: int, seed: int) -> tuple[list[dict], float]:
+    """One row per (method, compensation, fraction) from its runs' per-window NLL sums (random: one run per seed),
+    and the unpruned NLL per token: NLL = Σ sums / Σ n, its mean and std over runs, ΔNLL against ``base`` with its
+    paired bootstrap interval over the windows (``bootstrap`` replicates; NaN with none)."""
+    counts = window_counts(len(base), bootstrap, seed) if bootstrap else None
+    base_nll = sum(base) / float(n.sum())
+    rows = []
+    for (m, c, f), runs in runs_of.items():
+        nll = np.array([sum(r["sums"]) for r in runs]) / float(n.sum())
+        ppl = np.exp(nll)
+        std = (lambda x, m=m: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
+        lo, hi = (delta_interval([r["sums"] for r in runs], base, n, counts, seed + 1) if counts is not None
+                  else (math.nan, math.nan))
+        rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
+                     "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
+                     "delta_nll": float(nll.mean() - base_nll), "delta_ppl": float(ppl.mean() - math.exp(base_nll)),
+                     "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
+                     "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
+    return rows, base_nll
+
+
 def pruning_curves(
     model: HeadModel,
     ids: torch.Tensor,
     scores: pd.DataFrame,
     # (ranking, "none" | "mean" | "optimal"); ranking: a method, "<method>@layer", "random"
     variants: list[tuple[str, str]],
+    *,
     options: CurveOptions,
     compensation: Compensation = NO_COMPENSATION,
     progress: Progress | NoProgress | None = None,
@@ -225,22 +248,9 @@ def pruning_curves(
             for s in (range(seed, seed + options.seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc=bar_label(variants), disable=not show_progress, leave=False)
     results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
-    counts = window_counts(len(base), options.bootstrap, seed) if options.bootstrap else None
-    base_nll = sum(base) / float(n.sum())
-    rows = []
-    for m, c in variants:
-        for f in options.fractions:
-            runs = [results[_key(job, recover_steps)] for job in jobs if job[:3] == (m, c, f)]
-            nll = np.array([sum(r["sums"]) for r in runs]) / float(n.sum())
-            ppl = np.exp(nll)
-            std = (lambda x, m=m: float(x.std(ddof=1)) if len(x) > 1 else (0.0 if m == RANDOM else math.nan))
-            lo, hi = (delta_interval([r["sums"] for r in runs], base, n, counts, seed + 1) if counts is not None
-                      else (math.nan, math.nan))
-            rows.append({"method": m, "compensation": c, "fraction": f, "heads_pruned": runs[0]["heads_pruned"],
-                         "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
-                         "delta_nll": float(nll.mean() - base_nll), "delta_ppl": float(ppl.mean() - math.exp(base_nll)),
-                         "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
-                         "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
+    runs_of = {(m, c, f): [results[_key(job, recover_steps)] for job in jobs if job[:3] == (m, c, f)]
+               for m, c in variants for f in options.fractions}
+    rows, base_nll = _curve_rows(runs_of, base, n, options.bootstrap, seed)
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
     if recovery is not None:
         df[RECOVER_COLUMN] = recover_steps
