@@ -1,6 +1,6 @@
 """What llama.cpp calls a family's model and tensors, and what its converter changed: the GGUF part of a family's
 record (:attr:`headprune.models.families.ModelFamily.gguf`). :mod:`headprune.io.read.gguf` undoes it when it reads
-a GGUF file; a writer redoes it.
+a GGUF file; a writer redoes it (its ``metadata`` writes the family's own keys).
 
 * ``permute_qk`` (``llama``): the rows of q and k are permuted for llama.cpp's rotary layout,
   (h, 2, d_k/2, d) -> (h, d_k/2, 2, d).
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from headprune.errors import HeadpruneError
 
 #: llama.cpp's tensor name inside ``blk.{l}.`` -> transformers' inside ``model.layers.{l}.``
 BLOCK_NAMES = {
@@ -48,6 +50,34 @@ def _gemma3_config(meta: Any, hf: dict, rope: dict) -> dict:
             "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]}
 
 
+def _decoder_metadata(cfg: Any) -> dict[str, Any]:
+    """A Llama-like model's rope keys: its whole head rotated, the default or linear scaling."""
+    rope = cfg.rope_scaling or {}
+    meta = {"rope.dimension_count": cfg.d_head, "rope.freq_base": cfg.rope_theta}
+    if rope.get("rope_type", "default") == "linear":
+        meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(rope["factor"])}
+    elif rope.get("rope_type", "default") != "default":
+        raise HeadpruneError(f"the model's rope scaling {rope.get('rope_type')!r} is not written to GGUF by headprune "
+                             "(default and linear only)")
+    return meta
+
+
+def _gemma3_metadata(cfg: Any) -> dict[str, Any]:
+    """Gemma 3's keys; what llama.cpp fixes rather than reads (one full-attention layer in six, the score scale
+    1/√d_k, no final soft-capping) checked."""
+    pattern = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(cfg.n_layers)]
+    full, local = cfg.rope["full_attention"], cfg.rope["sliding_attention"]
+    if cfg.layer_types != pattern or cfg.query_pre_attn_scalar != cfg.d_head or cfg.final_logit_softcapping \
+            or local.get("rope_type", "default") != "default":
+        raise HeadpruneError("llama.cpp's gemma3 fixes one full-attention layer in six, scores scaled by 1/√d_k, "
+                             "no logit soft-capping and a plain local rope; this Gemma 3 model differs")
+    meta = {"attention.sliding_window": cfg.sliding_window, "rope.freq_base": float(full["rope_theta"]),
+            "rope.freq_base_swa": float(local["rope_theta"])}
+    if full.get("rope_type", "default") == "linear":
+        meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])}
+    return meta
+
+
 @dataclass(frozen=True)
 class GgufArch:
     """One family in llama.cpp's terms."""
@@ -58,8 +88,16 @@ class GgufArch:
     ffn_norm: str = "post_attention_layernorm"  # what llama.cpp's ffn_norm is in transformers
     rope_theta_default: float = 10_000.0  # llama.cpp's rope.freq_base where the file has none
     bias_switch: bool = False  # q/k/v/o biases come from config.attention_bias (set where attn_q.bias exists)
+    # what llama.cpp's graph of it runs: any uniform head count (qwen2: only h·d_k = d, so unpruned only), an
+    # uneven prune as ``deci`` (Llama without q/k/v biases), an attn_output bias, sliding-window layers
+    uniform_prunes: bool = True
+    uneven_as_deci: bool = False
+    output_bias: bool = False
+    sliding_windows: bool = False
     # (GGUF metadata, the shared config keys, the rope parameters) -> the family's own config keys
     config: Callable[[Any, dict, dict], dict] = field(default=_decoder_config, compare=False)
+    # (the model's config) -> the family's own ``{arch}.*`` keys a writer adds (rope; Gemma's windows)
+    metadata: Callable[[Any], dict] = field(default=_decoder_metadata, compare=False)
 
     def hf_name(self, name: str) -> str | None:
         """transformers' key of a GGUF tensor name (None: not a weight transformers has)."""
@@ -73,8 +111,8 @@ class GgufArch:
         return None
 
 
-LLAMA = GgufArch("llama", permute_qk=True, bias_switch=True)
-QWEN2 = GgufArch("qwen2", config=_qwen2_config)
+LLAMA = GgufArch("llama", permute_qk=True, bias_switch=True, uneven_as_deci=True, output_bias=True)
+QWEN2 = GgufArch("qwen2", config=_qwen2_config, uniform_prunes=False)
 QWEN3 = GgufArch("qwen3", bias_switch=True)
 GEMMA3 = GgufArch("gemma3", norm_offset=1.0, ffn_norm="pre_feedforward_layernorm", rope_theta_default=1_000_000.0,
-                  config=_gemma3_config)
+                  config=_gemma3_config, metadata=_gemma3_metadata, sliding_windows=True)

@@ -39,11 +39,10 @@ from headprune.io.write.export_folder import LICENCE_FILES
 from headprune.io.write.gguf_layout import GgufAttention, padded_layer, permute_rotary, uniform_layer
 from headprune.io.write.gguf_types import DEFAULT_GGUF_TYPE, GGUF_TYPES
 from headprune.models.base import HeadModel
-from headprune.models.families import model_type
+from headprune.models.families import GGUF_ARCHITECTURES, gguf_arch, model_type
 from headprune.models.gguf_names import BLOCK_NAMES, TOP_NAMES
 from headprune.models.llama import Attention
 
-_SOURCE_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 _NOT_COPIED = ("general.architecture", "general.file_type", "general.quantization_version")
 
 
@@ -72,34 +71,36 @@ class GgufPlan:
 
 def check_exportable(model: HeadModel, source: str | os.PathLike | None = None) -> Path:
     """Before any work: the model's family has a GGUF form and its tokenizer source is found (returned)."""
-    _check_family(model_type(model))
+    _gguf_form(model_type(model))
     return source_gguf(model, source)
 
 
-def _check_family(kind: str) -> None:
-    if kind not in _SOURCE_ARCH:
+def _gguf_form(kind: str):
+    """The family record's llama.cpp form of ``kind``; HeadpruneError where it has none."""
+    if kind not in GGUF_ARCHITECTURES.values():
         raise HeadpruneError(f"llama.cpp has no GGUF form of headprune's {kind} models (GGUF export: "
-                             f"{', '.join(_SOURCE_ARCH)})")
+                             f"{', '.join(GGUF_ARCHITECTURES.values())})")
+    return gguf_arch(kind)
 
 
 def gguf_plan(model: HeadModel) -> GgufPlan:
     """The architecture and layer layout of ``model``'s GGUF, or HeadpruneError where llama.cpp cannot run it."""
     kind = model_type(model)
-    _check_family(kind)
+    form = _gguf_form(kind)
     cfg = model.cfg
-    if any(getattr(cfg, "sliding_windows", [])) and kind != "gemma3_text":
+    if any(getattr(cfg, "sliding_windows", [])) and not form.sliding_windows:
         raise HeadpruneError(f"this {kind} model has sliding-window layers, which llama.cpp's {kind} does not have")
     pruned = cfg.is_pruned
-    if not pruned or (is_uniform(model) and kind != "qwen2"):
-        arch = _SOURCE_ARCH[kind]
+    if not pruned or (is_uniform(model) and form.uniform_prunes):
+        arch = form.name
         plan = GgufPlan(arch, [uniform_layer(cast(Attention, blk.attn)) for blk in model.h])
-        if arch != "llama" and any(layer.b_o is not None for layer in plan.layers):
+        if not form.output_bias and any(layer.b_o is not None for layer in plan.layers):
             raise HeadpruneError(f"llama.cpp's {arch} has no attention output bias for the compensation constant "
                                  "in b_O; prune with --compensate none (or export --format native)")
         return plan
-    if kind != "llama" or getattr(cfg, "qkv_bias", False):
-        why = "qwen2 needs h·d_k = d in llama.cpp" if kind == "qwen2" else "only Llama models without q/k/v biases " \
-              "have llama.cpp's per-layer form (deci)"
+    if not form.uneven_as_deci or getattr(cfg, "qkv_bias", False):
+        why = (f"{form.name} needs h·d_k = d in llama.cpp" if not form.uniform_prunes else
+               "only Llama models without q/k/v biases have llama.cpp's per-layer form (deci)")
         raise HeadpruneError(f"llama.cpp cannot run this {kind} prune: {why}; prune with --uniform (the same head "
                              "counts in every layer)")
     return GgufPlan("deci", [padded_layer(cast(Attention, blk.attn), keep_empty=layer == 0)
@@ -161,8 +162,8 @@ def _tensors(model: HeadModel, plan: GgufPlan) -> dict[str, Tensor]:
     from headprune.models.families import family_of
 
     family, kind = family_of(model), model_type(model)
-    norm_offset = 1.0 if family.norm == "rms 1+w" else 0.0
-    permute = kind == "llama"
+    form = gguf_arch(kind)
+    norm_offset, permute = form.norm_offset, form.permute_qk
     out: dict[str, Tensor] = {}
     for key, t in model.state_dict().items():
         if key.endswith(_PLANNED) or key.endswith("inv_freq") or not t.is_floating_point():
@@ -200,32 +201,7 @@ def _arch_metadata(model: HeadModel, plan: GgufPlan) -> dict[str, Any]:
         "feed_forward_length": cfg.d_mlp, "attention.head_count": heads[0] if uniform else heads,
         "attention.head_count_kv": kv[0] if uniform else kv, "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
         "attention.key_length": cfg.d_head, "attention.value_length": cfg.d_head, "vocab_size": cfg.vocab_size}
-    if plan.arch == "gemma3":
-        return meta | _gemma3_metadata(cfg)
-    rope = cfg.rope_scaling or {}
-    meta |= {"rope.dimension_count": cfg.d_head, "rope.freq_base": cfg.rope_theta}
-    if rope.get("rope_type", "default") == "linear":
-        meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(rope["factor"])}
-    elif rope.get("rope_type", "default") != "default":
-        raise HeadpruneError(f"the model's rope scaling {rope.get('rope_type')!r} is not written to GGUF by headprune "
-                             "(default and linear only)")
-    return meta
-
-
-def _gemma3_metadata(cfg: Any) -> dict[str, Any]:
-    """Gemma 3's keys; what llama.cpp fixes rather than reads (one full-attention layer in six, the score scale
-    1/√d_k, no final soft-capping) checked."""
-    pattern = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(cfg.n_layers)]
-    full, local = cfg.rope["full_attention"], cfg.rope["sliding_attention"]
-    if cfg.layer_types != pattern or cfg.query_pre_attn_scalar != cfg.d_head or cfg.final_logit_softcapping \
-            or local.get("rope_type", "default") != "default":
-        raise HeadpruneError("llama.cpp's gemma3 fixes one full-attention layer in six, scores scaled by 1/√d_k, "
-                             "no logit soft-capping and a plain local rope; this Gemma 3 model differs")
-    meta = {"attention.sliding_window": cfg.sliding_window, "rope.freq_base": float(full["rope_theta"]),
-            "rope.freq_base_swa": float(local["rope_theta"])}
-    if full.get("rope_type", "default") == "linear":
-        meta |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(full["factor"])}
-    return meta
+    return meta | gguf_arch(model_type(model)).metadata(cfg)
 
 
 def _add_metadata(writer: Any, arch: str, values: dict[str, Any]) -> None:
