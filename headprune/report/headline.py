@@ -29,7 +29,7 @@ from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
-SUM_OF_SINGLES = "a sum of single ablations, each head removed alone, not the layer's heads removed together"
+SUM_OF_SINGLES = "single ablations summed"
 DETAIL = 2  # more untrusted scores than this: one range of ρ and of the intervals instead of each
 
 
@@ -68,12 +68,12 @@ def heads_answer(scores: pd.DataFrame) -> str | None:
         return None
     totals = layer_totals(scores)
     total, n = float(totals.sum()), int(scores[TRUTH].notna().sum())
-    text = (f"The heads that matter most: {names(list(top['head_id']))}, largest first by {TRUTH} (the NLL "
-            "increase when that head alone is zero-ablated).")
+    text = (f"The heads that matter most by {TRUTH} (the NLL increase when the head alone is zero-ablated): "
+            f"{names(list(top['head_id']))}.")
     layer, value = int(totals.index[0]), float(totals.iloc[0])
     if total > 0 and (totals >= 0).all():
-        text += (f" Layer {layer} holds {value / total:.0%} of the total, where the total is {TRUTH} summed over all "
-                 f"{n} heads (layer {layer}: {value:.3f} of {total:.3f} nats/token; {SUM_OF_SINGLES}).")
+        text += (f" Layer {layer} holds {value / total:.0%} of {TRUTH} summed over all {n} heads ({value:.3f} of "
+                 f"{total:.3f} nats/token; {SUM_OF_SINGLES}).")
     else:
         text += f" Layer {layer} has the largest sum of {TRUTH} ({value:.3f} nats/token)."
     return text
@@ -194,15 +194,22 @@ def within_layer_flips(pred: pd.DataFrame) -> dict[tuple[int, int], list[tuple[s
     return out
 
 
+SIDE_WORDS = {1: "above 0", -1: "below 0", 0: "reaching 0"}
+
+
 def within_sentence(pred: pd.DataFrame) -> str | None:
-    """Where the within-layer ρ flips the global verdict (both 95% intervals against 0), named with its values."""
+    """Where the within-layer ρ flips the global verdict (both 95% intervals against 0): the scores of each kind of
+    flip named together with the span of their within-layer ρ (their own values: the predictiveness table)."""
     flips = within_layer_flips(pred)
     if not flips:
         return None
-    parts = [FLIPS[key].format(t=TRUTH) + ": " + ", ".join(
-        f"{m} (within-layer ρ {rho:.2f}, 95% interval {lo:.2f} to {hi:.2f})" for m, rho, lo, hi in rows)
-        for key, rows in flips.items()]
-    return "Compared within each layer only, the verdict changes; these " + "; these ".join(parts) + "."
+    parts = []
+    for key, rows in flips.items():
+        rhos = [rho for _, rho, _, _ in rows]
+        span = f"{min(rhos):.2f}" if f"{min(rhos):.2f}" == f"{max(rhos):.2f}" else f"{min(rhos):.2f} to {max(rhos):.2f}"
+        parts.append(f"{names([m for m, _, _, _ in rows])} {FLIPS[key].format(t=TRUTH)} (within-layer ρ {span}, "
+                     f"{'its' if len(rows) == 1 else 'every'} 95% interval {SIDE_WORDS[key[1]]})")
+    return "Compared within each layer only, the verdict changes: " + "; ".join(parts) + "."
 
 
 def best_layer_ranking(curves: pd.DataFrame) -> str | None:
@@ -238,25 +245,25 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
     if not math.isfinite(base) or base <= 0:
         return None
     layer = best_layer_ranking(curves)
-    rankings = [(best, " (the best ranking: lowest mean ΔNLL up to 50%)")]
-    rankings += [(layer, f" (the best {LAYER_NORMALIZED} ranking)")] if layer is not None and layer != best else []
-    sentences = []
+    rankings = [(best, " (best: lowest mean ΔNLL up to 50%)")]
+    rankings += [(layer, f" (best {LAYER_NORMALIZED})")] if layer is not None and layer != best else []
+    sentences = [f"Perplexity {base:.1f} unpruned."]
     for k, target in enumerate(FINDING_FRACTIONS):
         parts = []
         for method, role in rankings:
             read = _ppl_at(curves, method, target)
             if read is not None:
-                parts.append(f"{method}{role if k == 0 else ''} {base:.1f} → {read[1]:.1f}, {change(read[1], base)}")
+                parts.append(f"{method}{role if k == 0 else ''} {read[1]:.1f}, {change(read[1], base)}")
         rand = _ppl_at(curves, RANDOM, target)
-        parts += [f"random {base:.1f} → {rand[1]:.1f}, {change(rand[1], base)}"] if rand is not None else []
+        parts += [f"random {rand[1]:.1f}, {change(rand[1], base)}"] if rand is not None else []
         where = f"{target:.0%}"
         fraction = _ppl_at(curves, best, target)
         if fraction is not None and abs(fraction[0] - target) > FRACTION_TOL:
             where += f" (nearest point: {fraction[0]:.1%})"
-        sentences.append(f"Pruning {where} of heads, perplexity: {'; '.join(parts)}.")
+        sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
     one = len(rankings) == 1
-    sentences.append(f"{names([m for m, _ in rankings])} {'was' if one else 'were'} chosen on the curves "
-                     f"{'it is' if one else 'they are'} measured on (the same split and tokens): no held-out choice.")
+    sentences.append(f"{names([m for m, _ in rankings])} {'was' if one else 'were'} chosen on the curves that "
+                     f"measure {'it' if one else 'them'}: no held-out choice.")
     return " ".join(sentences)
 
 

@@ -10,7 +10,6 @@ heads, the pruning order, predictiveness, the rest; settings last.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,6 @@ from headprune.report.tables import (
     FRACTION_TOL,
     SUMMARY_FRACTIONS,
     TOP_HEADS,
-    TOP_PERCENT,
     best_method,
     bpb_factor,
     fraction_note,
@@ -36,15 +34,18 @@ from headprune.report.tables import (
     summary_table,
     top_heads,
 )
-from headprune.schema import SCORES_DIGEST, TRUTH
+from headprune.report.views import (
+    PRED_NOTE,
+    per_row,
+    phone_summary,
+    predictiveness_view,
+    settings_frame,
+    value_text,
+)
+from headprune.schema import TRUTH
 
 SCORE_DATA_KEYS = ("score_data", "scoring_data", "data_score")
 EVAL_DATA_KEYS = ("eval_data", "evaluation_data", "data_eval")
-PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "
-             f"roc_auc_top10: ROC-AUC of the score for the top {TOP_PERCENT}% heads by {TRUTH} (ceil, ties to the "
-             "smaller layer/head); *_ci_lo/hi: 95% intervals from 200 bootstrap resamplings of the heads; inverse: "
-             "the ROC-AUC interval lies below 0.5 (the score ranks heads inversely). kind=description: not an "
-             "importance, read its sign as a finding.")
 
 
 @dataclass
@@ -129,12 +130,8 @@ class Section:
 def _setting(settings: dict, keys: tuple[str, ...]) -> str | None:
     for key in keys:
         if settings.get(key) not in (None, ""):
-            return _value_text(settings[key])
+            return value_text(settings[key])
     return None
-
-
-def _value_text(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def number(value) -> str:
@@ -207,34 +204,6 @@ def _best_text(content: Content) -> str:
             f"{sel['delta_nll'].mean():.4g} nats/token)")
 
 
-def flatten(settings: dict, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested dicts as "key.subkey" rows, sorted; lists as comma-separated values; never raw JSON objects."""
-    rows: list[tuple[str, str]] = []
-    for key, value in sorted(settings.items()):
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            rows += flatten(value, name + ".")
-        elif isinstance(value, list):
-            rows.append((name, ", ".join(_value_text(v) for v in value)))
-        else:
-            rows.append((name, "n/a" if value is None else _value_text(value)))
-    return rows
-
-
-PER_RUN_COLUMNS = ("model_fingerprint", SCORES_DIGEST)  # one value per run: in the settings, not in every row
-
-
-def _settings_frame(settings: dict, fingerprint: str) -> pd.DataFrame:
-    """The settings as rows, less the model fingerprint where the Model fact already names it."""
-    rows = [(k, v) for k, v in flatten(settings) if not (k == "model_fingerprint" and v == fingerprint)]
-    return pd.DataFrame(rows, columns=["setting", "value"])
-
-
-def per_row(df: pd.DataFrame) -> pd.DataFrame:
-    """A table for the page without the columns that hold one value per run (the settings show it once)."""
-    return df.drop(columns=[c for c in PER_RUN_COLUMNS if c in df.columns])
-
-
 def score_tables(scores: pd.DataFrame) -> list[Block]:
     """The scores table for the page in two that fit 1400 px: the values, then the 95% intervals (if any), one
     column "lo to hi" per method at one precision (:mod:`.numbers`)."""
@@ -267,14 +236,6 @@ def reproduce_blocks(c: Content) -> list[Block]:
                       "the same default token budget, windows and splits as run):"), Commands(commands["lines"])]
 
 
-def phone_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    """The perplexity at 30% and 50% only, compensation folded into the ranking's name: narrow enough for a phone."""
-    wanted = [c for c in ("ppl@30%", "ppl@50%") if c in summary.columns]
-    name = [m if comp == "none" else f"{m} ({comp}-comp.)" for m, comp in zip(summary["method"],
-                                                                              summary["compensation"])]
-    return pd.DataFrame({"ranking": name, **{c: summary[c].to_numpy() for c in wanted}})
-
-
 def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     """Everything the report says, in order: the headline first, settings and timings last."""
     by_name = {p.name: p for p in pictures}
@@ -296,12 +257,13 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     fractions = " / ".join(f"{f:.0%}" for f in SUMMARY_FRACTIONS)
     order += ([Paragraph(f"Heads removed from each layer at {fractions} of all heads pruned:"), Table(c.layer_counts)]
               if len(c.layer_counts) else [Paragraph("No method could rank the heads.")])
-    predicts: list[Block] = ([Table(c.predictiveness), Paragraph(PRED_NOTE)] if len(c.predictiveness) else
+    predicts: list[Block] = ([Table(predictiveness_view(c.predictiveness)), Paragraph(PRED_NOTE)]
+                             if len(c.predictiveness) else
                              [Paragraph(f"Not computed: the scores have no {TRUTH} column or no other method.")])
     top: list[Block] = [Table(c.top) if len(c.top) else
                         Paragraph(f"Not available: the scores have no {TRUTH} column.")]
     settings: list[Block] = [Facts(c.facts)]
-    settings += [Table(_settings_frame(c.settings, str(c.scores["model_fingerprint"].iloc[0])))] if c.settings else []
+    settings += [Table(settings_frame(c.settings, str(c.scores["model_fingerprint"].iloc[0])))] if c.settings else []
     first: list[Block] = [Answers(c.answers)] if c.answers else []
     first += [curves_pic] if curves_pic else []  # the findings, then the curves: both on the first screen
     lead = [Section("In short", first, lead=True)] if first else []

@@ -374,10 +374,11 @@ def test_run_frees_its_model_before_transformers_loads_the_exports(built, corpus
     are freed first (two full models of a real one would sit in memory at once); the table's numbers unchanged."""
     from headprune import pipeline
     from headprune.pruning import serving
+    from headprune.stages import inputs
     from headprune.stages.settings import RunSettings
 
     loaded, served = [], []
-    monkeypatch.setattr(pipeline, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k)) or loaded[-1])
+    monkeypatch.setattr(inputs, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k)) or loaded[-1])
     measure = serving.measure_serving
 
     def measured(folder, work, check, device):

@@ -61,10 +61,12 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     ids = torch.randint(0, TINY["vocab_size"], (SEQ * WINDOWS,), generator=torch.Generator().manual_seed(5))
     windowing = Windowing(SEQ, SEQ, 2)
     # abl_opt: a fitted fill, held fixed as abl_mean's;
-    # abl_resample: its source windows are drawn from the corpus itself
-    methods = [m for m in DATA_METHODS if m not in ("abl_opt", "abl_resample")]
-    scored = score_heads(model, ids, methods, windowing=windowing, options=ScoringOptions(bootstrap=REPLICATES, seed=9),
-                         show_progress=False)
+    # abl_resample: its source windows are drawn from the corpus itself;
+    # ctx_retrieval: a resampled corpus of random tokens may hold no long-range copy event to score
+    methods = [m for m in DATA_METHODS if m not in ("abl_opt", "abl_resample", "ctx_retrieval")]
+    stream = {"stream_sink": 2, "stream_recent": 6}  # the context scores' streaming heads fit 16-token windows
+    scored = score_heads(model, ids, methods, windowing=windowing,
+                         options=ScoringOptions(bootstrap=REPLICATES, seed=9, **stream), show_progress=False)
     table = scored.table
     assert scored.means is not None
     fills = fill_tensors(model, scored.means)  # abl_mean's fill stays the full-data mean in every replicate
@@ -74,7 +76,7 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     for row in counts.long():
         resampled = torch.cat([windows[w] for w in range(WINDOWS) for _ in range(int(row[w]))])
         replicates.append(score_heads(model, resampled, methods, windowing=windowing,
-                                      options=ScoringOptions(bootstrap=0), show_progress=False).table)
+                                      options=ScoringOptions(bootstrap=0, **stream), show_progress=False).table)
         base = evaluate(model, resampled, Windowing(SEQ, SEQ), progress=False).nll
         mean_ablated.append([evaluate(model, resampled, Windowing(SEQ, SEQ), progress=False,
                                       gates=mask_gates(model, [head]), fills=fills).nll - base

@@ -59,12 +59,12 @@ NORMALISED = re.compile(r"(?:^|\. )([\w@][\w@, ]*?) prune worse than random at 3
                         r"normalised per layer: (.*)\.$")
 VERDICT = re.compile(r"(better than random|within the random band|worse than random) at ([\d% and]+?)(?:, |$)")
 WORDS = {"better than random": "better", "within the random band": "within", "worse than random": "worse"}
-COST = re.compile(r"Pruning (\d+)%(?: \(nearest point: [\d.]+%\))? of heads, perplexity: (.*?)\.(?= Pruning|"
+COST = re.compile(r"Pruning (\d+)%(?: \(nearest point: [\d.]+%\))? of heads: (.*?)\.(?= Pruning|"
                   r" [\w@, ]+ (?:was|were) chosen|$)")
-CHOSEN = re.compile(r"(?:^|\. )([\w@][\w@, ]*?) (?:was|were) chosen on the curves (?:it is|they are) measured "
-                    r"on \(the same split and tokens\): no held-out choice\.$")
-SHARE = re.compile(r"Layer (\d+) holds (\d+)% of the total, where the total is abl_zero summed over all (\d+) heads "
-                   r"\(layer \d+: ([\d.]+) of ([\d.]+) nats/token; a sum of single ablations")
+CHOSEN = re.compile(r"(?:^|\. )([\w@][\w@, ]*?) (?:was|were) chosen on the curves that measure (?:it|them): no "
+                    r"held-out choice\.$")
+SHARE = re.compile(r"Layer (\d+) holds (\d+)% of abl_zero summed over all (\d+) heads \(([\d.]+) of ([\d.]+) "
+                   r"nats/token; single ablations summed")
 
 
 def check_random(sentence: str, curves: pd.DataFrame) -> None:
@@ -106,14 +106,15 @@ def check_normalised(sentence: str, curves: pd.DataFrame) -> None:
 
 
 def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
+    assert text.startswith(f"Perplexity {base:.1f} unpruned. "), text
     found = COST.findall(text)
     assert [int(t) for t, _ in found] == [30, 50], text
     for t, body in found:
         for part in body.split("; "):
-            m = re.match(r"([\w@]+)(?: \(.*\))? ([\d.]+) → ([\d.]+), ([+-][\d.]+)%$", part)
+            m = re.match(r"([\w@]+)(?: \(.*\))? ([\d.]+), ([+-][\d.]+)%$", part)
             assert m, part
             ppl = float(point(curves, m[1], int(t) / 100)["ppl"])
-            assert (m[2], m[3], m[4]) == (f"{base:.1f}", f"{ppl:.1f}", f"{100 * (ppl / base - 1):+.1f}"), part
+            assert (m[2], m[3]) == (f"{ppl:.1f}", f"{100 * (ppl / base - 1):+.1f}"), part
     chosen = CHOSEN.search(text)
     assert chosen, text
     sel = curves[(curves["method"] != "random") & (curves["compensation"] == "none") & (curves["fraction"] > 0)
@@ -138,7 +139,9 @@ FLIP_WORDS = {"rank heads like abl_zero across layers but not within a layer": (
               "rank heads inversely to abl_zero across layers only, not within a layer": (-1, 0),
               "rank heads inversely to abl_zero across layers but like it within a layer": (-1, 1),
               "rank heads inversely to abl_zero within a layer but not across layers": (0, -1)}
-WITHIN_ITEM = re.compile(r"([\w@]+) \(within-layer ρ (-?[\d.]+), 95% interval (-?[\d.]+) to (-?[\d.]+)\)")
+WITHIN_CLAUSE = re.compile(r"(?P<names>[\w@, ]+?) (?P<words>rank heads .+?) \(within-layer ρ (?P<span>[-\d. to]+), "
+                           r"(?:its|every) 95% interval (?P<side>above 0|below 0|reaching 0)\)")
+SIDES = {"above 0": 1, "below 0": -1, "reaching 0": 0}
 
 
 def side(lo: float, hi: float) -> int:
@@ -151,20 +154,24 @@ def check_within(trust: str, pred: pd.DataFrame) -> int:
     rows = pred[pred["method"].map(is_cheap) & (pred["kind"] == "importance")].set_index("method")
     flipped = {m for m, r in rows.iterrows() if side(r.spearman_ci_lo, r.spearman_ci_hi)
                != side(r.within_layer_ci_lo, r.within_layer_ci_hi) and pd.notna(r.within_layer_rho)}
-    m = re.search(r"Compared within each layer only, the verdict changes; (.*?)\.(?= \w|$)", trust)
+    m = re.search(r"Compared within each layer only, the verdict changes: (.*?)\.(?= \w|$)", trust)
     assert bool(m) == bool(flipped), trust
     if not m:
         return 0
     named = set()
-    for clause in m[1].split("; these "):
-        words, _, items = clause.removeprefix("these ").partition(": ")
-        for method, rho, lo, hi in WITHIN_ITEM.findall(items):
+    for clause in m[1].split("; "):
+        c = WITHIN_CLAUSE.fullmatch(clause)
+        assert c, clause
+        methods = re.split(r", | and ", c["names"])
+        for method in methods:
             r = rows.loc[method]
             assert (side(r.spearman_ci_lo, r.spearman_ci_hi), side(r.within_layer_ci_lo, r.within_layer_ci_hi)) == \
-                FLIP_WORDS[words], (method, clause)
-            assert (rho, lo, hi) == (f"{r.within_layer_rho:.2f}", f"{r.within_layer_ci_lo:.2f}",
-                                     f"{r.within_layer_ci_hi:.2f}")
-            named.add(method)
+                FLIP_WORDS[c["words"]], (method, clause)
+            assert SIDES[c["side"]] == FLIP_WORDS[c["words"]][1]
+        rhos = rows.loc[methods, "within_layer_rho"]
+        lo, hi = f"{rhos.min():.2f}", f"{rhos.max():.2f}"
+        assert c["span"] == (lo if lo == hi else f"{lo} to {hi}"), clause
+        named.update(methods)
     assert named == flipped, trust
     return 1
 

@@ -16,8 +16,8 @@ from scipy import stats
 from headprune.errors import HeadpruneError
 from headprune.report import build_report
 from headprune.report.findings import findings
-from headprune.report.render import flatten
 from headprune.report.tables import layer_counts, predictiveness, pruning_order, summary_table
+from headprune.report.views import flatten
 from headprune.schema import check_curves, check_scores, method_family
 
 from report_tables import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores

@@ -63,14 +63,13 @@ def test_heads_named_and_the_layer_share_of_the_total():
     scores = scores_frame()
     text = said(scores, curves_frame())["Which heads matter?"]
     top = scores.sort_values("abl_zero", ascending=False)["head_id"].tolist()[:5]
-    assert f"{', '.join(top[:4])} and {top[4]}, largest first by abl_zero" in text
+    assert f"zero-ablated): {', '.join(top[:4])} and {top[4]}." in text
     sums = {layer: sum(v for lay, v in zip(scores["layer"], scores["abl_zero"]) if lay == layer)
             for layer in range(LAYERS)}
     best = max(sums, key=sums.get)
     total = sum(sums.values())
-    assert f"Layer {best} holds {sums[best] / total:.0%} of the total, where the total is abl_zero summed over " \
-           f"all {N} heads (layer {best}: {sums[best]:.3f} of {total:.3f} nats/token; a sum of single ablations, " \
-           "each head removed alone, not the layer's heads removed together)." in text
+    assert f"Layer {best} holds {sums[best] / total:.0%} of abl_zero summed over all {N} heads ({sums[best]:.3f} " \
+           f"of {total:.3f} nats/token; single ablations summed)." in text
 
 
 def test_layer_share_left_out_when_a_layer_sums_below_zero():
@@ -128,13 +127,14 @@ def test_perplexity_cost_at_30_and_50_percent_next_to_random():
 
     def part(method, fraction):
         p = ppl(method, fraction)
-        return f"{base:.1f} → {p:.1f}, {100 * (p / base - 1):+.1f}%"
+        return f"{p:.1f}, {100 * (p / base - 1):+.1f}%"
 
     at30, at50 = 10 / N, 16 / N
-    assert (f"Pruning 30% (nearest point: 31.2%) of heads, perplexity: taylor (the best ranking: lowest mean ΔNLL up "
-            f"to 50%) {part('taylor', at30)}; wo_fro@layer (the best @layer ranking) {part('wo_fro@layer', at30)}; "
+    assert text.startswith(f"Perplexity {base:.1f} unpruned. ")
+    assert (f"Pruning 30% (nearest point: 31.2%) of heads: taylor (best: lowest mean ΔNLL up "
+            f"to 50%) {part('taylor', at30)}; wo_fro@layer (best @layer) {part('wo_fro@layer', at30)}; "
             f"random {part('random', at30)}.") in text
-    assert (f"Pruning 50% of heads, perplexity: taylor {part('taylor', at50)}; wo_fro@layer "
+    assert (f"Pruning 50% of heads: taylor {part('taylor', at50)}; wo_fro@layer "
             f"{part('wo_fro@layer', at50)}; random {part('random', at50)}.") in text
     assert best_layer_ranking(curves) == "wo_fro@layer"
 
