@@ -28,7 +28,8 @@ def nats(value: float) -> str:
     return f"{value:.3f}"
 
 
-def _names(items: list[str]) -> str:
+def names(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -117,7 +118,7 @@ def random_sentence(curves: pd.DataFrame, target: float) -> str | None:
     else:
         text = f"{where}, no score beats {band}"
     if worse:
-        text += f"; {_names(worse)} {'is' if len(worse) == 1 else 'are'} worse than random"
+        text += f"; {names(worse)} {'is' if len(worse) == 1 else 'are'} worse than random"
     return text + "."
 
 
@@ -141,8 +142,8 @@ def inverse_sentence(pred: pd.DataFrame) -> str | None:
     if across.empty:
         return text
     them = list(across["method"])
-    return (f"{text[:-1]}; within a layer, {_names(them)} {'does' if len(them) == 1 else 'do'} not (within-layer ρ "
-            f"{_span(across['within_layer_rho'])}, {'its' if len(them) == 1 else 'every'} 95% interval reaching 0 "
+    return (f"{text[:-1]}; within a layer, {names(them)} {'does' if len(them) == 1 else 'do'} not (within-layer ρ "
+            f"{span(across['within_layer_rho'])}, {'its' if len(them) == 1 else 'every'} 95% interval reaching 0 "
             "or above): the inverse order is one of layers, not of heads within a layer.")
 
 
@@ -157,16 +158,18 @@ def _inverse_sentence(pred: pd.DataFrame) -> str | None:
     if len(inverse) <= INVERSE_DETAIL:
         parts = [f"{r.method} (ρ {r.spearman_rho:.2f}, ROC-AUC {r.roc_auc_top10:.2f})" for r in inverse.itertuples()]
         verb, them = ("ranks", "it") if len(parts) == 1 else ("rank", "them")
-        return f"{_names(parts)} {verb} heads inversely to {TRUTH} ({test}): pruning by {them} removes important " \
+        return f"{names(parts)} {verb} heads inversely to {TRUTH} ({test}): pruning by {them} removes important " \
                "heads early."
     rho, auc = inverse["spearman_rho"], inverse["roc_auc_top10"]
-    return (f"{_names(list(inverse['method']))} rank heads inversely to {TRUTH} ({test}; here ρ {_span(rho)}, "
-            f"ROC-AUC {_span(auc)}): pruning by them removes important heads early.")
+    return (f"{names(list(inverse['method']))} rank heads inversely to {TRUTH} ({test}; here ρ {span(rho)}, "
+            f"ROC-AUC {span(auc)}): pruning by them removes important heads early.")
 
 
-def _span(values: pd.Series) -> str:
-    lo, hi = float(values.min()), float(values.max())
-    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
+def span(values) -> str:
+    """The span of ``values`` (a sequence or Series; NaN skipped) at 2 decimals: ``lo to hi``, or one number
+    where both read the same."""
+    lo, hi = f"{float(np.nanmin(values)):.2f}", f"{float(np.nanmax(values)):.2f}"
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 COMPENSATION_WORDS = {"mean": "Mean compensation (the pruned heads' mean output folded into the bias)",

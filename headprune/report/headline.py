@@ -24,17 +24,22 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.report.findings import BEATS, FINDING_FRACTIONS, WITHIN, WORSE, layer_totals, verdict
+from headprune.report.findings import (
+    BEATS,
+    FINDING_FRACTIONS,
+    WITHIN,
+    WORSE,
+    layer_totals,
+    names,
+    span,
+    verdict,
+)
 from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
 SUM_OF_SINGLES = "single ablations summed"
 DETAIL = 2  # more untrusted scores than this: one range of ρ and of the intervals instead of each
-
-
-def names(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 class Rho(NamedTuple):
@@ -205,9 +210,8 @@ def within_sentence(pred: pd.DataFrame) -> str | None:
         return None
     parts = []
     for key, rows in flips.items():
-        rhos = [rho for _, rho, _, _ in rows]
-        span = f"{min(rhos):.2f}" if f"{min(rhos):.2f}" == f"{max(rhos):.2f}" else f"{min(rhos):.2f} to {max(rhos):.2f}"
-        parts.append(f"{names([m for m, _, _, _ in rows])} {FLIPS[key].format(t=TRUTH)} (within-layer ρ {span}, "
+        parts.append(f"{names([m for m, _, _, _ in rows])} {FLIPS[key].format(t=TRUTH)} (within-layer ρ "
+                     f"{span([rho for _, rho, _, _ in rows])}, "
                      f"{'its' if len(rows) == 1 else 'every'} 95% interval {SIDE_WORDS[key[1]]})")
     return "Compared within each layer only, the verdict changes: " + "; ".join(parts) + "."
 
