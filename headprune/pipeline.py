@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from headprune.cost import run_lines
 from headprune.errors import HeadpruneError
 from headprune.io.work.distributed import is_main, progress_files
 from headprune.io.work.files import check_writable, ensure_dir, write_text
@@ -37,7 +38,7 @@ from headprune.schema import (
 from headprune.scoring import HeadScores, ScoringOptions, score_heads
 from headprune.stages.compensation import compensation_stage
 from headprune.stages.inputs import RunInputs, load_inputs
-from headprune.stages.settings import RunSettings, rankings_of, settings_fields
+from headprune.stages.settings import RunSettings, rankings_of, run_plan, settings_fields
 
 
 def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = False):
@@ -192,11 +193,6 @@ def _scoring(run: Run, methods: list[str]) -> HeadScores:
     s, model, windowing, score_ids = run.s, run.inputs.model, run.inputs.windowing, run.inputs.score_ids
     run.stage("scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "
                          f"(validation split), {len(score_ids):,} tokens")
-    if not run.quiet:
-        from headprune.cost import scoring_lines
-
-        for line in scoring_lines(model, methods, len(score_ids), windowing.seq_len):
-            run.log(f"      {line}")
     t0 = time.perf_counter()
     scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
     scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=run.progress,
@@ -266,6 +262,9 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         run.log(inputs.budget.line(DEFAULT_MAX_TOKENS))
     if inputs.patch_note is not None:
         run.log(inputs.patch_note)
+    if not quiet:
+        for line in run_lines(inputs.model, run_plan(s), len(inputs.score_ids), inputs.windowing, methods):
+            run.log(line)
     run.stage("ledger", f"parameters and shapes -> {out / 'ledger.txt'}")
     scored, results, best = _measure(run, methods, ranked)
     settings = run_settings(s, methods, inputs, fingerprint, best, run.seconds, scored)

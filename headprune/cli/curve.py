@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> None:
                               score_tokens=token_digest(score_ids) if score_ids is not None else None,
                               gate_steps=args.gate_steps if learned else None,
                               gate_lr=args.gate_lr if learned else None)
+    if not args.quiet:
+        _print_estimate(args, model, variants, fractions, ids, score_ids, w)
     progress = sweep_progress(args, out, settings)
     streams = Streams(ids, score_ids, train_ids, w)
     curves, fill_data = _measure(args, model, scores, variants, fractions, streams, progress)
@@ -108,6 +110,22 @@ def run(args: argparse.Namespace) -> None:
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"-> {out}")
+
+
+def _print_estimate(args: argparse.Namespace, model, variants, fractions, ids, score_ids, w) -> None:
+    """What the curves will cost here: a forward per pruned model (each ranking at each fraction above 0, random
+    once per seed) and the mean fills' forward; gate training and --recover said to be left out."""
+    from headprune.cost import Pace, estimate_curves
+    from headprune.schema import RANDOM
+
+    steps = sum(1 for f in fractions if f > 0)
+    points = sum(args.seeds if m == RANDOM else 1 for m, _ in variants) * steps
+    fill_tokens = len(score_ids) if args.compensate == "mean" and score_ids is not None else 0
+    line = estimate_curves(model, points, len(ids), w.seq_len, Pace.here(model, w.seq_len), fill_tokens).line()
+    left_out = [what for what, on in (("gate training", any(m == "gate" for m, _ in variants)),
+                                      ("the optimal fills' fit", args.compensate == "optimal"),
+                                      ("--recover's training", bool(args.recover))) if on]
+    print(line + (f"; not counted: {', '.join(left_out)}" if left_out else ""))
 
 
 def curve_methods(args: argparse.Namespace, scores) -> list[str]:

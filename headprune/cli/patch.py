@@ -101,6 +101,13 @@ def run(args: argparse.Namespace) -> None:
                 "pair_tokens": [pairs.clean.tolist(), pairs.corrupt.tolist()], "seed": args.seed,
                 "metric": args.metric, "direction": args.direction, "activations": list(options.activations),
                 "by_position": args.by_position, "fold_value_bias": args.fold_value_bias}
+    if not (args.quiet or args.json):
+        from headprune.cost import Pace, estimate_patching
+
+        prompt_len = pairs.clean.shape[1]
+        pace = Pace.here(model, prompt_len, len(pairs))  # the pairs run batched
+        print(estimate_patching(model, len(pairs), prompt_len, len(options.activations), len(options.approximations),
+                                options.bound_subsets, pace, args.by_position).line())
     progress = sweep_progress(args, out, settings)
     study, report = patch_stage(model, pairs, options, task=args.task, progress=progress,
                                 quiet=getattr(args, "quiet", False), by_position=args.by_position)

@@ -50,6 +50,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=VERIFY_ROUNDS,
                    help="rounds of --verify heads ablated exactly: the estimate's top, then those the bound leaves "
                         "most open (the largest upper bounds)")
+    p.add_argument("--exact-sweep", choices=("auto", "never"), default="auto",
+                   help="auto: where the cost model says ablating every head exactly costs less than verifying "
+                        "(few heads), ablate every head instead (the same table, every head verified, bound 0); "
+                        "never: always verify")
     add_seed_arg(p, "seed of the subsets")
     add_ablation_rows_arg(p)
     add_run_flags(p, "output table, .csv or .parquet (its summary is written beside it as .json)")
@@ -60,10 +64,10 @@ def run(args: argparse.Namespace) -> None:
     import json
 
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
-    from headprune.cost import duration, seconds_per_fe, verify_fe
+    from headprune.cost import Pace, duration, estimate_verify
     from headprune.io.work.files import read_scores, write_json
     from headprune.scoring import ScoringOptions, score_heads
-    from headprune.scoring.verified import Verification, verify_ranking
+    from headprune.scoring.verified import Verification, exact_ranking, verify_ranking
 
     out = table_output(args)
     scores = read_scores(args.scores) if args.scores is not None else None
@@ -89,16 +93,15 @@ def run(args: argparse.Namespace) -> None:
         from headprune.pruning.selection import check_scores_match
 
         check_scores_match(scores, model, args.scores)
+    verifying, sweep = estimate_verify(model, w.seq_len, len(ids), k, args.bound_subsets, Pace.here(model, w.seq_len),
+                                       estimate=scores is None, rounds=args.rounds)
+    exact = args.exact_sweep == "auto" and sweep.total <= verifying.total  # few heads: the sweep is the cheaper
     if not args.json:
         print(data_line("data", args.data, args.split, ids, w))
-        fe = verify_fe(model, w.seq_len, k, args.bound_subsets, estimate=scores is None, rounds=args.rounds)
-        seconds = fe["total"] * seconds_per_fe(model, w.seq_len, len(ids))
-        print(f"estimated time: {duration(seconds)} on {len(ids):,} tokens ({fe['total']:.0f} forward passes' worth; "
-              f"the exact sweep of every head: {fe['sweep']:.0f})")
-        if fe["total"] >= fe["sweep"]:  # few heads: every head ablated exactly costs less than checking a ranking
-            print(f"note: on this model the exact sweep ({fe['sweep']:.0f} forward passes' worth) costs less than "
-                  f"verifying ({fe['total']:.0f}); headprune score --methods {args.method} gives every head's exact "
-                  "value")
+        if exact:
+            print(f"the exact sweep of every head costs less here than verifying (about {duration(sweep.total)} "
+                  f"against {duration(verifying.total)}): ablating every head exactly (--exact-sweep never verifies)")
+        print((sweep if exact else verifying).line())
     settings = sweep_settings(args, model, ids, w, "verify", method=args.method, estimate=args.estimate,
                               scores=None if scores is None else scores[args.estimate].tolist(), verify=k,
                               subsets=args.bound_subsets, inclusion=args.inclusion, seed=args.seed,
@@ -111,9 +114,13 @@ def run(args: argparse.Namespace) -> None:
     else:
         by_head = scores.set_index(["layer", "head"])[args.estimate]
         estimate = by_head.loc[model.head_ids].to_numpy(dtype=float)  # model.head_ids order
-    result = verify_ranking(model, ids, estimate, args.method, estimate_name=args.estimate, verification=verification,
-                            windowing=w, progress=progress,
-                            show_progress=not args.quiet)
+    if exact:
+        result = exact_ranking(model, ids, estimate, args.method, estimate_name=args.estimate, verified=k,
+                               windowing=w, rows=args.ablation_rows, progress=progress, show_progress=not args.quiet)
+    else:
+        result = verify_ranking(model, ids, estimate, args.method, estimate_name=args.estimate,
+                                verification=verification, windowing=w, progress=progress,
+                                show_progress=not args.quiet)
     if not finish_sweep(progress, result.table, out):
         return
     summary = result.summary()
@@ -122,9 +129,14 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(summary | {"out": str(out)}))
         return
     top = result.table[result.table["top"]].sort_values("exact", ascending=False, key=abs)
+    values = ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"]))
+    if exact:
+        print(f"ablated all {len(result.table)} heads exactly; the top {k} by exact {args.method} (nats/token): "
+              f"{values}; no head left unverified (bound 0, recall 1) -> {out}")
+        return
     rounds = "" if args.rounds == 1 else f" and {k * (args.rounds - 1)} more with the largest bounds"
     print(f"verified the {k} heads {args.estimate} ranks first{rounds}; the top {k} by exact {args.method} "
-          "(nats/token): " + ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"])))
+          f"(nats/token): {values}")
     print(f"bound: no unverified head changes the NLL by more than {result.bound:.4f} nats/token "
           f"({result.level:.0%} confidence if effects add up, {result.subsets} subsets; worst {result.worst})")
     print(f"recall of the true top {k} by |{args.method}|: at least {result.recall_lower:.2f} "

@@ -10,6 +10,7 @@ from headprune.cost import (
     REFERENCE_RATE,
     RUN_BUDGET_SECONDS,
     Estimate,
+    Pace,
     RunPlan,
     ablation_fe,
     block_flops,
@@ -56,8 +57,8 @@ def test_ablation_sweep_by_hand(tiny_dir):
 def test_estimate_scales_with_tokens_and_hints_past_ten_minutes(tiny_dir):
     model = load_model(tiny_dir)
     methods = ["wo_fro", "fluct", "grad", "abl_zero"]
-    small = estimate_scoring(model, methods, 1000, 32, rate=1e9)
-    large = estimate_scoring(model, methods, 1_000_000, 32, rate=1e9)
+    small = estimate_scoring(model, methods, 1000, 32, Pace(1e9))
+    large = estimate_scoring(model, methods, 1_000_000, 32, Pace(1e9))
     assert large.total == pytest.approx(1000 * small.total)
     assert small.seconds["gradients"] == pytest.approx(2 * small.seconds["activations"])
     assert small.total < 600 and cheaper_hint(small, methods) is None
@@ -76,9 +77,8 @@ def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
     assert fe["total"] == pytest.approx(2 + 1 + 2 * (sweep - 1) / 12 + 16, rel=1e-12)  # taylor, base, K, R
     two = cost.verify_fe(model, T, verified=2, subsets=16)  # the default: a second round, its own cached forward
     assert two["total"] == pytest.approx(2 + 2 * (1 + 2 * (sweep - 1) / 12) + 16, rel=1e-12)
-    monkeypatch.setattr(cost, "measured_rate", lambda model, seq_len: 1e6)  # slow enough to pass ten minutes
     tokens = 10_000
-    lines = cost.scoring_lines(model, ["grad", "abl_zero"], tokens, T)
+    lines = cost.scoring_lines(model, ["grad", "abl_zero"], tokens, T, Pace(1e6))  # slow enough to pass ten minutes
     want = cost.verify_fe(model, T, 1, 32)["total"] * forward_flops(model, T) * tokens / 1e6  # 10% of 12 -> 1
     assert lines[-1].startswith("or rank by abl_zero without its full sweep: headprune verify --method abl_zero")
     assert lines[-1].endswith(f"takes about {cost.duration(want)}")
@@ -158,3 +158,60 @@ def test_a_model_whose_fixed_stages_overrun_the_target_gets_the_floor():
     floor = run_budget(big, crowded, 8192, None)
     assert (floor.tokens, floor.seq_len) == (1024, 128) and sum(floor.seconds.values()) > RUN_BUDGET_SECONDS
     assert run_budget(big, RUN_PLAN, 8192, None, stride=512).seq_len >= 512
+
+
+def test_the_estimate_is_a_range_around_its_point_in_two_significant_figures():
+    from headprune.cost import ESTIMATE_SPREAD, duration
+
+    assert [duration(s) for s in (41, 99.4, 210, 720, 4320, 7200)] == ["41 s", "99 s", "3.5 min", "12 min",
+                                                                      "72 min", "2.0 h"]
+    est = Estimate("on 10 tokens", {"a": 50.0, "b": 30.0})
+    assert ESTIMATE_SPREAD == 1.5 and (est.low, est.high) == pytest.approx((80 / 1.5, 120.0))
+    assert est.line() == "estimated time: 53 s to 2.0 min (about 80 s) on 10 tokens (a 50 s, b 30 s)"
+    assert Estimate("here", {"a": 80.0}).line() == "estimated time: 53 s to 2.0 min (about 80 s) here"
+
+
+def test_the_rate_is_the_median_of_timed_forwards_after_a_warm_up_and_measured_once(tiny_dir, monkeypatch):
+    """Three timed forwards of 3, 1 and 2 s after an untimed one: the rate is F·batch·T / 2 s (the median, not the
+    fastest); the same model and shape again is not timed again."""
+    from headprune.cost import rate
+
+    model = load_model(tiny_dir)
+    clock = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # start/stop of each timed forward
+    calls = []
+    monkeypatch.setattr(rate.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(rate, "model_nll", lambda m, tokens: calls.append(tuple(tokens.shape)))
+    got = rate.measured_rate(model, 16, batch=4)
+    assert got == forward_flops(model, 16) * 4 * 16 / 2.0
+    assert calls == [(4, 16)] * 4  # the warm-up and three timed
+    assert rate.measured_rate(model, 16, batch=4) == got and len(calls) == 4
+    assert Pace(got, 2).seconds(model, 16, 1000, 3.0) == pytest.approx(3 * forward_flops(model, 16) * 1000 / got / 2)
+
+
+def test_curve_patch_verify_and_run_estimates_by_hand(tiny_dir):
+    from headprune.cost import (
+        estimate_curves,
+        estimate_patching,
+        estimate_run,
+        estimate_verify,
+        patching_fe,
+        verify_fe,
+    )
+
+    model = load_model(tiny_dir)  # 12 heads
+    pace, T, N = Pace(1e9, 2), 32, 4096
+    per_fe = forward_flops(model, T) * N / 2e9
+    curves = estimate_curves(model, 40, N, T, pace, fill_tokens=N // 2)
+    assert curves.seconds == pytest.approx({"curves": 41 * per_fe, "fills": per_fe / 2})
+    sweep = ablation_fe(model, 12)
+    assert patching_fe(model, 12, 1, 2, 64) == pytest.approx(2 + 3 + (sweep - 1) + 128)
+    assert patching_fe(model, 12, 2, 0, 0, by_position=True) == pytest.approx(2 + 2 * (sweep - 1) * 12)
+    patching = estimate_patching(model, 32, 12, 1, 2, 64, pace)
+    assert patching.total == pytest.approx(patching_fe(model, 12, 1, 2, 64) * forward_flops(model, 12) * 384 / 2e9)
+    verifying, exact = estimate_verify(model, T, N, 2, 16, pace)
+    assert verifying.total == pytest.approx(verify_fe(model, T, 2, 16)["total"] * per_fe)
+    assert exact.total == pytest.approx((ablation_fe(model, T) + 2) * per_fe)  # the sweep and taylor's pass
+    assert estimate_verify(model, T, N, 2, 16, pace, estimate=False)[1].total == pytest.approx(
+        ablation_fe(model, T) * per_fe)
+    run = estimate_run(model, RUN_PLAN, N, T, pace)
+    assert run.seconds == pytest.approx(run_seconds(model, RUN_PLAN, N, T, 2e9))
