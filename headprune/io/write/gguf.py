@@ -218,7 +218,7 @@ def _add_metadata(writer: Any, arch: str, values: dict[str, Any]) -> None:
             writer.add_uint32(f"{arch}.{key}", int(value))
 
 
-def _copy_source_metadata(writer: Any, source: Path, vocab_size: int) -> None:
+def copy_source_metadata(writer: Any, source: Path, vocab_size: int) -> None:
     """The source GGUF's ``tokenizer.*`` (vocabulary, merges, special ids, chat template) and ``general.*`` keys."""
     from headprune.io.read.gguf import _open
 
@@ -270,9 +270,10 @@ def export_gguf(model: HeadModel, path: str | os.PathLike, *, gguf_type: str = D
     writer = GGUFWriter(None, plan.arch)
     writer.add_file_type(_FILE_TYPES[gguf_type])
     writer.add_quantization_version(2)
-    _copy_source_metadata(writer, tokenizer, model.cfg.vocab_size)
+    copy_source_metadata(writer, tokenizer, model.cfg.vocab_size)
     _add_metadata(writer, plan.arch, _arch_metadata(model, plan))
-    kept = {"kept_heads": model.cfg.kept_heads, "padded_heads": plan.padded, **(metadata or {})}
+    kept = {"kept_heads": model.cfg.kept_heads, "padded_heads": plan.padded, "n_heads": model.cfg.n_heads,
+            "n_kv_heads": getattr(model.cfg, "n_kv_heads", model.cfg.n_heads), **(metadata or {})}
     writer.add_string("headprune.export", json.dumps(kept, sort_keys=True, default=str))
     for name, t in _tensors(model, plan).items():
         data, raw = _typed(name, t, gguf_type)
