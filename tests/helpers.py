@@ -88,6 +88,8 @@ def save_gqa_family(name: str, folder, vocab: int, seed: int):
         LlamaForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     shape = {"vocab_size": vocab, "num_hidden_layers": 2, "max_position_embeddings": 64, "initializer_range": 0.15}
@@ -96,6 +98,8 @@ def save_gqa_family(name: str, folder, vocab: int, seed: int):
                                                 intermediate_size=64, **shape)),
         "qwen2": (Qwen2ForCausalLM, Qwen2Config(hidden_size=36, num_attention_heads=3, num_key_value_heads=1,
                                                 intermediate_size=40, **shape)),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(hidden_size=48, num_attention_heads=4, num_key_value_heads=2,
+                                                head_dim=10, intermediate_size=40, **shape)),
         "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                                                        head_dim=12, intermediate_size=40, sliding_window=6,
                                                        layer_types=["sliding_attention", "full_attention"], **shape)),

@@ -130,6 +130,23 @@ def test_uneven_prune_of_a_family_without_per_layer_form_names_uniform(tmp_path)
         gguf_plan(pruned)
 
 
+@pytest.mark.parametrize("family, removed", [("qwen2", None),  # llama.cpp's qwen2 needs h·d_k = d: no prune
+                                             ("qwen3", [(0, 1), (0, 3), (1, 0), (1, 2)])])  # 4 over 2: 2 over 2
+def test_tiny_qwen_exports_equal_llama_cpp(family, removed, tmp_path):
+    """Qwen2 (q/k/v biases) unpruned, Qwen3 (q/k norms, head_dim ≠ d/h) unpruned and uniformly pruned, keeping its
+    architecture at the smaller counts: llama.cpp's logits equal headprune's."""
+    folder = tmp_path / family
+    save_gqa_family(family, folder, 300, seed=5)
+    vocab = _vocab_gguf(tmp_path / "vocab.gguf", 300)
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    model = load_model(folder)
+    models = [("full", model)] + ([("pruned", prune_heads(model, removed))] if removed else [])
+    for name, m in models:
+        path = export_gguf(m, tmp_path / f"{name}.gguf", gguf_type="f32", source=vocab)
+        diff, top = _compare(m, path, ids)
+        assert _arch(path) == family and diff < 1e-4 * max(top, 1.0), (name, diff, top)
+
+
 # Real weights: the packaged models (their GGUF is the tokenizer source).
 
 @pytest.fixture(scope="module")
