@@ -128,6 +128,11 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(summary | {"out": str(out)}))
         return
+    _print_result(args, result, k, exact, out)
+
+
+def _print_result(args: argparse.Namespace, result, k: int, exact: bool, out) -> None:
+    """The claimed top K with their exact values, then (when verified) the bound and the certified recall."""
     top = result.table[result.table["top"]].sort_values("exact", ascending=False, key=abs)
     values = ", ".join(f"{h} {v:+.4f}" for h, v in zip(top["head_id"], top["exact"]))
     if exact:

@@ -40,7 +40,8 @@ from headprune.io.read.gguf_deci import (
     DECI_ATTENTION,
     DeciAsLlama,
     DeciRecord,
-    deci_config,
+    check_deci_shapes,
+    deci_fields,
     deci_tensor,
     fill_emptied_layers,
 )
@@ -164,6 +165,28 @@ def _open(path: Path) -> Any:
                              "fetch it again") from None
 
 
+#: Keys of a source GGUF that an export or a tokenizer copy writes itself rather than copies.
+_NOT_COPIED = ("general.architecture", "general.file_type", "general.quantization_version")
+
+
+def copy_source_metadata(writer: Any, source: Path, vocab_size: int) -> None:
+    """The source GGUF's ``tokenizer.*`` (vocabulary, merges, special ids, chat template) and ``general.*`` keys
+    into ``writer`` (a GGUF export, or the tokenizer copy of a deci file), its vocabulary checked against
+    ``vocab_size``."""
+    reader = _open(source)
+    fields = reader.fields
+    if "tokenizer.ggml.model" not in fields or "tokenizer.ggml.tokens" not in fields:
+        raise HeadpruneError(f"{source} has no tokenizer metadata (tokenizer.ggml.*); a GGUF export needs one")
+    n_tokens = len(fields["tokenizer.ggml.tokens"].data)
+    if n_tokens != vocab_size:
+        raise HeadpruneError(f"the tokenizer of {source} has {n_tokens} tokens, the model {vocab_size} embedding rows; "
+                             "pass the GGUF the model was made from")
+    for key, field in fields.items():
+        if key.startswith(("tokenizer.", "general.")) and key not in _NOT_COPIED:
+            sub = field.types[-1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+
+
 def _state(reader: Any, arch: GgufArch, hf: dict, deci: DeciRecord | None = None) -> dict[str, torch.Tensor]:
     """The dequantized tensors under transformers' names; a headprune ``deci`` export's attention reduced to its
     kept heads (:mod:`headprune.io.read.gguf_deci`)."""
@@ -214,8 +237,6 @@ def _tokenizer(path: Path, out: Path, vocab_size: int, deci: bool = False) -> No
     if deci:
         from gguf import GGUFWriter
 
-        from headprune.io.write.gguf import copy_source_metadata
-
         source = out / "tokenizer-source.gguf"
         writer = GGUFWriter(str(source), "llama")
         copy_source_metadata(writer, path, vocab_size)
@@ -250,7 +271,8 @@ def convert(path: Path, out: Path) -> Path:
         check_metadata(meta, shapes)  # before any reshape: one line naming the key, its value, what the tensors imply
         hf = hf_config(meta, shapes)
     else:
-        hf = deci_config(DeciAsLlama(meta, deci), deci, shapes)
+        check_deci_shapes(DeciAsLlama(meta, deci), deci, shapes)
+        hf = hf_config(DeciAsLlama(meta, deci), shapes) | deci_fields(deci, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_tokenizer(path, meta)
     clear_stale_temporaries(out)  # a killed conversion's folder (its process gone)

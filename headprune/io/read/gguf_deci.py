@@ -132,11 +132,8 @@ class DeciAsLlama:
         return self.get(f"deci.{key}", default)
 
 
-def deci_config(meta: DeciAsLlama, deci: DeciRecord, tensors: dict[str, tuple[int, ...]]) -> dict:
-    """The native folder's config of a headprune ``deci`` export: the source Llama's, its kept heads, and
-    ``headprune_o_bias`` where a layer has an attention output bias; each layer's tensors checked first."""
-    from headprune.io.read.gguf import hf_config
-
+def check_deci_shapes(meta: DeciAsLlama, deci: DeciRecord, tensors: dict[str, tuple[int, ...]]) -> None:
+    """Each layer's q/k/v tensors against its head counts, before any reshape: one line where they disagree."""
     d = int(meta.need("embedding_length"))
     d_head = int(meta.need("attention.key_length"))
     for layer, (n, g) in enumerate(zip(deci.heads, deci.kv_heads)):
@@ -146,11 +143,15 @@ def deci_config(meta: DeciAsLlama, deci: DeciRecord, tensors: dict[str, tuple[in
                 raise HeadpruneError(f"the deci GGUF's blk.{layer}.{what}.weight is {shape}, but layer {layer}'s "
                                      f"head counts ({n} query, {g} KV heads of {d_head}) imply {(rows, d)}; the "
                                      "file's metadata does not match its weights")
-    hf = hf_config(meta, tensors)
-    hf["headprune_kept_heads"] = deci.kept
+
+
+def deci_fields(deci: DeciRecord, tensors: dict[str, tuple[int, ...]]) -> dict:
+    """What the native folder's config adds to the source Llama's: its kept heads, and ``headprune_o_bias`` where a
+    layer has an attention output bias."""
+    fields: dict = {"headprune_kept_heads": deci.kept}
     if any(name.endswith("attn_output.bias") for name in tensors):
-        hf["headprune_o_bias"] = True
-    return hf
+        fields["headprune_o_bias"] = True
+    return fields
 
 
 def fill_emptied_layers(state: dict, arch: Any, hf: dict) -> None:

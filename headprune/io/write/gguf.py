@@ -43,8 +43,6 @@ from headprune.models.families import GGUF_ARCHITECTURES, gguf_arch, model_type
 from headprune.models.gguf_names import BLOCK_NAMES, TOP_NAMES
 from headprune.models.llama import Attention
 
-_NOT_COPIED = ("general.architecture", "general.file_type", "general.quantization_version")
-
 
 @dataclass
 class GgufPlan:
@@ -218,24 +216,6 @@ def _add_metadata(writer: Any, arch: str, values: dict[str, Any]) -> None:
             writer.add_uint32(f"{arch}.{key}", int(value))
 
 
-def copy_source_metadata(writer: Any, source: Path, vocab_size: int) -> None:
-    """The source GGUF's ``tokenizer.*`` (vocabulary, merges, special ids, chat template) and ``general.*`` keys."""
-    from headprune.io.read.gguf import _open
-
-    reader = _open(source)
-    fields = reader.fields
-    if "tokenizer.ggml.model" not in fields or "tokenizer.ggml.tokens" not in fields:
-        raise HeadpruneError(f"{source} has no tokenizer metadata (tokenizer.ggml.*); a GGUF export needs one")
-    n_tokens = len(fields["tokenizer.ggml.tokens"].data)
-    if n_tokens != vocab_size:
-        raise HeadpruneError(f"the tokenizer of {source} has {n_tokens} tokens, the model {vocab_size} embedding rows; "
-                             "pass the GGUF the model was made from")
-    for key, field in fields.items():
-        if key.startswith(("tokenizer.", "general.")) and key not in _NOT_COPIED:
-            sub = field.types[-1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-
-
 def _typed(name: str, t: Tensor, gguf_type: str) -> tuple[np.ndarray, Any]:
     """(data, raw_dtype) of one tensor: matrices in ``gguf_type`` where their rows fit its blocks, the rest F32."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
@@ -258,6 +238,8 @@ def export_gguf(model: HeadModel, path: str | os.PathLike, *, gguf_type: str = D
     renamed), its tokenizer from ``source`` or the GGUF it was loaded from, the matrices in ``gguf_type``;
     ``metadata`` (what was removed, how) kept as ``headprune.export`` JSON."""
     from gguf import GGUFWriter
+
+    from headprune.io.read.gguf import copy_source_metadata
 
     path = Path(path).expanduser().absolute()
     if path.suffix.lower() != ".gguf":
