@@ -130,6 +130,16 @@ def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random bas
     p.add_argument("--seed", type=int, default=0, help=help)
 
 
+def add_streaming_args(p: argparse.ArgumentParser) -> None:
+    """``--sink`` and ``--window``: what a streaming head keeps (the context scores ctx_stream, ctx_gate,
+    ctx_retrieval; headprune.models.streaming)."""
+    p.add_argument("--sink", type=int, default=4,
+                   help="tokens at the start of each window that a streaming head keeps (the ctx_* scores)")
+    p.add_argument("--window", type=int, default=256,
+                   help="recent tokens a streaming head keeps before each position (the ctx_* scores); --sink + "
+                        "--window must be shorter than --seq-len")
+
+
 def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:
     p.add_argument(flag, type=float, default=0.1, dest="gate_lr",  # 0.1 = headprune.pruning.gates.LR
                    help="Adam learning rate of the gates' log alpha")

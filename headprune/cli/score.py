@@ -15,6 +15,7 @@ from headprune.cli.options import (
     add_model_args,
     add_run_flags,
     add_seed_arg,
+    add_streaming_args,
     add_workers_arg,
 )
 from headprune.schema import METHODS, OPT_IN
@@ -33,6 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_bootstrap_arg(p)
     add_seed_arg(p, "seed of the bootstrap resampling")
     add_json_arg(p, "a JSON summary (baseline, tokens, seconds per method)")
+    add_streaming_args(p)
     p.add_argument("--unit", choices=["head", "group"], default="head",
                    help="group (grouped-query models): one row per KV group, each score summed over its query "
                         "heads, plus abl_zero_group (the whole group ablated jointly) and how well the sums "
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> None:
         print(data_line("data", args.data, args.split, ids, w))
         print_estimate(model, methods, len(ids), w.seq_len)
     progress = sweep_progress(args, out, sweep_settings(args, model, ids, w, "score", methods=methods))
-    options = ScoringOptions(ablation_rows=args.ablation_rows, bootstrap=args.bootstrap, seed=args.seed)
+    options = ScoringOptions(ablation_rows=args.ablation_rows, bootstrap=args.bootstrap, seed=args.seed,
+                             stream_sink=args.sink, stream_recent=args.window)
     scored = score_heads(model, ids, methods, windowing=w, options=options, progress=progress,
                          show_progress=not args.quiet)
     table, extra = scored.table, dict[str, Any]()
