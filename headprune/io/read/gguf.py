@@ -45,6 +45,7 @@ from headprune.io.read.gguf_deci import (
     deci_tensor,
     fill_emptied_layers,
 )
+from headprune.io.read.gguf_metadata import Metadata
 from headprune.io.work.files import clear_stale_temporaries, temp_prefix, write_failures
 from headprune.models.families import GGUF_ARCHITECTURES, REGISTRY, gguf_arch
 from headprune.models.gguf_names import GgufArch
@@ -61,32 +62,7 @@ def models_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "headprune" / "models"
 
 
-class Metadata:
-    """The GGUF's key-value metadata, read as Python values."""
-
-    def __init__(self, reader: Any):
-        self.fields = reader.fields
-        self.arch = str(self.get("general.architecture", ""))
-
-    def get(self, key: str, default: Any = None) -> Any:
-        field = self.fields.get(key)
-        if field is None:
-            return default
-        return field.contents()
-
-    def model(self, key: str, default: Any = None) -> Any:
-        """``{arch}.{key}``."""
-        return self.get(f"{self.arch}.{key}", default)
-
-    def need(self, key: str) -> Any:
-        value = self.model(key)
-        if value is None:
-            raise HeadpruneError(f"the GGUF has no {self.arch}.{key} metadata, which a {self.arch} model needs; "
-                                 "the file is incomplete")
-        return value
-
-
-def hf_config(meta: Metadata | DeciAsLlama, tensors: dict[str, tuple[int, ...]]) -> dict:
+def hf_config(meta: Metadata, tensors: dict[str, tuple[int, ...]]) -> dict:
     """The transformers ``config.json`` of a GGUF's metadata; ``tensors``: GGUF name -> shape (rows, cols)."""
     kind = GGUF_ARCHITECTURES[meta.arch]
     family, arch = REGISTRY[kind], gguf_arch(kind)
@@ -271,8 +247,9 @@ def convert(path: Path, out: Path) -> Path:
         check_metadata(meta, shapes)  # before any reshape: one line naming the key, its value, what the tensors imply
         hf = hf_config(meta, shapes)
     else:
-        check_deci_shapes(DeciAsLlama(meta, deci), deci, shapes)
-        hf = hf_config(DeciAsLlama(meta, deci), shapes) | deci_fields(deci, shapes)
+        as_llama = DeciAsLlama(meta, deci)
+        check_deci_shapes(as_llama, deci, shapes)
+        hf = hf_config(as_llama, shapes) | deci_fields(deci, shapes)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_tokenizer(path, meta)
     clear_stale_temporaries(out)  # a killed conversion's folder (its process gone)

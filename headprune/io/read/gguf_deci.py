@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from headprune.errors import HeadpruneError
+from headprune.io.read.gguf_metadata import Metadata
 
 EXPORT_KEY = "headprune.export"
 #: The per-head tensors :func:`deci_tensor` reduces (biases and norms are per layer).
@@ -107,29 +108,19 @@ def deci_tensor(record: DeciRecord, name: str, values: np.ndarray, d_head: int) 
     return values
 
 
-class DeciAsLlama:
-    """A headprune ``deci`` export's metadata (:class:`headprune.io.read.gguf.Metadata`) read as the Llama it was
-    pruned from: the ``deci.*`` keys, with the source's head counts from its ``headprune.export`` record."""
+class DeciAsLlama(Metadata):
+    """A headprune ``deci`` export's metadata read as the Llama it was pruned from: the ``deci.*`` keys, with the
+    source's head counts from its ``headprune.export`` record."""
 
-    def __init__(self, meta: Any, record: DeciRecord):
-        self.fields, self.arch, self._meta, self._record = meta.fields, "llama", meta, record
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._meta.get(key, default)
-
-    def need(self, key: str) -> Any:
-        value = self.model(key)
-        if value is None:
-            raise HeadpruneError(f"the GGUF has no deci.{key} metadata, which a deci model needs; the file is "
-                                 "incomplete")
-        return value
+    def __init__(self, meta: Metadata, record: DeciRecord):
+        self.fields, self.arch, self.prefix, self._record = meta.fields, "llama", meta.prefix, record
 
     def model(self, key: str, default: Any = None) -> Any:
         if key == "attention.head_count":
             return self._record.n_heads
         if key == "attention.head_count_kv":
             return self._record.n_kv_heads
-        return self.get(f"deci.{key}", default)
+        return super().model(key, default)
 
 
 def check_deci_shapes(meta: DeciAsLlama, deci: DeciRecord, tensors: dict[str, tuple[int, ...]]) -> None:
