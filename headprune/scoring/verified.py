@@ -212,6 +212,26 @@ def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
     return sorted(range(len(sets)), key=lambda i: min((layer for layer, _ in sets[i]), default=0))
 
 
+def _estimate_vector(estimate: Tensor | Iterable[float], n_heads: int, name: str) -> Tensor:
+    """The estimate as a float64 [H] tensor, checked: one finite value per head."""
+    e = (estimate.detach().cpu().double() if isinstance(estimate, Tensor)
+         else torch.as_tensor(list(estimate), dtype=torch.float64))
+    if e.shape != (n_heads,):
+        raise HeadpruneError(f"the estimate has {e.numel()} values for {n_heads} heads", "estimate")
+    if not bool(torch.isfinite(e).all()):
+        raise HeadpruneError(f"the estimate {name} holds NaN or infinite values", "estimate")
+    return e
+
+
+def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np.ndarray,
+                   upper: np.ndarray) -> pd.DataFrame:
+    """The per-head table of a ranking (:class:`VerifiedRanking`), ``top`` False and no subsampling estimate yet."""
+    return pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
+                         "head": [h for _, h in heads], "estimate": e.numpy(), "round": round_of,
+                         "verified": round_of > 0, "top": False, "exact": exact, "sub_estimate": np.nan,
+                         "se": np.nan, "upper": upper})
+
+
 def verify_ranking(
     model: HeadModel,
     ids: Tensor,
@@ -232,12 +252,7 @@ def verify_ranking(
     model.require_heads(f"verifying {method}")
     check_ids(ids, model.cfg.vocab_size, "verify_ranking")
     heads = model.head_ids
-    e = (estimate.detach().cpu().double() if isinstance(estimate, Tensor)
-         else torch.as_tensor(list(estimate), dtype=torch.float64))
-    if e.shape != (len(heads),):
-        raise HeadpruneError(f"the estimate has {e.numel()} values for {len(heads)} heads", "estimate")
-    if not bool(torch.isfinite(e).all()):
-        raise HeadpruneError(f"the estimate {estimate_name} holds NaN or infinite values", "estimate")
+    e = _estimate_vector(estimate, len(heads), estimate_name)
     k = verification.check(len(heads))
     windowing = windowing or Windowing.for_model(model)
     batches = windowing.batches(ids)
@@ -310,10 +325,7 @@ def verify_ranking(
 
     verified = round_of > 0
     top = np.flatnonzero(verified)[np.argsort(-np.abs(exact[verified]), kind="stable")[:k]]
-    table = pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
-                          "head": [h for _, h in heads], "estimate": e.numpy(), "round": round_of,
-                          "verified": verified, "top": False, "exact": exact, "sub_estimate": np.nan, "se": np.nan,
-                          "upper": upper_all})
+    table = _ranking_table(heads, e, round_of, exact, upper_all)
     table.loc[top, "top"] = True
     table.loc[rest, "sub_estimate"], table.loc[rest, "se"] = est, se
     unverified = upper_all[~verified]
@@ -344,11 +356,8 @@ def exact_ranking(
     if method not in VERIFIABLE:
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
     heads = model.head_ids
-    e = torch.as_tensor(estimate.detach().cpu() if isinstance(estimate, Tensor) else list(estimate),
-                        dtype=torch.float64)
-    if e.shape != (len(heads),):
-        raise HeadpruneError(f"the estimate has {e.numel()} values for {len(heads)} heads", "estimate")
-    k = max(1, round(0.1 * len(heads))) if verified is None else verified
+    e = _estimate_vector(estimate, len(heads), estimate_name)
+    k = Verification().check(len(heads)) if verified is None else verified  # the default: 10% of the heads
     if not 0 < k <= len(heads):
         raise HeadpruneError(f"verified {k} of {len(heads)} heads: give 1 to {len(heads)}", "verified")
     scored = score_heads(model, ids, [method], windowing=windowing,
@@ -356,9 +365,7 @@ def exact_ranking(
                          show_progress=show_progress)
     exact = scored.table[method].to_numpy(dtype=float)  # model.head_ids order
     top = np.argsort(-np.abs(exact), kind="stable")[:k]
-    table = pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
-                          "head": [h for _, h in heads], "estimate": e.numpy(), "round": 1, "verified": True,
-                          "top": False, "exact": exact, "sub_estimate": np.nan, "se": np.nan, "upper": np.nan})
+    table = _ranking_table(heads, e, np.ones(len(heads), dtype=int), exact, np.full(len(heads), np.nan))
     table.loc[top, "top"] = True
     baseline = scored.baseline or {}
     return VerifiedRanking(method, estimate_name, table, 0.0, float(np.abs(exact[top]).min()), 1.0,
