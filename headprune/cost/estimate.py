@@ -123,10 +123,9 @@ def estimate_verify(model: HeadModel, seq_len: int, tokens: int, verified: int, 
     """(verifying, the exact sweep of every head) on ``tokens``: both with the estimate's own pass where
     ``estimate`` is computed here (it orders the table either way)."""
     fe = verify_fe(model, seq_len, verified, subsets, estimate, rounds)
-    estimate_fe = fe["total"] - verify_fe(model, seq_len, verified, subsets, False, rounds)["total"]
     what = f"on {tokens:,} tokens"
     return (Estimate(what, {"verify": pace.seconds(model, seq_len, tokens, fe["total"])}),
-            Estimate(what, {"sweep": pace.seconds(model, seq_len, tokens, fe["sweep"] + estimate_fe)}))
+            Estimate(what, {"sweep": pace.seconds(model, seq_len, tokens, fe["sweep"] + fe["estimate"])}))
 
 
 def patching_fe(model: HeadModel, prompt_len: int, activations: int, approximations: int, subsets: int,

@@ -50,14 +50,15 @@ def ablation_fe(model: HeadModel, seq_len: int) -> float:
 def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estimate: bool = True,
               rounds: int = VERIFY_ROUNDS) -> dict[str, float]:
     """Forward-equivalents of :func:`headprune.scoring.verified.verify_ranking` (``total``), beside the exact
-    sweep's (``sweep``): the estimate (``taylor``: a forward and a backward), the baseline forward (again for each
-    later round's cached residual stream), the ``verified`` heads of each round at the sweep's mean cost per head,
-    and a forward per subset (its lowest layer is nearly always early)."""
+    sweep's (``sweep``) and the estimate's own pass (``estimate``, counted in ``total``, 0 where not computed): the
+    estimate (``taylor``: a forward and a backward), the baseline forward (again for each later round's cached
+    residual stream), the ``verified`` heads of each round at the sweep's mean cost per head, and a forward per
+    subset (its lowest layer is nearly always early)."""
     sweep = ablation_fe(model, seq_len)
     per_head = (sweep - 1.0) / len(model.head_ids)
     estimate_fe = (METHOD_SPECS["taylor"].shared_fe or 0.0) if estimate else 0.0
     total = estimate_fe + rounds * (1.0 + verified * per_head) + subsets
-    return {"total": total, "sweep": sweep}
+    return {"total": total, "sweep": sweep, "estimate": estimate_fe}
 
 
 def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, float]:
