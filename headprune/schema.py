@@ -48,6 +48,7 @@ class MethodSpec:
     #: head from its layer up: :func:`headprune.cost.ablation_fe`)
     shared_fe: float | None = None
     sweeps: float = 0.0
+    kv_sweep: bool = False  # its sweep reruns once per KV head (ctx_stream), not once per query head
 
     @property
     def cheap(self) -> bool:
@@ -103,7 +104,7 @@ METHOD_TABLE: tuple[MethodSpec, ...] = (
     # a head's need for the whole context (scoring/context.py): per KV head, streaming = first sink + last recent
     MethodSpec("ctx_stream", "context", _DELTA_NLL,
                "NLL increase when its KV head sees only sinks and a recent window (nats/token)", True,
-               opt_in=True, sweeps=1.0),  # a sweep per KV head: opt-in, like the other context scores
+               opt_in=True, sweeps=1.0, kv_sweep=True),  # a sweep per KV head: opt-in, like the other context scores
     MethodSpec("ctx_gate", "context", _DELTA_NLL,
                "-dL/dα of its KV head's full-vs-streaming gate (DuoAttention at α = 1; nats/token)", True,
                opt_in=True, shared_fe=2.0),

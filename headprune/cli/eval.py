@@ -13,9 +13,28 @@ HELP = 'sliding-window perplexity of a model on a corpus'
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "test")
+    p.add_argument("--pattern", help="a streaming pattern (headprune context's pattern/ folder or its "
+                                     "kv_pattern.json): its KV heads keep only their sinks and recent window")
     add_json_arg(p, "one JSON object: the header's fields, tokens, windows, nll, nll_se, ppl, ppl_se, bytes, "
                     "bits_per_byte")
     add_quiet_arg(p)
+
+
+def _pattern(args: argparse.Namespace, model, seq_len: int):
+    """The context in which the model runs with ``--pattern``'s streaming heads (none without it)."""
+    from contextlib import nullcontext
+
+    from headprune.context.pattern import read_pattern
+    from headprune.models.streaming import check_streaming, streaming
+
+    if args.pattern is None:
+        return nullcontext()
+    pattern = read_pattern(args.pattern)
+    check_streaming(pattern.sink, pattern.recent, seq_len)
+    if not args.json:
+        print(f"pattern: {pattern.n_streaming} of {len(pattern.order)} KV heads streaming ({pattern.sink} sink + "
+              f"{pattern.recent} recent tokens), ranked by {pattern.ranking}")
+    return streaming(model, pattern.layers(model))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -34,7 +53,8 @@ def run(args: argparse.Namespace) -> None:
     if not args.json:
         print(f"model: {args.model}\n{data_line('data', args.data, args.split, ids)}\n"
               f"windows: seq_len {w.seq_len}, stride {w.stride}{w.bos_note}")
-    result = evaluate(model, ids, w, progress=not (args.json or args.quiet))
+    with _pattern(args, model, w.seq_len):
+        result = evaluate(model, ids, w, progress=not (args.json or args.quiet))
     n_bytes = scored_bytes(model_tokenizer(model), ids, w)
     bpb = result.nll * result.tokens / (math.log(2) * n_bytes) if n_bytes else math.nan
     if args.json:

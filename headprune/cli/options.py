@@ -130,14 +130,14 @@ def add_seed_arg(p: argparse.ArgumentParser, help: str = "seed of the random bas
     p.add_argument("--seed", type=int, default=0, help=help)
 
 
-def add_streaming_args(p: argparse.ArgumentParser) -> None:
+def add_streaming_args(p: argparse.ArgumentParser, window: int | None = 256, window_note: str = "") -> None:
     """``--sink`` and ``--window``: what a streaming head keeps (the context scores ctx_stream, ctx_gate,
-    ctx_retrieval; headprune.models.streaming)."""
+    ctx_retrieval; headprune.models.streaming); ``window``: --window's default (None: the command derives it)."""
     p.add_argument("--sink", type=int, default=4,
                    help="tokens at the start of each window that a streaming head keeps (the ctx_* scores)")
-    p.add_argument("--window", type=int, default=256,
+    p.add_argument("--window", type=int, default=window,
                    help="recent tokens a streaming head keeps before each position (the ctx_* scores); --sink + "
-                        "--window must be shorter than --seq-len")
+                        f"--window must be shorter than --seq-len{window_note}")
 
 
 def add_gate_lr_arg(p: argparse.ArgumentParser, flag: str = "--gate-lr") -> None:

@@ -142,3 +142,13 @@ def estimate_patching(model: HeadModel, pairs: int, prompt_len: int, activations
     """Wall seconds of a patching study over ``pairs`` clean/corrupt prompt pairs of ``prompt_len`` tokens."""
     fe = patching_fe(model, prompt_len, activations, approximations, subsets, by_position)
     return Estimate(f"for {pairs} prompt pairs", {"patching": pace.seconds(model, prompt_len, pairs * prompt_len, fe)})
+
+
+def estimate_context(model: HeadModel, methods: list[str], score_tokens: int, seq_len: int, points: int,
+                     point_tokens: int, pace: Pace) -> Estimate:
+    """Wall seconds of ``context``: the ctx_* scores on ``score_tokens`` and ``points`` streaming patterns, a
+    forward each over ``point_tokens`` (the curve's windows and prompts)."""
+    seconds = estimate_scoring(model, methods, score_tokens, seq_len, pace).seconds
+    seconds["curve"] = pace.seconds(model, seq_len, point_tokens, points)
+    return Estimate(f"for the scores on {score_tokens:,} tokens and {points} streaming patterns on "
+                    f"{point_tokens:,} tokens each", seconds)

@@ -39,11 +39,12 @@ def forward_flops(model: HeadModel, seq_len: int) -> float:
     return sum(block_flops(model, seq_len)) + head_flops(model)
 
 
-def ablation_fe(model: HeadModel, seq_len: int) -> float:
+def ablation_fe(model: HeadModel, seq_len: int, kv: bool = False) -> float:
     """Forward-equivalents of one ablation method's sweep: the shared baseline forward, then every head of layer l
-    rerunning layers l..L−1 and the LM head."""
+    (every KV head where ``kv``) rerunning layers l..L−1 and the LM head."""
     blocks, u = block_flops(model, seq_len), head_flops(model)
-    per_head = sum(blk.attn.n_heads * (sum(blocks[layer:]) + u) for layer, blk in enumerate(model.h))
+    per_head = sum((blk.attn.n_kv_heads if kv else blk.attn.n_heads) * (sum(blocks[layer:]) + u)
+                   for layer, blk in enumerate(model.h))
     return 1.0 + per_head / forward_flops(model, seq_len)
 
 
@@ -65,11 +66,10 @@ def methods_fe(model: HeadModel, methods: list[str], seq_len: int) -> dict[str, 
     """Forward-equivalents of ``methods`` from their records (:class:`~headprune.schema.MethodSpec`): one shared
     pass per family (keyed by family), each ablation method's own sweeps (keyed by method)."""
     out: dict[str, float] = {}
-    sweep = ablation_fe(model, seq_len)
     for method in methods:
         spec = METHOD_SPECS[method]
         if spec.shared_fe is not None:
             out[spec.family] = spec.shared_fe
         else:
-            out[method] = sweep * spec.sweeps
+            out[method] = ablation_fe(model, seq_len, spec.kv_sweep) * spec.sweeps
     return out

@@ -198,6 +198,21 @@ def long_windows(tokenizer, *, length: int, n_windows: int, split: str = "test",
 
 
 @torch.no_grad()
+def tail_nll_rows(model: HeadModel, windows: Tensor, tail: int, layers: Mapping[int, Streaming] | None = None,
+                  batch: int = 2) -> Tensor:
+    """[b] float64: each window's mean NLL (nats/token) of its last ``tail`` tokens given the whole window, with
+    ``layers``' streaming heads where given (``batch`` windows per forward)."""
+    rows = []
+    with streaming(model, layers) if layers else nullcontext():
+        for part in windows.to(model.device).split(batch):
+            resid = model.run_blocks(model.embed(part))
+            logits = model.unembed(resid[:, -tail - 1:-1]).float()  # predicting the last `tail` tokens
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), part[:, -tail:], reduction="none")
+            rows.append(nll.double().mean(1).cpu())
+    return torch.cat(rows)
+
+
+@torch.no_grad()
 def long_window_nll(model: HeadModel, windows: Tensor, *, tail: int, short: int,
                     layers: Mapping[int, Streaming] | None = None, bos: int | None = None) -> dict[str, float]:
     """Mean NLL (nats/token) of the last ``tail`` tokens of ``windows`` (b, T) given the whole window ("long")
@@ -206,17 +221,9 @@ def long_window_nll(model: HeadModel, windows: Tensor, *, tail: int, short: int,
     T = windows.shape[1]
     if not (0 < tail and tail + short < T):
         raise HeadpruneError(f"tail {tail} + short {short} must be less than the window of {T} tokens", "tail")
-    windows = windows.to(model.device)
-
-    def tail_nll(x: Tensor) -> float:
-        with streaming(model, layers) if layers else nullcontext():
-            resid = model.run_blocks(model.embed(x))
-        logits = model.unembed(resid[:, -tail - 1:-1]).float()  # predicting the last `tail` tokens
-        return float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                       x[:, -tail:].reshape(-1)))
-
     cut = windows[:, -(tail + short):]
     if bos is not None:
         cut = torch.cat([torch.full_like(cut[:, :1], bos), cut], dim=1)
-    long, short_nll = tail_nll(windows), tail_nll(cut)
+    long = float(tail_nll_rows(model, windows, tail, layers).mean())
+    short_nll = float(tail_nll_rows(model, cut, tail, layers).mean())
     return {"long": long, "short": short_nll, "gain": short_nll - long}
