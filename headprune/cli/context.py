@@ -7,6 +7,7 @@ import argparse
 from headprune.cli.common import load_from_args
 from headprune.cli.options import (
     add_bootstrap_arg,
+    add_methods_arg,
     add_model_args,
     add_run_flags,
     add_seed_arg,
@@ -23,8 +24,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_seq_len_arg(p, help="tokens per long window (default: the model's context, at most 2,048)")
     add_streaming_args(p, None, " (default: 256, at most --seq-len / 8)")
-    p.add_argument("--methods", default="ctx_stream,ctx_gate,ctx_retrieval",
-                   help="context scores to rank KV heads by: ctx_stream (exact), ctx_gate, ctx_retrieval")
+    add_methods_arg(p, "context scores to rank KV heads by: ctx_stream (exact), ctx_gate, ctx_retrieval (all: the "
+                       "three)")
     p.add_argument("--score-windows", type=int, default=2, help="long windows (validation split) the scores read")
     p.add_argument("--curve-windows", type=int, default=4,
                    help="long windows (test split) each streaming pattern is measured on, at least 2")
@@ -33,7 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shares", default=",".join(f"{x:g}" for x in DEFAULT_SHARES),
                    help="comma-separated shares of KV heads made streaming, each in (0, 1]")
     p.add_argument("--random-seeds", type=int, default=3, help="random orders measured beside the scores' orders")
-    p.add_argument("--task", default="multikey",
+    p.add_argument("--long-task", default="multikey",
                    help="long task measured beside the NLL: multikey (4 pass keys, one asked), passkey, or none "
                         "(the long-window NLL alone: for a model that does not perform either)")
     p.add_argument("--prompts", type=int, default=3,
@@ -42,6 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the pattern written: the largest share within this relative loss of the full model")
     add_seed_arg(p, "seed of the random orders, the task's prompts and the bootstrap")
     add_bootstrap_arg(p)
+    p.add_argument("--render-only", action="store_true",
+                   help="re-write --out's summary.md from its saved tables (no model loaded, nothing measured)")
     add_run_flags(p, "output folder: the tables, summary.md and pattern/ (kv_pattern.json; kvpress' config.json "
                      "and full_attention_heads.tsv)")
 
@@ -53,12 +56,15 @@ def settings_from_args(args: argparse.Namespace):
         shares = tuple(float(x) for x in args.shares.split(",") if x.strip())
     except ValueError:
         raise HeadpruneError(f"--shares {args.shares!r} must be comma-separated numbers in (0, 1]") from None
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    from headprune.schema import CONTEXT_METHODS
+
+    methods = CONTEXT_METHODS if args.methods == "all" else tuple(m.strip() for m in args.methods.split(",")
+                                                                  if m.strip())
     if args.random_seeds < 0:
         raise HeadpruneError(f"--random-seeds {args.random_seeds} must be 0 or more")
     return ContextSettings(seq_len=args.seq_len, score_windows=args.score_windows, curve_windows=args.curve_windows,
                            tail=args.tail, sink=args.sink, recent=args.window, methods=methods, shares=shares,
-                           random_seeds=args.random_seeds, task=args.task, prompts=args.prompts,
+                           random_seeds=args.random_seeds, task=args.long_task, prompts=args.prompts,
                            tolerance=args.tolerance,
                            bootstrap=args.bootstrap, seed=args.seed)
 
@@ -81,13 +87,18 @@ def estimate_line(model, s, methods: list[str]) -> str:
 def run(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from headprune.context.summary import summary_lines
     from headprune.io.read.fingerprint import model_fingerprint
     from headprune.io.work.files import check_writable
     from headprune.io.work.progress import Progress
     from headprune.stages.context import context_stage
 
     out = Path(args.out)
+    if args.render_only:
+        from headprune.stages.context import derive, load_context
+
+        derive(load_context(out)).save_tables(out)
+        print(f"-> {out}")
+        return
     check_writable(out)
     model = load_from_args(args)
     s = settings_from_args(args).resolve(model)
@@ -102,5 +113,5 @@ def run(args: argparse.Namespace) -> None:
     result.save(out, model)
     progress.remove()
     if not args.quiet:
-        print("\n".join(line for line in summary_lines(result)[1:] if line))
+        print("\n".join(line for line in result.summary()[1:] if line))
     print(f"-> {out}")

@@ -105,7 +105,7 @@ def largest_shares(curve: pd.DataFrame, points: dict[str, dict[str, list]],
 def _pick(curve: pd.DataFrame, points: dict, rankings: Sequence[str], c: np.ndarray, e: np.ndarray,
           tol: float) -> tuple[str, float]:
     """(ranking, share) with the largest share within ``tol`` under weights (c, e); ties: the smaller ΔNLL there,
-    then the ranking's name."""
+    then the ranking's name; ("none", 0.0) where no ranking streams anything within ``tol``."""
     best: tuple[float, float, str] | None = None
     for ranking in rankings:
         pts = RankingPoints.of(curve, points, ranking)
@@ -114,7 +114,7 @@ def _pick(curve: pd.DataFrame, points: dict, rankings: Sequence[str], c: np.ndar
         key = (-share, delta, ranking)
         best = key if best is None or key < best else best
     assert best is not None
-    return best[2], -best[0]
+    return ("none", 0.0) if best[0] == 0 else (best[2], -best[0])
 
 
 def cross_fit(curve: pd.DataFrame, points: dict[str, dict[str, list]], rankings: Sequence[str],
@@ -127,7 +127,7 @@ def cross_fit(curve: pd.DataFrame, points: dict[str, dict[str, list]], rankings:
     rows = []
     for fold, ((cw, ep), (hw, hp)) in enumerate([(halves[0], halves[1]), (halves[1], halves[0])]):
         ranking, share = _pick(curve, points, rankings, cw[None].astype(float), ep[None].astype(float), tol)
-        pts = RankingPoints.of(curve, points, ranking)
+        pts = RankingPoints.of(curve, points, rankings[0] if ranking == "none" else ranking)
         delta, acc = pts.measures(hw[None].astype(float), hp[None].astype(float))
         s = list(pts.shares).index(share)
         rows.append({"fold": fold, "tolerance": tol, "ranking": ranking, "share": share,

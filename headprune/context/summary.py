@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pandas as pd
 from scipy.stats import spearmanr
 
-if TYPE_CHECKING:
-    from headprune.stages.context import ContextResult
+from headprune.context.pattern import KVPattern
 
 
 def mib(n_bytes: float) -> str:
@@ -26,10 +23,11 @@ def random_band(shares: pd.DataFrame, tol: float) -> tuple[float, float, int]:
     return float(rows.share.min()), float(rows.share.max()), len(rows)
 
 
-def summary_lines(result: ContextResult) -> list[str]:
-    """Markdown lines: the full model, the largest streaming share per ranking and tolerance, the pattern and its
-    held-out check, and how the cheap scores agree with the exact one."""
-    s, curve, shares = result.settings, result.curve, result.shares
+def summary_lines(scores: pd.DataFrame, curve: pd.DataFrame, shares: pd.DataFrame, cross_fit: pd.DataFrame,
+                  pattern: KVPattern, s: dict) -> list[str]:
+    """Markdown lines from the context stage's tables and settings ``s``: the full model, the largest streaming
+    share per ranking and tolerance, the pattern and its held-out check, how the cheap scores agree with the exact
+    one."""
     full = curve[curve.n_streaming == 0].iloc[0]
     n_kv, contexts = s["n_kv_heads"], [c for c in (2048, 8192, 32768) if f"kv_bytes_{c}" in curve]
     acc = f"; {s['task']} right on {full.accuracy:.0%} of {s['n_prompts']} prompts" if s["n_prompts"] else ""
@@ -50,24 +48,29 @@ def summary_lines(result: ContextResult) -> list[str]:
         if seeds:
             lines.append(f"- random orders ({seeds} seeds): {lo:.0%} to {hi:.0%}")
         lines.append("")
-    p = result.pattern
-    streams = curve[(curve.ranking == p.ranking) & (curve.n_streaming == p.n_streaming)].iloc[0]
+    p = pattern
+    streams = curve[(curve.ranking == p.ranking) & (curve.n_streaming == p.n_streaming)].iloc[0] if p.n_streaming \
+        else full
     bytes_line = ", ".join(f"{c:,} tokens {mib(full[f'kv_bytes_{c}'])} → {mib(streams[f'kv_bytes_{c}'])}"
                            for c in contexts)
     if p.n_streaming:
         lines += [(f"Pattern: {p.ranking}, {p.n_streaming} of {n_kv} KV heads streaming (the largest share within "
                    f"{s['tolerance']:.0%}); KV cache in fp16 at {bytes_line}."), ""]
     else:
-        lines += [(f"Pattern: no KV head streams (no ranking's first share, {curve.share[curve.share > 0].min():.0%}, "
-                   f"stays within {s['tolerance']:.0%}); KV cache in fp16 at {bytes_line}."), ""]
-    folds = result.cross_fit[result.cross_fit.tolerance == s["tolerance"]]
-    held = "; ".join(f"chosen on {f.chosen_on}: {f.ranking} at {f.share:.0%}, held-out ΔNLL {f.held_out_delta_nll:+.4f}"
-                     + ("" if pd.isna(f.held_out_accuracy_drop) else
-                        f", accuracy drop {f.held_out_accuracy_drop:+.0%}") for f in folds.itertuples())
-    lines += [f"Chosen on one half of the windows and prompts, measured on the other: {held}.", ""]
-    methods = [m for m in s["methods"] if m in result.scores]
+        lines += [(f"Pattern: no KV head streams (no score's order stays within {s['tolerance']:.0%} at its first "
+                   f"share, {curve.share[curve.share > 0].min():.0%}); KV cache in fp16 at {bytes_line}."), ""]
+    for tol in sorted(cross_fit.tolerance.unique()):
+        folds = cross_fit[cross_fit.tolerance == tol].sort_values("fold")
+        held = "; ".join(f"chosen on {f.chosen_on}: {f.ranking} at {f.share:.0%}, held-out ΔNLL "
+                         f"{f.held_out_delta_nll:+.4f}" + ("" if pd.isna(f.held_out_accuracy_drop) else
+                                                          f", accuracy drop {f.held_out_accuracy_drop:+.0%}")
+                         for f in folds.itertuples())
+        lines.append(f"Within {tol:.0%}, chosen on one half of the windows and prompts and measured on the other: "
+                     f"{held}.")
+    lines.append("")
+    methods = [m for m in s["methods"] if m in scores]
     if "ctx_stream" in methods and len(methods) > 1:
-        rho = score_agreement(result.scores, methods)
+        rho = score_agreement(scores, methods)
         lines.append("Agreement with the exact ctx_stream (Spearman ρ over query heads): "
                      + ", ".join(f"{m} {v:+.2f}" for m, v in rho.items()) + ".")
     return lines

@@ -23,6 +23,7 @@ import pandas as pd
 from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares
 from headprune.context.curve import DEFAULT_SHARES, LongProbe, random_order, streaming_curve, streaming_order
 from headprune.context.pattern import KVPattern, read_pattern, write_pattern
+from headprune.context.summary import summary_lines
 from headprune.errors import HeadpruneError
 from headprune.io.read.fingerprint import model_fingerprint
 from headprune.io.work.files import atomic_dir, read_table, write_json, write_table, write_text
@@ -108,19 +109,24 @@ class ContextResult:
     FILES: ClassVar[dict[str, str]] = {"scores": "context_scores.csv", "curve": "streaming_curve.csv",
                                        "shares": "streaming_shares.csv", "cross_fit": "cross_fit.csv"}
 
+    def summary(self) -> list[str]:
+        """The study's sentences (markdown lines), from its tables."""
+        return summary_lines(self.scores, self.curve, self.shares, self.cross_fit, self.pattern, self.settings)
+
     def save(self, folder: str | os.PathLike, model: HeadModel) -> Path:
         """Every table, the points, the settings and the pattern (headprune's and kvpress') into ``folder``."""
-        from headprune.context.summary import summary_lines
-
         with atomic_dir(folder) as tmp:
-            tmp = Path(tmp)
-            for name, file in self.FILES.items():
-                write_table(getattr(self, name), tmp / file)
-            write_json(tmp / "points.json", self.points)
-            write_json(tmp / "settings.json", self.settings)
-            write_pattern(self.pattern, model, tmp / "pattern")
-            write_text(tmp / "summary.md", "\n".join(summary_lines(self)) + "\n")
+            self.save_tables(tmp)
+            write_json(Path(tmp) / "points.json", self.points)
+            write_json(Path(tmp) / "settings.json", self.settings)
+            write_pattern(self.pattern, model, Path(tmp) / "pattern")
         return Path(folder)
+
+    def save_tables(self, folder: str | os.PathLike) -> None:
+        """The tables and summary.md (each file written atomically) into the existing ``folder``."""
+        for name, file in self.FILES.items():
+            write_table(getattr(self, name), Path(folder) / file)
+        write_text(Path(folder) / "summary.md", "\n".join(self.summary()) + "\n")
 
 
 def load_context(folder: str | os.PathLike) -> ContextResult:
@@ -195,11 +201,20 @@ def context_stage(model: HeadModel, settings: ContextSettings = ContextSettings(
     curve, points = streaming_curve(model, probe, orders, s.shares, progress, not quiet, {point_key([]): full})
     ranking, share = choose(curve, points, list(s.methods), s.tolerance)
     n_streaming = round(share * len(kv_heads(model)))
-    pattern = KVPattern(model_fingerprint(model), s.sink, int(s.recent or 0), orders[ranking], n_streaming, ranking,
+    order = orders[s.methods[0] if ranking == "none" else ranking]  # "none": no head streams within the tolerance
+    pattern = KVPattern(model_fingerprint(model), s.sink, int(s.recent or 0), order, n_streaming, ranking,
                         {"tolerance": s.tolerance, "seq_len": s.seq_len})
-    folds = pd.concat([cross_fit(curve, points, list(s.methods), tol) for tol in TOLERANCES], ignore_index=True)
-    return ContextResult(table, curve_table(curve, points, s.bootstrap, s.seed),
-                         largest_shares(curve, points, TOLERANCES, s.bootstrap, s.seed), folds, pattern,
-                         points, asdict(s) | {"model_fingerprint": model_fingerprint(model),
-                                              "n_kv_heads": len(kv_heads(model)),
-                                              "n_prompts": len(probe.prompts), "task_note": task_note})
+    settings_record = asdict(s) | {"model_fingerprint": model_fingerprint(model), "n_kv_heads": len(kv_heads(model)),
+                                   "n_prompts": len(probe.prompts), "task_note": task_note}
+    return derive(ContextResult(table, curve, pd.DataFrame(), pd.DataFrame(), pattern, points, settings_record))
+
+
+def derive(result: ContextResult) -> ContextResult:
+    """``result`` with the tables computed from its measured points (the curve's ΔNLL and accuracy with
+    intervals, the largest shares, the held-out choice): what ``context --render-only`` recomputes."""
+    s, points = result.settings, result.points
+    curve = result.curve[["ranking", "n_streaming", "share", "point",
+                          *[c for c in map(str, result.curve) if c.startswith("kv_bytes_")]]]
+    folds = pd.concat([cross_fit(curve, points, list(s["methods"]), tol) for tol in TOLERANCES], ignore_index=True)
+    return replace(result, curve=curve_table(curve, points, s["bootstrap"], s["seed"]),
+                   shares=largest_shares(curve, points, TOLERANCES, s["bootstrap"], s["seed"]), cross_fit=folds)

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from scipy.stats import spearmanr
+from context_claims import check_summary
 
 from headprune.cli.main import main
 from headprune.context.pattern import read_pattern
@@ -25,9 +24,8 @@ from headprune.io.work.files import read_table
 from headprune.models.streaming import streaming
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DEFAULT_MODEL
-from headprune.stages.context import load_context
 
-ARGS = ["context", "--task", "none", "--score-windows", "1", "--curve-windows", "2", "--random-seeds", "2",
+ARGS = ["context", "--long-task", "none", "--score-windows", "1", "--curve-windows", "2", "--random-seeds", "2",
         "--shares", "0.25,0.5,1", "--bootstrap", "40", "--quiet"]
 
 
@@ -36,59 +34,6 @@ def study(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("context") / "study"
     assert main([*ARGS, "--out", str(out)]) == 0
     return out
-
-
-def pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
-def check_summary(folder: Path) -> int:
-    """Every claim of ``folder``/summary.md recomputed from the saved tables; returns how many were checked."""
-    r = load_context(folder)
-    text = (folder / "summary.md").read_text()
-    curve, shares, s = r.curve, r.shares, r.settings
-    full = curve[curve.n_streaming == 0].iloc[0]
-    checked = 0
-    assert f"tail NLL {full.tail_nll:.4f} nats/token on the last {s['tail']} tokens of {s['curve_windows']} " \
-           f"windows of {s['seq_len']} tokens" in text
-    checked += 1
-    blocks = re.findall(r"within (\d+)% of the full model[^\n]*\n((?:- [^\n]*\n)+)", text)
-    assert len(blocks) == shares.tolerance.nunique()
-    for tol_pct, block in blocks:
-        rows = shares[shares.tolerance.round(2) == int(tol_pct) / 100]
-        for ranking, share, lo, hi in re.findall(r"- (\w+): (\d+)% \[(\d+)%, (\d+)%\]", block):
-            row = rows[rows.ranking == ranking].iloc[0]
-            assert (pct(row.share), pct(row.share_lo), pct(row.share_hi)) == (f"{share}%", f"{lo}%", f"{hi}%")
-            checked += 1
-        band = re.search(r"random orders \((\d+) seeds\): (\d+)% to (\d+)%", block)
-        random_rows = rows[rows.ranking.str.startswith("random/")]
-        assert band and int(band[1]) == len(random_rows)
-        assert (f"{band[2]}%", f"{band[3]}%") == (pct(random_rows.share.min()), pct(random_rows.share.max()))
-        checked += 1
-    pattern = re.search(r"Pattern: (\S+), (\d+) of (\d+) KV heads streaming", text)
-    none = re.search(r"Pattern: no KV head streams \(no ranking's first share, (\d+)%, stays within (\d+)%\)", text)
-    if r.pattern.n_streaming:
-        assert pattern and (pattern[1], int(pattern[2]), int(pattern[3])) == (
-            r.pattern.ranking, r.pattern.n_streaming, s["n_kv_heads"])
-    else:  # every ranking's smallest share is outside the tolerance on all the windows
-        first = curve[curve.share > 0].groupby("ranking").share.min()
-        assert none and none[1] == pct(first.min())[:-1] and int(none[2]) == round(100 * s["tolerance"])
-        assert (r.shares[r.shares.tolerance == s["tolerance"]].share == 0).all()
-    point = curve[(curve.ranking == r.pattern.ranking) & (curve.n_streaming == r.pattern.n_streaming)].iloc[0]
-    for context, before, after in re.findall(r"([\d,]+) tokens ([\d,.]+) MiB → ([\d,.]+) MiB", text):
-        column = f"kv_bytes_{context.replace(',', '')}"
-        assert (before, after) == (f"{full[column] / 2**20:,.1f}", f"{point[column] / 2**20:,.1f}")
-        checked += 1
-    folds = r.cross_fit[r.cross_fit.tolerance == s["tolerance"]]
-    held = re.findall(r"(\w+) at (\d+)%, held-out ΔNLL ([+-]\d+\.\d+)", text)
-    assert len(held) == len(folds)
-    for (ranking, share, delta), fold in zip(held, folds.itertuples()):
-        assert (ranking, f"{share}%", delta) == (fold.ranking, pct(fold.share), f"{fold.held_out_delta_nll:+.4f}")
-        checked += 1
-    for method, rho in re.findall(r"(ctx_\w+) ([+-]\d+\.\d+)", text.split("Agreement", 1)[1]):
-        assert rho == f"{spearmanr(r.scores[method], r.scores['ctx_stream']).statistic:+.2f}"
-        checked += 1
-    return checked
 
 
 def test_files_and_every_sentence(study):
@@ -140,7 +85,7 @@ def test_resumed_run_gives_the_same_tables(study, tmp_path):
     (["--seq-len", "512"], "longer than the model's context of 256"),
     (["--shares", "0,0.5"], "shares must lie in (0, 1]"),
     (["--window", "300"], "cover the whole context"),
-    (["--task", "sorting"], "task 'sorting'"),
+    (["--long-task", "sorting"], "task 'sorting'"),
     (["--methods", "abl_zero"], "context methods are"),
     (["--curve-windows", "1"], "at least 1 scoring window and 2 curve windows"),
 ])
