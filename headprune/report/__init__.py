@@ -63,6 +63,7 @@ from headprune.report.anatomy import (
     read_anatomy_files,
     write_anatomy_files,
 )
+from headprune.report.context_section import read_context_section
 from headprune.report.page import render_html
 from headprune.report.patching_section import (
     PATCH_TABLE,
@@ -73,7 +74,7 @@ from headprune.report.patching_section import (
 )
 from headprune.report.plots import SCALES, make_pictures
 from headprune.report.recovery_section import recovery_parts, split_recovered
-from headprune.report.render import make_content, markdown_table, render_markdown, sections
+from headprune.report.render import Section, make_content, markdown_table, render_markdown, sections
 from headprune.report.serving_section import read_serving_file, serving_parts, write_serving_file
 from headprune.report.tables import (
     baseline_from_curves,
@@ -99,6 +100,7 @@ class ReportSections:
     anatomy: AnatomyReport | None = None
     patching: PatchingReport | None = None
     serving: pd.DataFrame | None = None
+    context: Section | None = None  # read from the run's context/ folder (:mod:`.context_section`)
 
 
 NO_SECTIONS = ReportSections()
@@ -129,7 +131,7 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     """Everything into the folder ``out``: ``content`` gives the scores, settings and baseline; ``curves`` are all
     of them, the recovered points included."""
     scores, settings, baseline = content.scores, content.settings, content.baseline
-    anatomy, patching, serving = extra.anatomy, extra.patching, extra.serving
+    anatomy, patching, serving, context = extra.anatomy, extra.patching, extra.serving, extra.context
     for name, df in (("scores", scores), ("curves", curves)):
         write_table(df, out / f"{name}.parquet")
         write_table(df, out / f"{name}.csv")
@@ -154,6 +156,8 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     if serving is not None:  # after the patching section, before the picture gallery
         write_serving_file(out, serving)
         secs = before_pictures(secs, serving_parts(serving, settings))
+    if context is not None:  # its files stay in context/, where headprune context wrote them
+        secs = before_pictures(secs, context)
     if recovery is not None:  # after "Perplexity after pruning"
         section, pic, table = recovery
         write_bytes(out / pic.name, pic.png)
@@ -197,5 +201,5 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
-                           serving=read_serving_file(folder))
+                           serving=read_serving_file(folder), context=read_context_section(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale)

@@ -64,7 +64,7 @@ def test_study_sentences(folder):
     result = load_context(folder / "context")
     curve, shares = result.curve, result.shares
     full = curve[curve.n_streaming == 0].iloc[0]
-    assert len(re.findall(r"^- within \d+%: ", text, re.M)) == shares.tolerance.nunique()
+    assert len(re.findall(r"^- within \d+%: ", text, re.MULTILINE)) == shares.tolerance.nunique()
     for tol in shares.tolerance.unique():
         best = shares[(shares.tolerance == tol) & shares.ranking.isin(result.settings["methods"])].share.max()
         assert (f"- within {tol:.0%}: no score's order streams" in text) == (best == 0)
@@ -77,3 +77,26 @@ def test_study_sentences(folder):
         point = curve[(curve.ranking == ranking) & (curve.n_streaming == row.n_streaming)].iloc[0]
         assert (before, after) == (f"{full.kv_bytes_8192 / 2**20:,.1f}", f"{point.kv_bytes_8192 / 2**20:,.1f}")
         assert f"{1 - point.kv_bytes_8192 / full.kv_bytes_8192:.0%}" == f"{less}%"
+
+
+@pytest.mark.parametrize("folder", STUDIES, ids=[p.name for p in STUDIES])
+def test_the_run_report_shows_the_context_section(folder):
+    """The run's report (headprune report over the run's folder) holds the section: each ranking's largest share
+    within each tolerance, as streaming_shares.csv has it, and the summary's sentences."""
+    from headprune.report.context_section import SECTION_TITLE, read_context_section
+    from headprune.report.render import Table
+
+    section = read_context_section(folder)
+    assert section is not None and section.title == SECTION_TITLE
+    table = next(b for b in section.blocks if isinstance(b, Table)).df.set_index("ranking")
+    shares = read_table(folder / "context" / "streaming_shares.csv")
+    assert len(table) == shares.ranking.nunique()
+    for r in shares.itertuples():
+        cell = f"{r.share:.0%} [{r.share_lo:.0%}, {r.share_hi:.0%}]"
+        assert table.loc[r.ranking, f"within {r.tolerance:.0%}"] == cell
+    report = (folder / "summary.md").read_text()
+    assert f"## {SECTION_TITLE}" in report
+    context_summary = (folder / "context" / "summary.md").read_text()
+    for line in context_summary.splitlines()[1:]:
+        if line.strip() and not line.startswith(("- ", "Largest share")):
+            assert line in report
