@@ -14,10 +14,10 @@ from headprune.cli.options import (
     add_seq_len_arg,
     add_streaming_args,
 )
-from headprune.context.curve import DEFAULT_SHARES
+from headprune.context import DEFAULT_SHARES
 from headprune.errors import HeadpruneError
 
-HELP = "which KV heads need the whole context: context scores, the streaming curve, a KV pattern"
+HELP = "which KV heads need the whole context, and what can stream"
 
 
 def configure(p: argparse.ArgumentParser) -> None:

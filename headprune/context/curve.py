@@ -21,6 +21,7 @@ import pandas as pd
 from torch import Tensor
 from tqdm import tqdm
 
+from headprune.context import DEFAULT_SHARES
 from headprune.errors import HeadpruneError
 from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
@@ -30,8 +31,6 @@ from headprune.patching.long_tasks import LongPrompt, LongTask, run_task, tail_n
 
 #: Context lengths whose KV-cache bytes stand beside each point.
 KV_CONTEXTS = (2048, 8192, 32768)
-#: Shares of KV heads made streaming (besides 0, the full model).
-DEFAULT_SHARES = (0.1, 0.25, 0.5, 0.75, 1.0)
 
 
 @dataclass(frozen=True)

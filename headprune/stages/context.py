@@ -20,8 +20,9 @@ from typing import ClassVar
 
 import pandas as pd
 
+from headprune.context import DEFAULT_SHARES
 from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares
-from headprune.context.curve import DEFAULT_SHARES, LongProbe, random_order, streaming_curve, streaming_order
+from headprune.context.curve import LongProbe, random_order, streaming_curve, streaming_order
 from headprune.context.pattern import KVPattern, read_pattern, write_pattern
 from headprune.context.summary import summary_lines
 from headprune.errors import HeadpruneError
