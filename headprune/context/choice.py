@@ -73,8 +73,8 @@ def curve_table(curve: pd.DataFrame, points: dict[str, dict[str, list]], replica
         rng = np.random.default_rng(seed)
         c, e = _counts(pts.nll.shape[1], replicates, rng), _counts(pts.right.shape[1], replicates, rng)
         delta, acc = pts.measures(np.ones((1, pts.nll.shape[1])), np.ones((1, pts.right.shape[1])))
-        d_lo, d_hi = interval(pts.measures(c, e)[0])
-        a_lo, a_hi = interval(pts.measures(c, e)[1])
+        replicate_delta, replicate_acc = pts.measures(c, e)
+        (d_lo, d_hi), (a_lo, a_hi) = interval(replicate_delta), interval(replicate_acc)
         rows = curve[curve.ranking == ranking].sort_values("n_streaming").assign(
             tail_nll=pts.nll.mean(1), delta_nll=delta[0], delta_nll_lo=d_lo, delta_nll_hi=d_hi,
             accuracy=acc[0], accuracy_lo=a_lo, accuracy_hi=a_hi)
