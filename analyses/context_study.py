@@ -18,21 +18,20 @@ from scipy.stats import spearmanr
 
 from headprune.bootstrap import interval
 from headprune.io.work.files import read_table, write_text
-from headprune.stages.context import load_context
+from headprune.stages.context import ContextResult, load_context
 
 TOP = 5  # KV heads named as the ones that need the context most
 DRAWS = 1000  # bootstrap draws over KV heads for the rank correlations
 CONTEXT = 8192  # the context length whose KV-cache bytes the study states
 
 
-def kv_table(run: Path) -> pd.DataFrame:
-    """One row per KV head: its ctx_* scores (equal over its query heads; ctx_retrieval: the largest), and the
-    largest induction score and abl_zero among its query heads."""
-    scores = load_context(run / "context").scores
-    joined = scores.merge(read_table(run / "anatomy.csv")[["head_id", "induction"]], on="head_id").merge(
+def kv_table(run: Path, result: ContextResult) -> pd.DataFrame:
+    """One row per KV head: its ctx_* scores (``result``'s; equal over its query heads, ctx_retrieval: the
+    largest), and the largest induction score and abl_zero among its query heads (the run's tables)."""
+    joined = result.scores.merge(read_table(run / "anatomy.csv")[["head_id", "induction"]], on="head_id").merge(
         read_table(run / "scores.csv")[["head_id", "abl_zero"]], on="head_id")
     n_layers = joined.layer.nunique()
-    kv_per_layer = load_context(run / "context").settings["n_kv_heads"] // n_layers
+    kv_per_layer = result.settings["n_kv_heads"] // n_layers
     group = len(joined) // (n_layers * kv_per_layer)
     joined["kv"] = joined["head"] // group
     agg = {c: "max" for c in ("ctx_stream", "ctx_stream_ci_lo", "ctx_stream_ci_hi", "ctx_gate", "ctx_retrieval",
@@ -53,7 +52,7 @@ def rho_interval(x: np.ndarray, y: np.ndarray, seed: int = 0) -> tuple[float, fl
 
 def study_lines(run: Path) -> list[str]:
     result = load_context(run / "context")
-    kv = kv_table(run)
+    kv = kv_table(run, result)
     top = kv.sort_values("ctx_stream", ascending=False).head(TOP)
     certified = int((kv.ctx_stream_ci_lo > 0).sum())
     lines = [f"# The context study: {run.name}\n",

@@ -60,8 +60,6 @@ def settings_from_args(args: argparse.Namespace):
 
     methods = CONTEXT_METHODS if args.methods == "all" else tuple(m.strip() for m in args.methods.split(",")
                                                                   if m.strip())
-    if args.random_seeds < 0:
-        raise HeadpruneError(f"--random-seeds {args.random_seeds} must be 0 or more")
     return ContextSettings(seq_len=args.seq_len, score_windows=args.score_windows, curve_windows=args.curve_windows,
                            tail=args.tail, sink=args.sink, recent=args.window, methods=methods, shares=shares,
                            random_seeds=args.random_seeds, task=args.long_task, prompts=args.prompts,

@@ -45,6 +45,12 @@ class RankingPoints:
         return cls(rows.share.to_numpy(float), np.array([points[k]["tail_nll"] for k in rows.point], float),
                    np.array([points[k]["right"] for k in rows.point], float).reshape(len(rows), -1))
 
+    def draws(self, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(window counts [B, W], prompt counts [B, P]) of the bootstrap: the same draws for every ranking under
+        ``seed``, so the rankings' intervals resample the same windows and prompts."""
+        rng = np.random.default_rng(seed)
+        return _counts(self.nll.shape[1], replicates, rng), _counts(self.right.shape[1], replicates, rng)
+
     def measures(self, c: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ΔNLL [B, S], accuracy [B, S]) under window weights c [B, W] and prompt weights e [B, P] (accuracy NaN
         without prompts)."""
@@ -70,8 +76,7 @@ def curve_table(curve: pd.DataFrame, points: dict[str, dict[str, list]], replica
     out = []
     for ranking in curve.ranking.unique():
         pts = RankingPoints.of(curve, points, ranking)
-        rng = np.random.default_rng(seed)
-        c, e = _counts(pts.nll.shape[1], replicates, rng), _counts(pts.right.shape[1], replicates, rng)
+        c, e = pts.draws(replicates, seed)
         delta, acc = pts.measures(np.ones((1, pts.nll.shape[1])), np.ones((1, pts.right.shape[1])))
         replicate_delta, replicate_acc = pts.measures(c, e)
         (d_lo, d_hi), (a_lo, a_hi) = interval(replicate_delta), interval(replicate_acc)
@@ -91,8 +96,7 @@ def largest_shares(curve: pd.DataFrame, points: dict[str, dict[str, list]],
     n_kv = int(curve.n_streaming.max())
     for ranking in curve.ranking.unique():
         pts = RankingPoints.of(curve, points, ranking)
-        rng = np.random.default_rng(seed)
-        c, e = _counts(pts.nll.shape[1], replicates, rng), _counts(pts.right.shape[1], replicates, rng)
+        c, e = pts.draws(replicates, seed)
         ones = np.ones((1, pts.nll.shape[1])), np.ones((1, pts.right.shape[1]))
         for tol in tolerances:
             share = float(pts.largest(*ones, tol)[0])

@@ -94,11 +94,16 @@ def point_key(heads: Sequence[KVHead]) -> str:
     return f"n{len(heads)}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
+def check_shares(shares: Sequence[float]) -> None:
+    """HeadpruneError unless ``shares`` is a non-empty list of shares in (0, 1]."""
+    bad = [s for s in shares if not 0 < s <= 1]
+    if bad or not shares:
+        raise HeadpruneError(f"streaming shares must lie in (0, 1], got {bad or list(shares)}", "shares")
+
+
 def share_counts(n_kv: int, shares: Sequence[float]) -> list[int]:
     """KV heads streaming at each share (rounded, distinct, ascending), 0 first."""
-    bad = [s for s in shares if not 0 < s <= 1]
-    if bad:
-        raise HeadpruneError(f"streaming shares must lie in (0, 1], got {bad}", "shares")
+    check_shares(shares)
     return sorted({0, *(round(s * n_kv) for s in shares)})
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from headprune.context import DEFAULT_SHARES
 from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares
-from headprune.context.curve import LongProbe, random_order, streaming_curve, streaming_order
+from headprune.context.curve import LongProbe, check_shares, random_order, streaming_curve, streaming_order
 from headprune.context.pattern import KVPattern, read_pattern, write_pattern
 from headprune.context.summary import summary_lines
 from headprune.errors import HeadpruneError
@@ -80,8 +80,9 @@ class ContextSettings:
         if self.bootstrap < 40:
             raise HeadpruneError(f"bootstrap {self.bootstrap}: the context stage states intervals, give at least 40 "
                                  "replicates", "bootstrap")
-        if not self.shares or any(not 0 < x <= 1 for x in self.shares):
-            raise HeadpruneError(f"streaming shares must lie in (0, 1], got {list(self.shares)}", "shares")
+        check_shares(self.shares)
+        if self.random_seeds < 0:
+            raise HeadpruneError(f"random_seeds {self.random_seeds} must be 0 or more", "random_seeds")
         if self.task not in TASKS:
             raise HeadpruneError(f"task {self.task!r}: give one of {', '.join(TASKS)}", "task")
         if self.prompts < 2 and self.task != "none":
