@@ -176,13 +176,11 @@ def task_sentences(tasks: pd.DataFrame, patched: dict[str, pd.DataFrame]) -> lis
 
 def speed(r, base, column: str) -> str:
     """``faster`` / ``slower`` than ``base`` where the slowest–fastest ranges of ``column`` separate, else
-    ``no difference shown`` (the ranges overlap)."""
-    lo, hi = getattr(r, f"{column}_min"), getattr(r, f"{column}_max")
-    if lo > getattr(base, f"{column}_max"):
-        return "faster"
-    if hi < getattr(base, f"{column}_min"):
-        return "slower"
-    return "no difference shown (ranges overlap)"
+    ``no difference shown`` (the ranges overlap): :func:`headprune.report.serving_section.rate_verdict`."""
+    from headprune.report.serving_section import rate_verdict
+
+    verdict = rate_verdict(pd.Series(r._asdict()), pd.Series(base._asdict()), column)
+    return "no difference shown (ranges overlap)" if verdict == "within the spread" else verdict
 
 
 def serving_sentence(serving: pd.DataFrame) -> str:
@@ -256,4 +254,10 @@ def findings(run: Path) -> list[str]:
     out += task_sentences(tasks, patched)
     if (run / "serving.csv").is_file():
         out.append(serving_sentence(pd.read_csv(run / "serving.csv")))
+    if (run / "serving_llama_cpp.csv").is_file():  # the run's report section's sentences, from the same table
+        from headprune.report.serving_gguf_section import gguf_serving_findings
+
+        gguf = pd.read_csv(run / "serving_llama_cpp.csv")
+        ranking = settings.get("serving_llama_cpp", {}).get("ranking", settings["commands"]["ranking"])
+        out += [f"In llama.cpp: {s[0].lower()}{s[1:]}" for s in gguf_serving_findings(gguf, ranking)]
     return out

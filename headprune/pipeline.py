@@ -8,10 +8,9 @@ removed once the report is written.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from headprune.io.work.distributed import is_main, progress_files
 from headprune.io.work.files import check_writable, ensure_dir, write_text
 from headprune.io.work.progress import Progress
 from headprune.models.ledger import format_info
-from headprune.perplexity import Windowing, bos_setting, scored_bytes
+from headprune.perplexity import bos_setting, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.options import CurveOptions, Selection
@@ -51,21 +50,6 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
 
     options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
     return patch_stage(model, pairs, options, task=s.patch_task, progress=progress, quiet=quiet)[1]
-
-
-def _serving_prunes(model, curves: pd.DataFrame, scores: pd.DataFrame, eval_ids, folder: Path,
-                    windowing: Windowing) -> tuple[dict, str] | None:
-    """The exports (under ``folder``) of the best ranking among the score columns, uniformly pruned at 0/25/50%,
-    and that ranking (None for a family whose hf exports keep the original shapes: GPT-2, GPT-NeoX)."""
-    from headprune.models.families import family_of
-    from headprune.pruning.serving import export_prunes
-    from headprune.schema import split_ranking
-
-    if not family_of(model).compact_export:
-        return None
-    scored = curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)]
-    method = split_ranking(best_method(scored))[0]
-    return export_prunes(model, scores, method, eval_ids, windowing, folder), method
 
 
 def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
@@ -150,12 +134,13 @@ class RunResults:
 
 
 def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Path:
-    """The head anatomy, the serving table (families with compact exports: headprune writes and evaluates the
-    prunes, frees the run's model, then transformers loads and times each export), then the report into ``out``."""
+    """The head anatomy, the serving tables (:func:`~headprune.stages.serving.serving_stage`: the prunes exported,
+    the run's model freed, then transformers and llama.cpp load and time each export), then the report into
+    ``out``."""
     from headprune.anatomy.for_report import anatomy_report
     from headprune.models.families import layout_text, model_type
-    from headprune.pruning.serving import Workload, serve_prunes
     from headprune.schema import SCORES_DIGEST, scores_digest
+    from headprune.stages.serving import serving_stage
 
     inputs, scores = run.inputs, results.scores
     model, windowing = inputs.model, inputs.windowing
@@ -164,22 +149,12 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, run.s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
     settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
-    t0 = time.perf_counter()
-    serving = None
-    with tempfile.TemporaryDirectory(prefix="headprune-serving-") as tmp:
-        prunes = _serving_prunes(model, results.curves, scores, inputs.eval_ids, Path(tmp), windowing)
-        device = model.device
-        # the run's last use of its model: its weights are freed before transformers loads the exports beside it
-        model.to("meta")
-        return_freed_memory()
-        if prunes is not None:
-            work = Workload(batch=windowing.batch_size, seq_len=windowing.seq_len)
-            serving = serve_prunes(prunes[0], work, device)
-            settings |= {"serving": {"method": prunes[1], "workload": asdict(work)},
-                         "seconds_serving": round(time.perf_counter() - t0, 1)}
+    serving = serving_stage(model, results.curves, scores, inputs.eval_ids, windowing, free=return_freed_memory)
+    settings |= serving.settings
     curves = results.curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
-    extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving)
+    extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
+                           serving_llama_cpp=serving.llama_cpp)
     report = build_report(scores, curves, out, settings=settings, baseline=results.baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}

@@ -127,3 +127,27 @@ def edit_config(folder: Path, edits: dict, delete: object = None) -> Path:
             config[key] = value
     path.write_text(json.dumps(config))
     return Path(folder)
+
+
+def vocab_gguf(path, vocab: int):
+    """A GGUF holding only a tokenizer of ``vocab`` tokens (the 256 byte tokens, then fillers): the tokenizer source
+    of the tiny random models."""
+    from gguf import GGUFWriter
+
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2's byte -> character map
+    extra = iter(range(256, 512))
+    tokens = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+    tokens += ["ab"] + [f"<x{i}>" for i in range(vocab - 257)]  # one merge: llama.cpp's BPE needs merges
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * vocab)
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

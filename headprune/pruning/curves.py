@@ -1,6 +1,6 @@
 """Pruning curves: perplexity of the physically pruned model against the fraction of heads removed.
 
-For each method and fraction f, the round(f·N) lowest-scored heads are removed (:func:`select_heads`),
+For each method and fraction f, the round(f·N) lowest-scored heads are removed (:func:`~.selection.ranking_heads`),
 the pruned model is evaluated with the sliding-window perplexity, and
 
     delta_nll = NLL(pruned) − NLL(unpruned),     delta_ppl = ppl(pruned) − ppl(unpruned).
@@ -40,8 +40,8 @@ from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery
 from headprune.pruning.prune import prune_model
-from headprune.pruning.selection import select_heads
-from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN, split_ranking
+from headprune.pruning.selection import ranking_heads
+from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN
 from headprune.scoring.ablation import cache_batch
 
 # the unpruned residual streams are kept for evaluation starts up to this size (8192 tokens of SmolLM2-135M's 30
@@ -227,9 +227,7 @@ def pruning_curves(
         if head_sets is not None and (method, fraction) in head_sets:
             heads = list(head_sets[(method, fraction)])
         else:
-            name, by_layer = split_ranking(method)
-            ranking = selection.by_layer() if by_layer else selection
-            heads = select_heads(scores, name, fraction=fraction, selection=ranking.with_seed(s))
+            heads = ranking_heads(scores, method, fraction, selection.with_seed(s))
         comp = comp if heads else "none"
         key = (frozenset(heads), comp)
         if key not in evaluated:

@@ -48,16 +48,18 @@ def gguf_logits(llm: Any, ids: list[int]) -> np.ndarray:
     return np.array(llm.scores[:len(ids)], dtype=np.float32)
 
 
-def gguf_nll(llm: Any, windows: list[list[int]]) -> tuple[float, int]:
-    """(Σ −log p(x_{t+1} | x_≤t), number of predicted tokens) over the ``windows``, each from an empty cache."""
+def gguf_nll(llm: Any, windows: list[list[int]], masks: list[list[bool]] | None = None) -> tuple[float, int]:
+    """(Σ −log p(x_{t+1} | x_≤t), number of predicted tokens) over the ``windows``, each from an empty cache;
+    ``masks``: per window, which of its len − 1 predictions count (default: all)."""
     total, count = 0.0, 0
-    for ids in windows:
+    for i, ids in enumerate(windows):
         logits = gguf_logits(llm, ids).astype(np.float64)
         top = logits.max(-1, keepdims=True)
         logz = np.log(np.exp(logits - top).sum(-1)) + top[:, 0]
-        target = np.asarray(ids[1:])
-        total += float((logz[:-1] - logits[np.arange(len(ids) - 1), target]).sum())
-        count += len(ids) - 1
+        nll = logz[:-1] - logits[np.arange(len(ids) - 1), np.asarray(ids[1:])]
+        scored = np.ones(len(ids) - 1, bool) if masks is None else np.asarray(masks[i], bool)
+        total += float(nll[scored].sum())
+        count += int(scored.sum())
     return total, count
 
 

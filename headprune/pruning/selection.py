@@ -24,7 +24,7 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.models.heads import head_id
 from headprune.pruning.options import DEFAULT_SELECTION, Selection
-from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns
+from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns, split_ranking
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
     from headprune.models.base import HeadModel
@@ -161,6 +161,14 @@ def select_heads(
     take = {layer: _how_many(len(hs), fraction, count, f"layer {layer}") for layer, hs in by_layer.items()}
     chosen = {h for layer, hs in by_layer.items() for h in hs[: take[layer]]}
     return [h for h in ranked if h in chosen]
+
+
+def ranking_heads(scores: pd.DataFrame, ranking: str, fraction: float,
+                  selection: Selection = DEFAULT_SELECTION) -> list[tuple[int, int]]:
+    """:func:`select_heads` by a curve's ranking: ``"<method>"``, or ``"<method>@layer"`` (each layer's scores
+    L2-normalised first)."""
+    name, by_layer = split_ranking(ranking)
+    return select_heads(scores, name, fraction=fraction, selection=selection.by_layer() if by_layer else selection)
 
 
 def check_scores_match(scores: pd.DataFrame, model: HeadModel, source: str | None = None) -> None:

@@ -20,7 +20,8 @@
 - ``rank_correlation.png``: Spearman and Kendall matrices of all method columns;
 - with a patching study: ``patching.png`` and its tables (:mod:`.patching_section`);
 - for a family with a compact hf export (not GPT-2 or GPT-NeoX): serving.csv, its exports served in stock
-  transformers (:mod:`.serving_section`);
+  transformers (:mod:`.serving_section`); for a model read from a GGUF file with llama.cpp installed:
+  serving_llama_cpp.csv, its uniform and uneven prunes run by llama.cpp (:mod:`.serving_gguf_section`);
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
   perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \
@@ -75,6 +76,7 @@ from headprune.report.patching_section import (
 from headprune.report.plots import SCALES, make_pictures
 from headprune.report.recovery_section import recovery_parts, split_recovered
 from headprune.report.render import Section, make_content, markdown_table, render_markdown, sections
+from headprune.report.serving_gguf_section import gguf_serving_parts, read_gguf_serving_file, write_gguf_serving_file
 from headprune.report.serving_section import read_serving_file, serving_parts, write_serving_file
 from headprune.report.tables import (
     baseline_from_curves,
@@ -100,6 +102,7 @@ class ReportSections:
     anatomy: AnatomyReport | None = None
     patching: PatchingReport | None = None
     serving: pd.DataFrame | None = None
+    serving_llama_cpp: pd.DataFrame | None = None  # the prunes run by llama.cpp (:mod:`.serving_gguf_section`)
     context: Section | None = None  # read from the run's context/ folder (:mod:`.context_section`)
 
 
@@ -156,6 +159,9 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     if serving is not None:  # after the patching section, before the picture gallery
         write_serving_file(out, serving)
         secs = before_pictures(secs, serving_parts(serving, settings))
+    if extra.serving_llama_cpp is not None:
+        write_gguf_serving_file(out, extra.serving_llama_cpp)
+        secs = before_pictures(secs, gguf_serving_parts(extra.serving_llama_cpp, settings))
     if context is not None:  # its files stay in context/, where headprune context wrote them
         secs = before_pictures(secs, context)
     if recovery is not None:  # after "Perplexity after pruning"
@@ -201,5 +207,6 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
                              "settings.json differ); rebuild a report from the tables of one run")
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
-                           serving=read_serving_file(folder), context=read_context_section(folder))
+                           serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
+                           context=read_context_section(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale)

@@ -55,6 +55,28 @@ def read_serving_file(folder: Path) -> pd.DataFrame | None:
     return table
 
 
+def rate_verdict(row: pd.Series, base: pd.Series, rate: str) -> str:
+    """"faster" where ``row``'s slowest repeat beats ``base``'s fastest, "slower" where its fastest is below
+    ``base``'s slowest, else "within the spread" (no difference the repeats can tell)."""
+    if row[f"{rate}_min"] > base[f"{rate}_max"]:
+        return "faster"
+    if row[f"{rate}_max"] < base[f"{rate}_min"]:
+        return "slower"
+    return "within the spread"
+
+
+def rate_words(row: pd.Series, base: pd.Series, rate: str) -> str:
+    """"×r (verdict)": ``row``'s median ``rate`` over ``base``'s, and :func:`rate_verdict` (the ratio alone for a
+    table written before the spread was kept)."""
+    ratio = f"×{row[rate] / base[rate]:.2f}"
+    if f"{rate}_min" not in base.index or f"{rate}_max" not in base.index:
+        return ratio
+    verdict = rate_verdict(row, base, rate)
+    if verdict == "within the spread":
+        return f"{ratio} (within the spread of the repeats: no measured difference)"
+    return f"{ratio} ({verdict}: the repeats' spreads separate)"
+
+
 def serving_findings(table: pd.DataFrame, method: str) -> list[str]:
     """One sentence per pruned row: its shape, perplexity and throughput against the unpruned export."""
     base = table[table["removed"] == 0].iloc[0]
@@ -75,8 +97,9 @@ def serving_findings(table: pd.DataFrame, method: str) -> list[str]:
                  if row["layout"] == "compact" else "the original shapes with the removed heads zeroed")
         sentences.append(
             f"Removing {int(row['removed'])} heads by {method} ({shape}): perplexity {row['ppl']:.2f}; prefill "
-            f"×{ratio(row, 'prefill_tokens_per_s'):.2f}, decode ×{ratio(row, 'decode_b1_tokens_per_s'):.2f} at "
-            f"batch 1 and ×{ratio(row, 'decode_b32_tokens_per_s'):.2f} at batch 32; the KV cache holds "
+            f"{rate_words(row, base, 'prefill_tokens_per_s')}, decode at batch 1 "
+            f"{rate_words(row, base, 'decode_b1_tokens_per_s')}, at batch 32 "
+            f"{rate_words(row, base, 'decode_b32_tokens_per_s')}; the KV cache holds "
             f"{ratio(row, 'kv_bytes_per_token'):.0%} of the unpruned bytes per token.")
     return sentences
 

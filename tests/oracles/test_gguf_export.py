@@ -15,7 +15,7 @@ from headprune.io.read.loading import load_model
 from headprune.io.write.gguf import export_gguf, gguf_plan
 from headprune.models.prune import prune_heads
 
-from helpers import save_gqa_family
+from helpers import save_gqa_family, vocab_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's binding is not installed (pip install '.[gguf]')")
 
@@ -36,37 +36,13 @@ def _compare(model, path, ids: list[int]) -> tuple[float, float]:
     return float(np.abs(theirs - ours).max()), float(np.abs(ours).max())
 
 
-def _vocab_gguf(path, vocab: int):
-    """A GGUF holding only a tokenizer of ``vocab`` tokens (the 256 byte tokens, then fillers): the tokenizer source
-    of the tiny random models."""
-    from gguf import GGUFWriter
-
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2's byte -> character map
-    extra = iter(range(256, 512))
-    tokens = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
-    tokens += ["ab"] + [f"<x{i}>" for i in range(vocab - 257)]  # one merge: llama.cpp's BPE needs merges
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * vocab)
-    writer.add_token_merges(["a b"])
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(tiny random Llama: 2 layers, 6 query / 3 KV heads, its tokenizer GGUF, token ids)."""
     folder = tmp_path_factory.mktemp("tiny-llama")
     save_gqa_family("llama", folder, 300, seed=3)
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    return load_model(folder), _vocab_gguf(folder / "vocab.gguf", 300), ids
+    return load_model(folder), vocab_gguf(folder / "vocab.gguf", 300), ids
 
 
 def test_tiny_unpruned_f32_logits_equal_llama_cpp(tiny, tmp_path):
@@ -111,7 +87,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny, tmp_path, monkeypatch):
     with pytest.raises(HeadpruneError, match="transformers folder"):  # no GGUF to take the tokenizer from
         export_gguf(model, tmp_path / "m.gguf")
     with pytest.raises(HeadpruneError, match="300 embedding rows"):
-        export_gguf(model, tmp_path / "m.gguf", source=_vocab_gguf(tmp_path / "v.gguf", 299))
+        export_gguf(model, tmp_path / "m.gguf", source=vocab_gguf(tmp_path / "v.gguf", 299))
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -137,7 +113,7 @@ def test_tiny_qwen_exports_equal_llama_cpp(family, removed, tmp_path):
     architecture at the smaller counts: llama.cpp's logits equal headprune's."""
     folder = tmp_path / family
     save_gqa_family(family, folder, 300, seed=5)
-    vocab = _vocab_gguf(tmp_path / "vocab.gguf", 300)
+    vocab = vocab_gguf(tmp_path / "vocab.gguf", 300)
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     model = load_model(folder)
     models = [("full", model)] + ([("pruned", prune_heads(model, removed))] if removed else [])
