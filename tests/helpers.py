@@ -137,7 +137,8 @@ def vocab_gguf(path, vocab: int):
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2's byte -> character map
     extra = iter(range(256, 512))
     tokens = [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
-    tokens += ["ab"] + [f"<x{i}>" for i in range(vocab - 257)]  # one merge: llama.cpp's BPE needs merges
+    tokens += ["ab"] + [f"<x{i}>" for i in range(vocab - 258)]  # one merge: llama.cpp's BPE needs merges
+    tokens.append("<|endoftext|>")  # transformers' reading of a gpt2-style GGUF tokenizer adds it where it is missing
     writer = GGUFWriter(str(path), "llama")
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")

@@ -34,14 +34,22 @@ N_LAYERS, N_HEADS, GROUP, D_HEAD = 2, 6, 2, 8  # save_gqa_family("llama"): d 48,
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(model read from its GGUF file, scores, evaluation ids, windowing, the table at f32)."""
+def tiny_gguf(tmp_path_factory):
+    """A tiny random Llama written as an f32 GGUF file with a byte-level tokenizer (its conversions cached in the
+    module's own models folder)."""
     folder = tmp_path_factory.mktemp("tiny-served")
     mp = pytest.MonkeyPatch()
     mp.setenv("HEADPRUNE_MODELS", str(folder / "cache"))
     save_gqa_family("llama", folder / "hf", 300, seed=5)
-    source = export_gguf(load_model(folder / "hf"), folder / "tiny.gguf", gguf_type="f32",
-                         source=vocab_gguf(folder / "vocab.gguf", 300))
+    yield export_gguf(load_model(folder / "hf"), folder / "tiny.gguf", gguf_type="f32",
+                      source=vocab_gguf(folder / "vocab.gguf", 300))
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_gguf):
+    """(model read from its GGUF file, scores, evaluation ids, windowing, the table at f32, the refused shapes)."""
+    source, folder = tiny_gguf, tiny_gguf.parent
     model = load_model(str(source))
     rng = np.random.default_rng(0)
     layers, heads = zip(*model.head_ids)
@@ -52,8 +60,7 @@ def served(tmp_path_factory):
     prunes, refused = export_gguf_prunes(model, scores, "x", ids, windowing, folder / "out", fractions=(0.0, 0.5),
                                          gguf_type="f32")
     table = serve_gguf_prunes(prunes, ids, windowing, GgufWorkload(prompt=16, steps=4, repeats=3), gguf_type="f32")
-    yield model, scores, ids, windowing, table, refused
-    mp.undo()
+    return model, scores, ids, windowing, table, refused
 
 
 def test_rows_are_the_unpruned_the_uniform_and_the_uneven_prune(served):
@@ -170,3 +177,35 @@ def test_the_section_reads_back_and_refuses_a_foreign_table(tmp_path):
 
     with pytest.raises(HeadpruneError, match="not a llama.cpp serving table .lacks ppl"):
         read_gguf_serving_file(tmp_path)
+
+
+@pytest.mark.slow
+def test_run_on_a_gguf_model_serves_its_prunes_in_llama_cpp(tiny_gguf, corpus, tmp_path):
+    """``headprune run`` on a model read from a GGUF file: the report's llama.cpp section beside transformers', its
+    table read back by ``headprune report`` to the same summary."""
+    import json
+    import subprocess
+    import sys
+
+    from headprune.cli import main
+
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "headprune", "run", "--model", str(tiny_gguf), "--data",
+                           str(corpus), "--score-data", str(corpus), "--max-tokens", "256", "--seq-len", "32",
+                           "--seeds", "2", "--bootstrap", "40", "--fractions", "0,0.5", "--methods", "wo_fro,abl_zero",
+                           "--out", str(out), "--quiet"], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(out / "serving_llama_cpp.csv")
+    assert table["shape"].tolist() == ["unpruned", "uniform", "uneven", "uniform", "uneven"]
+    assert table["fraction"].tolist() == [0, 0.25, 0.25, 0.5, 0.5] and set(table["gguf_type"]) == {"q8_0"}
+    curves = pd.read_csv(out / "curves.csv")
+    assert table["headprune_ppl"][0] == pytest.approx(curves[curves["fraction"] == 0]["ppl"].iloc[0], rel=1e-9)
+    assert (abs(np.log(table["ppl"] / table["headprune_ppl"])) < 0.05).all()  # q8_0 against float32
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["serving_llama_cpp"]["ranking"] == settings["commands"]["ranking"]
+    summary = (out / "summary.md").read_text()
+    assert "Serving the pruned model in llama.cpp" in summary and "Serving the pruned model in stock" in summary
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["report", "--scores", str(out / "scores.csv"), "--curves", str(out / "curves.csv"),
+                 "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "summary.md").read_text() == summary
