@@ -27,7 +27,8 @@ from headprune import load_model, tokens
 from headprune.perplexity import Windowing
 from headprune.schema import VERIFY_INCLUSION, VERIFY_SUBSETS
 from headprune.scoring import ScoringOptions, score_heads
-from headprune.scoring.verified import Verification, recall_at_k, verify_ranking
+from headprune.scoring.verified import Verification, verify_ranking
+from headprune.scoring.verified_stats import recall_at_k
 
 
 def main() -> None:

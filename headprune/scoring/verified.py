@@ -31,7 +31,7 @@ round(p·R) subsets, clipped to 2..R−2 (:func:`draw_subsets`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -39,24 +39,18 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
-from headprune.io.work.distributed import run_units
 from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
-from headprune.models.interventions import Head, fill_tensors, mask_gates
-from headprune.models.nll import unembed_nll
-from headprune.patching.missed import subsample_estimates
-from headprune.perplexity import Batch, Windowing, window_sums
+from headprune.models.interventions import Head, fill_tensors
+from headprune.perplexity import Windowing
 from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
-from headprune.scoring.ablation import batch_caches
 from headprune.scoring.base import rows_per_forward
-
-DEFAULT_LEVEL = 0.95
-CHUNK = 8  # head sets per resumable unit
+from headprune.scoring.set_sweep import SetSweep
+from headprune.scoring.verified_stats import DEFAULT_LEVEL, certified_recall, corrected_estimates, draw_subsets
 
 
 @dataclass(frozen=True)
@@ -156,62 +150,6 @@ class VerifiedRanking:
                 "subsets": self.subsets, "inclusion": self.inclusion, "level": self.level}
 
 
-def draw_subsets(n_heads: int, subsets: int, inclusion: float, seed: int) -> np.ndarray:
-    """[R, N] bool: each head in exactly m = round(inclusion·R) of the R subsets (clipped to 2..R−2), the m drawn
-    uniformly for each head alone. The columns are independent and every subset holds a given head with
-    probability m/R whatever the other heads, so mean_in − mean_out stays unbiased under additive effects, and no
-    head rests on fewer than min(m, R − m) samples on either side (Welch's degrees of freedom at least
-    min(m, R − m) − 1)."""
-    if subsets < 4:
-        raise HeadpruneError(f"{subsets} subsets cannot hold every head in two and leave it out of two (give at least "
-                             "4)", "subsets")
-    m = min(max(2, round(inclusion * subsets)), subsets - 2)
-    rng = np.random.default_rng(seed)
-    order = np.argsort(rng.random((subsets, n_heads)), axis=0)  # a random permutation of the subsets per head
-    return order < m
-
-
-def corrected_estimates(masks: np.ndarray, changes: np.ndarray, estimate: np.ndarray, level: float = DEFAULT_LEVEL
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ĉ, se and u (each [N]) of the N heads in ``masks`` [R, N] from the subsets' changes [R], with ``estimate``
-    [N] as the control variate: d_r = c_r − Σ_{n∈S_r} e(n), ĉ(n) = e(n) + (mean of d_r over the subsets holding n
-    − mean over the others), u(n) = |ĉ(n)| + t_{1−δ/(2N), ν(n)}·se(n) (Welch's t: a head sits in few subsets)."""
-    residual = changes - masks.astype(float) @ estimate
-    correction, se, upper = subsample_estimates(masks, residual, level, welch=True)
-    corrected = estimate + correction
-    return corrected, se, np.abs(corrected) + (upper - np.abs(correction))
-
-
-@torch.no_grad()
-def ablated_sums(
-    model: HeadModel,
-    batch: Batch,
-    resid_pre: dict[int, Tensor],  # (b, T, d) entering each layer, from cache_batch
-    sets: list[list[Head]],
-    fills: list[Tensor | None],  # per layer [n_heads_l, d_head], None for zero ablation
-    rows: int = 8,
-) -> list[list[float]]:
-    """NLL sum of each window of ``batch`` with each head set ablated together: [len(sets)][b]. Sets run as
-    batched copies, each from the lowest layer of its chunk (pass sets sorted by their lowest layer)."""
-    b = batch.tokens.shape[0]
-    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
-    copies = max(1, rows // b)
-    sums: list[list[float]] = []
-    for first in range(0, len(sets), copies):
-        chunk = sets[first : first + copies]
-        start = min((layer for heads in chunk for layer, _ in heads), default=0)  # an empty set: the baseline
-        keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, heads) for heads in chunk))]  # [c, h_l]
-        gates = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
-        resid = model.run_blocks(resid_pre[start].repeat(len(chunk), 1, 1), start=start, gates=gates, fills=fills)
-        for copy in resid.split(b):
-            sums.append(window_sums(unembed_nll(model, copy, tokens), mask))
-    return sums
-
-
-def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
-    return sorted(range(len(sets)), key=lambda i: min((layer for layer, _ in sets[i]), default=0))
-
-
 def _estimate_vector(estimate: Tensor | Iterable[float], n_heads: int, name: str) -> Tensor:
     """The estimate as a float64 [H] tensor, checked: one finite value per head."""
     e = (estimate.detach().cpu().double() if isinstance(estimate, Tensor)
@@ -232,6 +170,25 @@ def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np
                          "se": np.nan, "upper": upper})
 
 
+def _ablation_fills(model: HeadModel, method: str, ids: Tensor, windowing: Windowing,
+                    means: dict[Head, Tensor] | None, progress: Progress | NoProgress | None,
+                    show_progress: bool) -> list[Tensor | None]:
+    """Per layer what an ablated head's z becomes: None (zero) for abl_zero, z̄ for abl_mean (``means``, measured
+    on ``ids`` when not given)."""
+    if method != "abl_mean":
+        return [None] * model.cfg.n_layers
+    if means is None:
+        from headprune.scoring import head_means
+
+        means = head_means(model, ids, windowing, progress=progress, show_progress=show_progress)
+    return list(fill_tensors(model, means))
+
+
+def _heads_tag(prefix: str, kind: str, chosen: np.ndarray) -> str:
+    """A unit tag naming which heads (a digest), so that a resumed run with other heads recomputes."""
+    return f"{prefix}/{kind}/{hashlib.sha256(','.join(map(str, chosen)).encode()).hexdigest()[:12]}"
+
+
 def verify_ranking(
     model: HeadModel,
     ids: Tensor,
@@ -246,7 +203,8 @@ def verify_ranking(
     show_progress: bool = True,
 ) -> VerifiedRanking:
     """The verified ranking of ``method`` by ``estimate`` on token ids ``ids`` (1-D): see the module docstring.
-    Resumable through ``progress``: per batch, a unit for its baseline and one per :data:`CHUNK` head sets."""
+    Resumable through ``progress``: per batch, a unit for its baseline and one per :data:`~.set_sweep.CHUNK` head
+    sets."""
     if method not in VERIFIABLE:
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
     model.require_heads(f"verifying {method}")
@@ -255,66 +213,24 @@ def verify_ranking(
     e = _estimate_vector(estimate, len(heads), estimate_name)
     k = verification.check(len(heads))
     windowing = windowing or Windowing.for_model(model)
-    batches = windowing.batches(ids)
-    if method == "abl_mean" and means is None:
-        from headprune.scoring import head_means
-
-        means = head_means(model, ids, windowing, progress=progress, show_progress=show_progress)
-    fills: list[Tensor | None] = (list(fill_tensors(model, means)) if method == "abl_mean" and means is not None
-                                  else [None] * model.cfg.n_layers)
-
+    fills = _ablation_fills(model, method, ids, windowing, means, progress, show_progress)
     order = np.argsort(-e.abs().numpy(), kind="stable")
     first, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
     masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]
 
-    cache = batch_caches(model, batches)
-    rows = rows_per_forward(model, verification.rows)
-    n = float(sum(int(b.mask.sum()) for b in batches))  # scored tokens
-    bases: dict[int, list[float]] = {}  # the unablated NLL sum of each window, per batch
+    sweep = SetSweep(model, method, windowing.batches(ids), fills, rows_per_forward(model, verification.rows),
+                     progress or NoProgress(), show_progress)
 
-    def measure(groups: dict[str, list[list[Head]]], what: str) -> dict[str, np.ndarray]:
-        """Corpus ΔL of each head set of each group (``tag: sets``, the sets ablated together), in the sets' own
-        order: resumable units, batch by batch (one cached residual stream held), of :data:`CHUNK` sets, lowest layer
-        first; the first call also measures each batch's baseline."""
-        run_order = {tag: _lowest_layer_first(sets) for tag, sets in groups.items()}
-        parts = {tag: [[sets[i] for i in run_order[tag][c : c + CHUNK]] for c in range(0, len(sets), CHUNK)]
-                 for tag, sets in groups.items()}
-        units: list[tuple[str, Callable[[], object]]] = []
-        for kb in range(len(batches)):
-            if not bases:
-                units.append((f"verify/{method}/b{kb}/base", partial(lambda kb: cache(kb)[1], kb)))
-            units += [(f"{tag}/b{kb}/{c}", partial(lambda kb, part: ablated_sums(
-                model, batches[kb], cache(kb)[0], part, fills, rows), kb, part))
-                      for tag, chunks in parts.items() for c, part in enumerate(chunks)]
-        bar: Callable[[Iterable], Iterable] = lambda it: tqdm(it, desc=f"{what} ({method})", leave=False,
-                                                              disable=not show_progress)
-        results = run_units(units, progress or NoProgress(), bar)
-        for kb in range(len(batches)):
-            bases.setdefault(kb, results.get(f"verify/{method}/b{kb}/base", []))
-        base = np.concatenate([np.array(bases[kb]) for kb in range(len(batches))])  # [W]
-        out = {}
-        for tag, chunks in parts.items():
-            sums = np.concatenate([np.array([row for c in range(len(chunks)) for row in results[f"{tag}/b{kb}/{c}"]])
-                                   for kb in range(len(batches))], axis=1)  # [sets, W], in run order
-            out[tag] = np.empty(len(groups[tag]))
-            out[tag][run_order[tag]] = (sums - base).sum(1) / n
-        return out
-
-    def heads_tag(kind: str, chosen: np.ndarray) -> str:  # which heads, so a resumed run with others recomputes
-        digest = hashlib.sha256(",".join(map(str, chosen)).encode()).hexdigest()[:12]
-        return f"verify/{method}/{estimate_name}/{kind}/{digest}"
-
+    heads_tag = partial(_heads_tag, f"verify/{method}/{estimate_name}")
     subsets_tag = (f"{heads_tag('subsets', first)}/r{verification.subsets}/p{verification.inclusion}/"
                    f"s{verification.seed}")
-    round_of = np.zeros(len(heads), dtype=int)
-    exact = np.full(len(heads), np.nan)
-    upper_all = np.full(len(heads), np.nan)
-    chosen = first
+    round_of, chosen = np.zeros(len(heads), dtype=int), first
+    exact, upper_all = np.full(len(heads), np.nan), np.full(len(heads), np.nan)
     for r in range(1, verification.rounds + 1):
         groups = {heads_tag(f"round{r}", chosen): [[heads[i]] for i in chosen]}
         if r == 1:
             groups[subsets_tag] = [[heads[rest[j]] for j in np.flatnonzero(row)] for row in masks]
-        measured = measure(groups, f"verifying, round {r} of {verification.rounds}")
+        measured = sweep.measure(groups, f"verifying, round {r} of {verification.rounds}")
         if r == 1:
             est, se, upper = corrected_estimates(masks, measured[subsets_tag], e.numpy()[rest], verification.level)
             upper_all[rest] = upper
@@ -330,8 +246,7 @@ def verify_ranking(
     table.loc[rest, "sub_estimate"], table.loc[rest, "se"] = est, se
     unverified = upper_all[~verified]
     return VerifiedRanking(method, estimate_name, table, float(unverified.max()), float(np.abs(exact[top]).min()),
-                           certified_recall(exact[verified], unverified, k),
-                           float(sum(map(sum, bases.values())) / n), int(n),
+                           certified_recall(exact[verified], unverified, k), sweep.baseline_nll, int(sweep.tokens),
                            verification.subsets, verification.inclusion, verification.level)
 
 
@@ -370,24 +285,3 @@ def exact_ranking(
     baseline = scored.baseline or {}
     return VerifiedRanking(method, estimate_name, table, 0.0, float(np.abs(exact[top]).min()), 1.0,
                            float(baseline.get("nll", np.nan)), int(baseline.get("tokens", 0)), 0, 0.0, DEFAULT_LEVEL)
-
-
-def certified_recall(exact: np.ndarray, upper: np.ndarray, k: int | None = None) -> float:
-    """Lower bound on the recall of the true top K by |ΔL| (default K = len(``exact``)) by the K verified heads with
-    the largest |ΔL| (``exact``: every verified head's), given the unverified heads' upper bounds ``upper``: with t
-    the K-th largest |exact|, at most m = #{u ≥ t} unverified heads can outrank a claimed one, so at least K − m of
-    the true top K are claimed."""
-    k = len(exact) if k is None else k
-    threshold = np.sort(np.abs(exact))[::-1][k - 1]
-    return max(0, k - int((upper >= threshold).sum())) / k
-
-
-def recall_at_k(exact_all: Iterable[float], verified: Iterable[bool]) -> float:
-    """The share of the true top K heads by |ΔL| (``exact_all``: every head's exact ΔL, e.g. the exact sweep's
-    abl_zero column) that the verified set (K = its size) contains."""
-    values, chosen = np.abs(np.asarray(list(exact_all), dtype=float)), np.asarray(list(verified), dtype=bool)
-    k = int(chosen.sum())
-    if not 0 < k <= len(values):
-        raise HeadpruneError(f"{k} verified heads of {len(values)}: nothing to compare")
-    true_top = np.argsort(-values, kind="stable")[:k]
-    return float(chosen[true_top].sum() / k)

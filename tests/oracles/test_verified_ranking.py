@@ -17,15 +17,9 @@ from headprune.patching.missed import subsample_estimates
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, score_heads
 from headprune.scoring.ablation import cache_batch
-from headprune.scoring.verified import (
-    Verification,
-    ablated_sums,
-    certified_recall,
-    corrected_estimates,
-    draw_subsets,
-    recall_at_k,
-    verify_ranking,
-)
+from headprune.scoring.set_sweep import ablated_sums
+from headprune.scoring.verified import Verification, verify_ranking
+from headprune.scoring.verified_stats import certified_recall, corrected_estimates, draw_subsets, recall_at_k
 
 from helpers import TINY, random_tokens
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headprune.scoring.verified import recall_at_k
+from headprune.scoring.verified_stats import recall_at_k
 
 
 @pytest.mark.parametrize("verified, want", [

@@ -1,0 +1,101 @@
+"""Head sets ablated together, measured on the corpus: each set's NLL sum per window from batched ablated copies run
+from the set's lowest layer on a cached residual stream (:func:`ablated_sums`), and the resumable sweep of many sets
+that :func:`~.verified.verify_ranking` measures its verified heads and random subsets with (:class:`SetSweep`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from headprune.io.work.distributed import run_units
+from headprune.io.work.progress import NoProgress, Progress
+from headprune.models.base import HeadModel
+from headprune.models.interventions import Head, mask_gates
+from headprune.models.nll import unembed_nll
+from headprune.perplexity import Batch, window_sums
+from headprune.scoring.ablation import batch_caches
+
+CHUNK = 8  # head sets per resumable unit
+
+
+@torch.no_grad()
+def ablated_sums(
+    model: HeadModel,
+    batch: Batch,
+    resid_pre: dict[int, Tensor],  # (b, T, d) entering each layer, from cache_batch
+    sets: list[list[Head]],
+    fills: list[Tensor | None],  # per layer [n_heads_l, d_head], None for zero ablation
+    rows: int = 8,
+) -> list[list[float]]:
+    """NLL sum of each window of ``batch`` with each head set ablated together: [len(sets)][b]. Sets run as
+    batched copies, each from the lowest layer of its chunk (pass sets sorted by their lowest layer)."""
+    b = batch.tokens.shape[0]
+    tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
+    copies = max(1, rows // b)
+    sums: list[list[float]] = []
+    for first in range(0, len(sets), copies):
+        chunk = sets[first : first + copies]
+        start = min((layer for heads in chunk for layer, _ in heads), default=0)  # an empty set: the baseline
+        keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, heads) for heads in chunk))]  # [c, h_l]
+        gates = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
+        resid = model.run_blocks(resid_pre[start].repeat(len(chunk), 1, 1), start=start, gates=gates, fills=fills)
+        for copy in resid.split(b):
+            sums.append(window_sums(unembed_nll(model, copy, tokens), mask))
+    return sums
+
+
+def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
+    return sorted(range(len(sets)), key=lambda i: min((layer for layer, _ in sets[i]), default=0))
+
+
+class SetSweep:
+    """Corpus ΔL (nats/token) of head sets ablated together, in resumable units: batch by batch (one cached
+    residual stream held), :data:`CHUNK` sets per unit, lowest layer first; the first call also measures each
+    batch's baseline."""
+
+    def __init__(self, model: HeadModel, method: str, batches: list[Batch], fills: list[Tensor | None], rows: int,
+                 progress: Progress | NoProgress, show_progress: bool):
+        self.model, self.method, self.batches, self.fills, self.rows = model, method, batches, fills, rows
+        self.progress, self.show_progress = progress, show_progress
+        self.cache = batch_caches(model, batches)
+        self.tokens = float(sum(int(b.mask.sum()) for b in batches))  # scored tokens
+        self.bases: dict[int, list[float]] = {}  # the unablated NLL sum of each window, per batch
+
+    @property
+    def baseline_nll(self) -> float:
+        return float(sum(map(sum, self.bases.values())) / self.tokens)
+
+    def _units(self, parts: dict[str, list[list[list[Head]]]]) -> list[tuple[str, Callable[[], object]]]:
+        units: list[tuple[str, Callable[[], object]]] = []
+        for kb in range(len(self.batches)):
+            if not self.bases:
+                units.append((f"verify/{self.method}/b{kb}/base", partial(lambda kb: self.cache(kb)[1], kb)))
+            units += [(f"{tag}/b{kb}/{c}", partial(lambda kb, part: ablated_sums(
+                self.model, self.batches[kb], self.cache(kb)[0], part, self.fills, self.rows), kb, part))
+                      for tag, chunks in parts.items() for c, part in enumerate(chunks)]
+        return units
+
+    def measure(self, groups: dict[str, list[list[Head]]], what: str) -> dict[str, np.ndarray]:
+        """ΔL of each head set of each group (``tag: sets``), in the sets' own order."""
+        run_order = {tag: _lowest_layer_first(sets) for tag, sets in groups.items()}
+        parts = {tag: [[sets[i] for i in run_order[tag][c : c + CHUNK]] for c in range(0, len(sets), CHUNK)]
+                 for tag, sets in groups.items()}
+        bar: Callable[[Iterable], Iterable] = lambda it: tqdm(it, desc=f"{what} ({self.method})", leave=False,
+                                                              disable=not self.show_progress)
+        results = run_units(self._units(parts), self.progress, bar)
+        n_batches = len(self.batches)
+        for kb in range(n_batches):
+            self.bases.setdefault(kb, results.get(f"verify/{self.method}/b{kb}/base", []))
+        base = np.concatenate([np.array(self.bases[kb]) for kb in range(n_batches)])  # [W]
+        out = {}
+        for tag, chunks in parts.items():
+            sums = np.concatenate([np.array([row for c in range(len(chunks)) for row in results[f"{tag}/b{kb}/{c}"]])
+                                   for kb in range(n_batches)], axis=1)  # [sets, W], in run order
+            out[tag] = np.empty(len(groups[tag]))
+            out[tag][run_order[tag]] = (sums - base).sum(1) / self.tokens
+        return out
