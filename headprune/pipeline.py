@@ -139,8 +139,9 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     ``out``."""
     from headprune.anatomy.for_report import anatomy_report
     from headprune.models.families import layout_text, model_type
-    from headprune.schema import SCORES_DIGEST, scores_digest
+    from headprune.schema import SCORES_DIGEST
     from headprune.stages.serving import serving_stage
+    from headprune.table_checks import scores_digest
 
     inputs, scores = run.inputs, results.scores
     model, windowing = inputs.model, inputs.windowing

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> None:
     from headprune.io.work.files import read_scores
     from headprune.pruning.gates import GATE
     from headprune.pruning.selection import check_scores_match
-    from headprune.schema import RANDOM, SCORES_DIGEST, parse_fractions, scores_digest
+    from headprune.schema import RANDOM, SCORES_DIGEST, parse_fractions
+    from headprune.table_checks import scores_digest
 
     check_gate_args(args, "--gate-steps", "--gate-lr")
     out = table_output(args)

@@ -20,15 +20,8 @@ from headprune.cli.options import (
     add_workers_arg,
 )
 from headprune.errors import HeadpruneError
-from headprune.schema import (
-    METHOD_SPECS,
-    VERIFIABLE,
-    VERIFY_INCLUSION,
-    VERIFY_ROUNDS,
-    VERIFY_SUBSETS,
-    check_scores,
-    method_columns,
-)
+from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS, method_columns
+from headprune.table_checks import check_scores
 
 HELP = "ablation ranking from a cheap estimate: its top heads exact, the rest bounded"
 PARAMS = {"verified": "verify", "subsets": "bound_subsets"}  # Verification's fields, as this command's options

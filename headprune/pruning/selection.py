@@ -24,7 +24,8 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.models.heads import head_id
 from headprune.pruning.options import DEFAULT_SELECTION, Selection
-from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, check_scores, method_columns, split_ranking
+from headprune.schema import DESCRIPTIVE, HEAD_COLUMNS, RANDOM, method_columns, split_ranking
+from headprune.table_checks import check_scores
 
 if TYPE_CHECKING:  # torch-free at import: the report ranks heads without a model
     from headprune.models.base import HeadModel

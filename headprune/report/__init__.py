@@ -87,7 +87,7 @@ from headprune.report.tables import (
     predictiveness,
     summary_table,
 )
-from headprune.schema import check_curves, check_scores
+from headprune.table_checks import check_curves, check_scores
 
 __all__ = ["ReportSections", "baseline_from_curves", "best_method", "build_report", "markdown_table",
            "predictiveness", "rebuild_report", "summary_table"]

@@ -1,6 +1,6 @@
 """The report's numbers: best method, perplexity at 10/30/50%, predictiveness of each score, top heads.
 
-Every function takes validated tables (:func:`headprune.schema.check_scores` / ``check_curves``).
+Every function takes validated tables (:func:`headprune.table_checks.check_scores` / ``check_curves``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from sklearn.linear_model import LinearRegression
 from headprune.errors import HeadpruneError
 from headprune.pruning.selection import rank_heads, select_heads
 from headprune.report.head_bootstrap import head_bootstrap, within_layer
-from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, check_curves, check_scores, method_columns
+from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, method_columns
+from headprune.table_checks import check_curves, check_scores
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
                           "kendall_tau", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_top10", "roc_auc_ci_lo",
@@ -69,7 +70,8 @@ def check_together(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict) -
     if len(prints) == 2 and prints[0] != prints[1]:
         raise HeadpruneError(f"the scores (model {min(prints[0])}) and the curves (model {min(prints[1])}) come from "
                              "different models; use the tables of one run")
-    from headprune.schema import SCORES_DIGEST, scores_digest
+    from headprune.schema import SCORES_DIGEST
+    from headprune.table_checks import scores_digest
 
     if SCORES_DIGEST in curves.columns and (ranked := set(curves[SCORES_DIGEST].astype(str))) != {
             mine := scores_digest(scores)}:

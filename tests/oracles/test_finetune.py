@@ -321,7 +321,8 @@ def test_check_curves_keeps_recovered_rows_apart():
     import pandas as pd
 
     from headprune.errors import HeadpruneError
-    from headprune.schema import CURVE_COLUMNS, check_curves
+    from headprune.schema import CURVE_COLUMNS
+    from headprune.table_checks import check_curves
 
     row = dict.fromkeys(CURVE_COLUMNS, 0.0) | {"method": "grad", "compensation": "none", "fraction": 0.5,
                                               "heads_pruned": 2, "params": 10, "n_seeds": 1, "model_fingerprint": "ab"}

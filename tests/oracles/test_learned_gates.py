@@ -27,7 +27,8 @@ from headprune.pruning.gates import (
     sample_gates,
 )
 from headprune.pruning.selection import select_heads
-from headprune.schema import ALL_METHODS, METHODS, check_scores, method_family, parse_methods
+from headprune.schema import ALL_METHODS, METHODS, method_family, parse_methods
+from headprune.table_checks import check_scores
 
 from helpers import random_tokens
 

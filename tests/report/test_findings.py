@@ -18,7 +18,8 @@ from headprune.report import build_report
 from headprune.report.findings import findings
 from headprune.report.tables import layer_counts, predictiveness, pruning_order, summary_table
 from headprune.report.views import flatten
-from headprune.schema import check_curves, check_scores, method_family
+from headprune.schema import method_family
+from headprune.table_checks import check_curves, check_scores
 
 from report_tables import BASELINE, FRACTIONS, SETTINGS, curve_row, make_curves, make_scores
 

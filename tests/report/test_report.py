@@ -20,8 +20,9 @@ from headprune.report import build_report, rebuild_report
 from headprune.report.plots.common import head_grid
 from headprune.report.render import make_content
 from headprune.report.tables import PREDICTIVENESS_COLUMNS, best_method, predictiveness, summary_table, top_heads_mask
-from headprune.schema import CURVE_COLUMNS, METHOD_UNITS, check_curves, check_scores
+from headprune.schema import CURVE_COLUMNS, METHOD_UNITS
 from headprune.schema import ID_COLUMNS as SCORE_COLUMNS
+from headprune.table_checks import check_curves, check_scores
 
 from report_tables import (
     BASELINE,
