@@ -1,5 +1,5 @@
 """The attention arithmetic every family shares: gates and fills on head outputs, causal (and sliding-window)
-probabilities."""
+probabilities, and the row blocks of heads in the attention weights."""
 
 from __future__ import annotations
 
@@ -68,3 +68,16 @@ def streaming_z(q: Tensor, k: Tensor, v: Tensor, scale: float, sink: int, recent
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).to(q.dtype)
         out.append(probs @ vv)
     return torch.cat(out, dim=2)
+
+
+def head_rows(heads: list[int], width: int, device: torch.device) -> Tensor:
+    """Indices of ``width`` consecutive rows per head: head·width + 0..width−1, in the order of ``heads``."""
+    return (torch.tensor(heads, dtype=torch.long, device=device).view(-1, 1) * width
+            + torch.arange(width, device=device)).reshape(-1)
+
+
+def widened(t: Tensor, dim: int, index: Tensor, size: int) -> Tensor:
+    """``t`` placed at ``index`` along ``dim`` of a zero tensor ``size`` long there."""
+    shape = list(t.shape)
+    shape[dim] = size
+    return t.detach().new_zeros(shape).index_copy_(dim, index, t.detach())

@@ -36,35 +36,7 @@ from headprune.models.attention_ops import causal_probs, gated, sliding_causal_m
 from headprune.models.head_config import Head, HeadConfig, Origin
 from headprune.models.hooks import AttentionHook, Capture
 from headprune.models.streaming import Streaming
-
-
-def head_rows(heads: list[int], width: int, device: torch.device) -> Tensor:
-    """Indices of ``width`` consecutive rows per head: head·width + 0..width−1, in the order of ``heads``."""
-    return (torch.tensor(heads, dtype=torch.long, device=device).view(-1, 1) * width
-            + torch.arange(width, device=device)).reshape(-1)
-
-
-def widened(t: Tensor, dim: int, index: Tensor, size: int) -> Tensor:
-    """``t`` placed at ``index`` along ``dim`` of a zero tensor ``size`` long there."""
-    shape = list(t.shape)
-    shape[dim] = size
-    return t.detach().new_zeros(shape).index_copy_(dim, index, t.detach())
-
-
-def check_token_tensor(tokens: Tensor, vocab_size: int) -> None:
-    """HeadpruneError unless ``tokens`` is an integer tensor of ids in [0, vocab_size) (an id outside would be an
-    index error deep in the embedding, or on a GPU a device-side assert)."""
-    if not isinstance(tokens, Tensor) or tokens.dtype not in (
-        torch.long, torch.int32, torch.int16, torch.uint8
-    ):
-        raise HeadpruneError("token ids must be an integer tensor, "
-                             f"got {getattr(tokens, 'dtype', type(tokens).__name__)}")
-    if tokens.dim() != 2:
-        raise HeadpruneError(f"token ids must be a (batch, T) tensor, got shape {tuple(tokens.shape)}; use "
-                             "ids[None] for one sequence")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise HeadpruneError(f"token ids lie outside the model's vocabulary [0, {vocab_size}) "
-                             f"(min {int(tokens.min())}, max {int(tokens.max())}); use the model's own tokenizer")
+from headprune.models.token_check import check_token_tensor
 
 
 class HeadAttention(nn.Module):

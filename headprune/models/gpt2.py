@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, check_token_tensor, widened
+from headprune.models.attention_ops import widened
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
 from headprune.models.gpt2_config import GPT2Config
 from headprune.models.head_config import HeadConfig
 from headprune.models.hooks import Capture
+from headprune.models.token_check import check_token_tensor
 
 
 class Conv1D(nn.Module):

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel, head_rows, widened
+from headprune.models.attention_ops import head_rows, widened
+from headprune.models.base import HeadAttention, HeadBlock, HeadBlocks, HeadModel
 from headprune.models.head_config import HeadConfig, check_eps
 from headprune.models.hooks import Capture
 from headprune.models.rotary import apply_rotary, inv_frequencies, rotary_tables
