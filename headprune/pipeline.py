@@ -139,6 +139,7 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     ``out``."""
     from headprune.anatomy.for_report import anatomy_report
     from headprune.models.families import layout_text, model_type
+    from headprune.report.context_section import read_context_section
     from headprune.schema import SCORES_DIGEST
     from headprune.stages.serving import serving_stage
     from headprune.table_checks import scores_digest
@@ -155,7 +156,7 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     curves = results.curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
     extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
-                           serving_llama_cpp=serving.llama_cpp)
+                           serving_llama_cpp=serving.llama_cpp, context=read_context_section(out))
     report = build_report(scores, curves, out, settings=settings, baseline=results.baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
