@@ -78,7 +78,8 @@ def gguf_serving_findings(table: pd.DataFrame, ranking: str) -> list[str]:
             even, uneven = group[group["shape"] == "uniform"].iloc[0], group[group["shape"] == "uneven"].iloc[0]
             lower = "uneven" if uneven["ppl"] < even["ppl"] else "uniform"
             sentences.append(
-                f"At {fraction:.0%} asked, the uneven prune ({int(uneven['removed'])} heads) has perplexity "
+                f"Uneven against uniform at {fraction:.0%} asked: the uneven prune ({int(uneven['removed'])} heads) "
+                f"has perplexity "
                 f"{uneven['ppl']:.2f} in llama.cpp and the uniform one ({int(even['removed'])} heads) "
                 f"{even['ppl']:.2f}: the {lower} prune is lower.")
     return sentences
