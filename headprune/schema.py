@@ -26,6 +26,9 @@ DEFAULT_BOUND_SUBSETS = 64
 # headprune verify (headprune.scoring.verified): the ablations it verifies, its subsets and their inclusion probability
 VERIFIABLE, VERIFY_SUBSETS, VERIFY_INCLUSION = ("abl_zero", "abl_mean"), 32, 0.25
 VERIFY_ROUNDS = 2  # rounds of exact ablation: the estimate's top K, then the K the bound leaves most open
+#: headprune rank (headprune.scoring.adaptive): the sets of K heads it certifies
+ADAPTIVE_TARGETS = {"top": "the K heads with the largest |ΔNLL|",
+                    "prune": "the K heads with the smallest ΔNLL (those a prune of K heads removes first)"}
 
 # ---------------------------------------------------------------- methods
 

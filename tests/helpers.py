@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 TINY = {"vocab_size": 50257, "n_positions": 64, "n_embd": 32, "n_layer": 3, "n_head": 4, "initializer_range": 0.2}
@@ -152,3 +153,27 @@ def vocab_gguf(path, vocab: int):
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def hf_zeroed_sums(hf, tokens, mask, heads, d_head: int = TINY["n_embd"] // TINY["n_head"]):
+    """NLL sum of each window (``tokens`` (b, T), ``mask`` (b, T−1)) with the c_proj input slices of ``heads``
+    zeroed in Hugging Face's GPT-2 ``hf``: zero ablation computed by transformers."""
+
+    def zero(layer):
+        def hook(_module, args):
+            x = args[0].clone()
+            for l, h in heads:
+                if l == layer:
+                    x[..., h * d_head:(h + 1) * d_head] = 0
+            return (x,)
+        return hook
+
+    handles = [blk.attn.c_proj.register_forward_pre_hook(zero(l)) for l, blk in enumerate(hf.transformer.h)]
+    try:
+        with torch.no_grad():
+            logits = hf(tokens).logits[:, :-1].double()
+    finally:
+        for handle in handles:
+            handle.remove()
+    nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    return (nll * mask).sum(1).tolist()

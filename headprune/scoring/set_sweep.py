@@ -56,12 +56,14 @@ def _lowest_layer_first(sets: list[list[Head]]) -> list[int]:
 class SetSweep:
     """Corpus ΔL (nats/token) of head sets ablated together, in resumable units: batch by batch (one cached
     residual stream held), :data:`CHUNK` sets per unit, lowest layer first; the first call also measures each
-    batch's baseline."""
+    batch's baseline. Units are keyed under ``prefix`` (default ``verify/{method}``): sweeps of other batches that
+    share a progress file need their own."""
 
     def __init__(self, model: HeadModel, method: str, batches: list[Batch], fills: list[Tensor | None], rows: int,
-                 progress: Progress | NoProgress, show_progress: bool):
+                 progress: Progress | NoProgress, show_progress: bool, prefix: str | None = None):
         self.model, self.method, self.batches, self.fills, self.rows = model, method, batches, fills, rows
         self.progress, self.show_progress = progress, show_progress
+        self.prefix = prefix or f"verify/{method}"
         self.cache = batch_caches(model, batches)
         self.tokens = float(sum(int(b.mask.sum()) for b in batches))  # scored tokens
         self.bases: dict[int, list[float]] = {}  # the unablated NLL sum of each window, per batch
@@ -74,7 +76,7 @@ class SetSweep:
         units: list[tuple[str, Callable[[], object]]] = []
         for kb in range(len(self.batches)):
             if not self.bases:
-                units.append((f"verify/{self.method}/b{kb}/base", partial(lambda kb: self.cache(kb)[1], kb)))
+                units.append((f"{self.prefix}/b{kb}/base", partial(lambda kb: self.cache(kb)[1], kb)))
             units += [(f"{tag}/b{kb}/{c}", partial(lambda kb, part: ablated_sums(
                 self.model, self.batches[kb], self.cache(kb)[0], part, self.fills, self.rows), kb, part))
                       for tag, chunks in parts.items() for c, part in enumerate(chunks)]
@@ -82,6 +84,15 @@ class SetSweep:
 
     def measure(self, groups: dict[str, list[list[Head]]], what: str) -> dict[str, np.ndarray]:
         """ΔL of each head set of each group (``tag: sets``), in the sets' own order."""
+        return {tag: changes.sum(1) / self.tokens for tag, changes in self.measure_windows(groups, what).items()}
+
+    def window_tokens(self) -> np.ndarray:
+        """[W] scored tokens of each window, in the order :meth:`measure_windows` gives its columns."""
+        return np.concatenate([b.mask.sum(1).numpy() for b in self.batches]).astype(float)
+
+    def measure_windows(self, groups: dict[str, list[list[Head]]], what: str) -> dict[str, np.ndarray]:
+        """[sets, W] per group (``tag: sets``, rows in the sets' own order): each set's ablated − unablated NLL sum
+        of every window, batch after batch."""
         run_order = {tag: _lowest_layer_first(sets) for tag, sets in groups.items()}
         parts = {tag: [[sets[i] for i in run_order[tag][c : c + CHUNK]] for c in range(0, len(sets), CHUNK)]
                  for tag, sets in groups.items()}
@@ -90,12 +101,12 @@ class SetSweep:
         results = run_units(self._units(parts), self.progress, bar)
         n_batches = len(self.batches)
         for kb in range(n_batches):
-            self.bases.setdefault(kb, results.get(f"verify/{self.method}/b{kb}/base", []))
+            self.bases.setdefault(kb, results.get(f"{self.prefix}/b{kb}/base", []))
         base = np.concatenate([np.array(self.bases[kb]) for kb in range(n_batches)])  # [W]
         out = {}
         for tag, chunks in parts.items():
             sums = np.concatenate([np.array([row for c in range(len(chunks)) for row in results[f"{tag}/b{kb}/{c}"]])
                                    for kb in range(n_batches)], axis=1)  # [sets, W], in run order
-            out[tag] = np.empty(len(groups[tag]))
-            out[tag][run_order[tag]] = (sums - base).sum(1) / self.tokens
+            out[tag] = np.empty_like(sums)
+            out[tag][run_order[tag]] = sums - base
         return out

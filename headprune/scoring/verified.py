@@ -170,7 +170,7 @@ def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np
                          "se": np.nan, "upper": upper})
 
 
-def _ablation_fills(model: HeadModel, method: str, ids: Tensor, windowing: Windowing,
+def ablation_fills(model: HeadModel, method: str, ids: Tensor, windowing: Windowing,
                     means: dict[Head, Tensor] | None, progress: Progress | NoProgress | None,
                     show_progress: bool) -> list[Tensor | None]:
     """Per layer what an ablated head's z becomes: None (zero) for abl_zero, z̄ for abl_mean (``means``, measured
@@ -213,7 +213,7 @@ def verify_ranking(
     e = _estimate_vector(estimate, len(heads), estimate_name)
     k = verification.check(len(heads))
     windowing = windowing or Windowing.for_model(model)
-    fills = _ablation_fills(model, method, ids, windowing, means, progress, show_progress)
+    fills = ablation_fills(model, method, ids, windowing, means, progress, show_progress)
     order = np.argsort(-e.abs().numpy(), kind="stable")
     first, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
     masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]

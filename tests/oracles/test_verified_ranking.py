@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 from scipy.stats import t as student_t
 from transformers import GPT2LMHeadModel
 
@@ -21,7 +19,7 @@ from headprune.scoring.set_sweep import ablated_sums
 from headprune.scoring.verified import Verification, verify_ranking
 from headprune.scoring.verified_stats import certified_recall, corrected_estimates, draw_subsets, recall_at_k
 
-from helpers import TINY, random_tokens
+from helpers import TINY, hf_zeroed_sums, random_tokens
 
 WINDOWS = Windowing.resolve(TINY["n_positions"], seq_len=16, batch_size=2)
 
@@ -42,30 +40,6 @@ def scored(model, ids):
                        show_progress=False)
 
 
-def _hf_sums(hf, tokens, mask, heads):
-    """NLL sum of each window with the c_proj input slices of ``heads`` zeroed in Hugging Face's GPT-2."""
-    d_head = TINY["n_embd"] // TINY["n_head"]
-
-    def zero(layer):
-        def hook(_module, args):
-            x = args[0].clone()
-            for l, h in heads:
-                if l == layer:
-                    x[..., h * d_head:(h + 1) * d_head] = 0
-            return (x,)
-        return hook
-
-    handles = [blk.attn.c_proj.register_forward_pre_hook(zero(l)) for l, blk in enumerate(hf.transformer.h)]
-    try:
-        with torch.no_grad():
-            logits = hf(tokens).logits[:, :-1].double()
-    finally:
-        for handle in handles:
-            handle.remove()
-    nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-    return (nll * mask).sum(1).tolist()
-
-
 def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
     hf = GPT2LMHeadModel.from_pretrained(tiny_dir).eval()
     batch = WINDOWS.batches(ids)[0]
@@ -73,7 +47,7 @@ def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
     resid_pre, _ = cache_batch(model, batch)
     got = ablated_sums(model, batch, resid_pre, sets, [None] * 3, rows=4)  # two sets per forward
     for heads, sums in zip(sets, got, strict=True):
-        np.testing.assert_allclose(sums, _hf_sums(hf, batch.tokens, batch.mask, heads), rtol=2e-6, atol=0)
+        np.testing.assert_allclose(sums, hf_zeroed_sums(hf, batch.tokens, batch.mask, heads), rtol=2e-6, atol=0)
 
 
 @pytest.mark.parametrize("method", ["abl_zero", "abl_mean"])
