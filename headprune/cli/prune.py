@@ -101,7 +101,10 @@ def run(args: argparse.Namespace) -> None:
     else:
         export = export_native if args.format == "native" else export_hf
         export(pruned, args.out, overwrite=args.overwrite, metadata=meta, dtype=saved)
-    _report(args, model, pruned, heads, stats, fill_data, ids, w, saved)
+    _report_removed(args, heads, stats, fill_data, w.seq_len)
+    if ids is not None:
+        _report_perplexity(args, model, pruned, ids, w)
+    _report_saved(args, pruned, saved)
 
 
 def _prune(args: argparse.Namespace, model, w, score_ids) -> tuple:
@@ -131,27 +134,39 @@ def _prune(args: argparse.Namespace, model, w, score_ids) -> tuple:
     return compensated_prune(model, heads, args.compensate, score_ids, w, show_progress=not args.quiet), heads
 
 
-def _report(args: argparse.Namespace, model, pruned, heads, stats: dict, fill_data, ids, w, saved) -> None:
-    """What the prune removed and cost, and what was written."""
-    from headprune.io.write.export import hf_layout
-    from headprune.io.write.export_source import dtype_name
+def _report_removed(args: argparse.Namespace, heads, stats: dict, fill_data, seq_len: int) -> None:
+    """What the prune removed: the heads, where their fills were fitted, and the parameters and attention FLOPs
+    per token at ``seq_len`` before and after (``stats``: :func:`~headprune.models.ledger.pruning_stats`)."""
     from headprune.models.heads import format_heads
-    from headprune.pruning.apply import DRASTIC, before_after
 
     print(f"heads removed ({len(heads)}): {format_heads(heads) or '(none)'}")
     if fill_data:
         print(f"{args.compensate} compensation: fills fitted on {fill_data}")
     print(f"parameters: {stats['params_before']:,} -> {stats['params_after']:,} (removed {stats['params_removed']:,})")
-    print(f"attention FLOPs/token at T={w.seq_len}: {stats['attention_flops_per_token_before']:,} -> "
+    print(f"attention FLOPs/token at T={seq_len}: {stats['attention_flops_per_token_before']:,} -> "
           f"{stats['attention_flops_per_token_after']:,} (removed {stats['attention_flops_per_token_removed']:,})")
-    if ids is not None:
-        measured = before_after(model, pruned, ids, w, progress=not args.quiet)
-        before, after = measured.before, measured.after
-        print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
-              f"(delta NLL {measured.delta_nll:+.4f} nats/token)")
-        if measured.drastic:
-            print(f"perplexity rose more than {DRASTIC:g}x: a short fine-tune wins much of it back "
-                  f"(headprune finetune {args.out} --steps 200 --teacher {args.model} --out {args.out}-recovered)")
+
+
+def _report_perplexity(args: argparse.Namespace, model, pruned, ids, w) -> None:
+    """What the prune cost: perplexity on ``ids`` before and after, and a fine-tune's command where it rose more
+    than :data:`~headprune.pruning.apply.DRASTIC` times."""
+    from headprune.pruning.apply import DRASTIC, before_after
+
+    measured = before_after(model, pruned, ids, w, progress=not args.quiet)
+    before, after = measured.before, measured.after
+    print(f"perplexity on {args.data} ({before.tokens:,} tokens): {before.ppl:.3f} -> {after.ppl:.3f} "
+          f"(delta NLL {measured.delta_nll:+.4f} nats/token)")
+    if measured.drastic:
+        print(f"perplexity rose more than {DRASTIC:g}x: a short fine-tune wins much of it back "
+              f"(headprune finetune {args.out} --steps 200 --teacher {args.model} --out {args.out}-recovered)")
+
+
+def _report_saved(args: argparse.Namespace, pruned, saved) -> None:
+    """What was written: the export's layout (hf, gguf) or how it reloads (native), its weights' dtype ``saved``
+    and where it went."""
+    from headprune.io.write.export import hf_layout
+    from headprune.io.write.export_source import dtype_name
+
     if args.format == "hf":
         print(hf_layout(pruned))
     if args.format == "gguf":

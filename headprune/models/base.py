@@ -150,16 +150,16 @@ class HeadAttention(nn.Module):
         q: Tensor,  # (B,h,T,d_k), rotated
         k: Tensor,  # (B,h_kv,T,d_k), rotated
         v: Tensor,  # (B,h_kv,T,d_k)
-        scale: float,
-        window: int | None = None,  # sliding window (Mistral): t attends to s with t − s < window
         gate: Tensor | None = None,  # [h], [B, h] or [B, h, T]
         fill: Tensor | None = None,  # [h, d_k] or [B, h, T, d_k]
         capture: Capture | None = None,
         need_weights: bool = False,
     ) -> Tensor:
-        """concat_i z_i (B,T,h·d_k) after gates and fills (:func:`gated`): the input of o_proj."""
+        """concat_i z_i (B,T,h·d_k) after gates and fills (:func:`gated`): the input of o_proj. z_i = softmax(q_i
+        k_g(i)ᵀ · ``self.scale`` + mask) v_g(i), the mask causal and, in a layer with a sliding ``self.window``,
+        also t − s < window."""
         B, h, T, dk = q.shape
-        hook = self.hook
+        hook, scale, window = self.hook, self.scale, self.window
         if hook is not None:
             q, k, v = hook.qkv(q, k, v)
         explicit = need_weights or (hook is not None and hook.needs_pattern)

@@ -149,7 +149,7 @@ class Attention(HeadAttention):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.c_proj.bias.expand(B, T, d)
-        z = self.attend(*self.qkv(x), self.scale, None, gate, fill, capture, need_weights)  # (B,T,h·d_k)
+        z = self.attend(*self.qkv(x), gate, fill, capture, need_weights)  # (B,T,h·d_k)
         return self.c_proj(z)  # (B,T,d)
 
 

@@ -189,8 +189,7 @@ class Attention(HeadAttention):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.o_proj.bias.expand(B, T, d)
-        z = self.attend(*self.qkv(x, cos, sin), self.scale, self.window, gate, fill, capture,
-                        need_weights)  # (B,T,h·d_k)
+        z = self.attend(*self.qkv(x, cos, sin), gate, fill, capture, need_weights)  # (B,T,h·d_k)
         return self.o_proj(z)
 
 

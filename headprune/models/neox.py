@@ -152,7 +152,7 @@ class Attention(HeadAttention):
         B, T, d = x.shape
         if self.n_heads == 0:
             return self.dense.bias.expand(B, T, d)
-        z = self.attend(*self.qkv(x, cos, sin), self.scale, None, gate, fill, capture, need_weights)  # (B,T,h·d_k)
+        z = self.attend(*self.qkv(x, cos, sin), gate, fill, capture, need_weights)  # (B,T,h·d_k)
         return self.dense(z)
 
 

@@ -38,7 +38,7 @@ from headprune.models.head_config import Head
 from headprune.models.ledger import param_table
 from headprune.models.nll import unembed_nll
 from headprune.perplexity import Batch, Windowing, window_sums
-from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions, Recovery
+from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import ranking_heads
 from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN
@@ -176,6 +176,51 @@ def _curve_rows(runs_of: dict[tuple[str, str, float], list[dict]], base: list[fl
     return rows, base_nll
 
 
+class CurvePoints:
+    """The curve's points as units of work: ``point(method, compensation, fraction, seed)`` is the pruned model's
+    [W] NLL sums, its parameter count and the heads it lost. Each distinct pruned model (heads, compensation) is
+    evaluated once and kept in ``evaluated``: methods often pick the same heads, and the same model gives
+    bit-identical numbers, so sharing changes no value."""
+
+    def __init__(self, model: HeadModel, batches: list[Batch], scores: pd.DataFrame, options: CurveOptions,
+                 compensation: Compensation):
+        self.model, self.batches, self.scores = model, batches, scores
+        self.options, self.compensation = options, compensation
+        self.evaluated: dict[tuple[frozenset[Head], str], dict] = {}
+        self._evaluator: Evaluator | None = None
+
+    def evaluator(self) -> Evaluator:
+        """The evaluator on the curve's batches, built on first use (a resumed curve may need none)."""
+        self._evaluator = self._evaluator or Evaluator(self.model, self.batches)
+        return self._evaluator
+
+    def heads(self, method: str, fraction: float, seed: int) -> list[Head]:
+        """The heads a point removes: the set chosen for (method, fraction) where ``options.head_sets`` has one,
+        else the round(fraction·N) lowest of the ranking ``method`` (seeded by ``seed``)."""
+        head_sets = self.options.head_sets
+        if head_sets is not None and (method, fraction) in head_sets:
+            return list(head_sets[(method, fraction)])
+        return ranking_heads(self.scores, method, fraction, self.options.selection.with_seed(seed))
+
+    def point(self, method: str, comp: str, fraction: float, seed: int) -> dict:
+        """{sums: [W] NLL sums, params, heads_pruned} of one point of the curve."""
+        heads = self.heads(method, fraction, seed)
+        comp = comp if heads else "none"
+        key = (frozenset(heads), comp)
+        if key not in self.evaluated:
+            model, recovery = self.model, self.options.recovery
+            # optimal: fitted for this set (single-head constants do not compose)
+            fills = self.compensation.fills(comp, heads)
+            # a new model; evaluated only, it shares what pruning leaves unchanged; recovering trains its own copy
+            pruned = prune_model(model, heads, fills, share=recovery is None)
+            if recovery is not None:
+                recovery.train(pruned)  # every layer may change: evaluated from the embeddings
+            keys = layer_keys(heads, fills, model.cfg.n_layers) if recovery is None else None
+            self.evaluated[key] = {"sums": self.evaluator()(pruned, keys),
+                                   "params": int(param_table(pruned).params.sum())}
+        return {**self.evaluated[key], "heads_pruned": len(heads)}
+
+
 def pruning_curves(
     model: HeadModel,
     ids: torch.Tensor,
@@ -187,15 +232,14 @@ def pruning_curves(
     compensation: Compensation = NO_COMPENSATION,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
-    recovery: Recovery | None = None,
 ) -> pd.DataFrame:
     """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction).
 
     ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``options.bootstrap``
     replicates, seeded by ``options.selection.seed``; NaN with 0 replicates).
-    ``recovery``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0 is then
-    the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the untrained
-    unpruned model.
+    ``options.recovery``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0
+    is then the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the
+    untrained unpruned model.
     ``options.head_sets``: the heads to prune for a method that is not a ranking of ``scores`` but chooses one set
     per fraction (the learned gates: :func:`headprune.pruning.gates.gate_head_sets`).
     """
@@ -205,52 +249,24 @@ def pruning_curves(
     w = options.windowing or Windowing.for_model(model)
     for _, comp in variants:
         compensation.check(comp)
-    recover_steps = recovery.steps if recovery is not None else 0
-    selection, seed, head_sets = options.selection, options.selection.seed, options.head_sets
+    recover_steps = options.recovery.steps if options.recovery is not None else 0
     batches = w.batches(ids)
     n = torch.cat([b.mask.sum(1) for b in batches]).double()  # [W] scored tokens per window
     params = int(param_table(model).params.sum())
-    evaluator: Evaluator | None = None
-
-    def evaluator_() -> Evaluator:
-        nonlocal evaluator
-        evaluator = evaluator or Evaluator(model, batches)
-        return evaluator
-
-    base = run_units([("curve/w/baseline", lambda: evaluator_().base)], progress)["curve/w/baseline"]
-    # Each distinct pruned model is evaluated once: methods often pick the same heads, every fraction 0 is the
-    # baseline. The same model gives bit-identical numbers, so sharing changes no value.
-    evaluated: dict[tuple, dict] = {} if recovery is not None else {(frozenset(), "none"): {"sums": base,
-                                                                                           "params": params}}
-
-    def point(method: str, comp: str, fraction: float, s: int) -> dict:
-        if head_sets is not None and (method, fraction) in head_sets:
-            heads = list(head_sets[(method, fraction)])
-        else:
-            heads = ranking_heads(scores, method, fraction, selection.with_seed(s))
-        comp = comp if heads else "none"
-        key = (frozenset(heads), comp)
-        if key not in evaluated:
-            # optimal: fitted for this set (single-head constants do not compose)
-            fills = compensation.fills(comp, heads)
-            # a new model; evaluated only, it shares what pruning leaves unchanged; recovering trains its own copy
-            pruned = prune_model(model, heads, fills, share=recovery is None)
-            if recovery is not None:
-                recovery.train(pruned)  # every layer may change: evaluated from the embeddings
-            keys = layer_keys(heads, fills, model.cfg.n_layers) if recovery is None else None
-            evaluated[key] = {"sums": evaluator_()(pruned, keys),
-                              "params": int(param_table(pruned).params.sum())}
-        return {**evaluated[key], "heads_pruned": len(heads)}
-
+    points = CurvePoints(model, batches, scores, options, compensation)
+    base = run_units([("curve/w/baseline", lambda: points.evaluator().base)], progress)["curve/w/baseline"]
+    if options.recovery is None:  # every fraction 0 is the unpruned model itself (recovering: its trained copy)
+        points.evaluated[(frozenset(), "none")] = {"sums": base, "params": params}
+    seed = options.selection.seed
     jobs = [(m, c, f, s) for m, c in variants for f in options.fractions
             for s in (range(seed, seed + options.seeds) if m == RANDOM else [seed])]
     bar = lambda it: tqdm(it, desc=bar_label(variants), disable=not show_progress, leave=False)
-    results = run_units([(_key(job, recover_steps), partial(point, *job)) for job in jobs], progress, bar)
+    results = run_units([(_key(job, recover_steps), partial(points.point, *job)) for job in jobs], progress, bar)
     runs_of = {(m, c, f): [results[_key(job, recover_steps)] for job in jobs if job[:3] == (m, c, f)]
                for m, c in variants for f in options.fractions}
     rows, base_nll = _curve_rows(runs_of, base, n, options.bootstrap, seed)
     df = pd.DataFrame(rows, columns=CURVE_COLUMNS).assign(model_fingerprint=model_fingerprint(model))
-    if recovery is not None:
+    if options.recovery is not None:
         df[RECOVER_COLUMN] = recover_steps
     df[FILL_COLUMN] = [compensation.fill_data if c != "none" else "" for c in df["compensation"]]
     df.attrs["baseline"] = {"tokens": int(n.sum()), "nll": base_nll, "ppl": math.exp(base_nll)}

@@ -52,6 +52,7 @@ from headprune.models.heads import head_id
 from headprune.models.interventions import Head
 from headprune.models.nll import model_nll
 from headprune.perplexity import Batch
+from headprune.pruning.gate_state import GateState, checkpoint_key, latest_checkpoint
 
 BETA, GAMMA, ZETA = 2 / 3, -0.1, 1.1  # Louizos et al.'s temperature and stretch interval
 EPS = 1e-6  # u is drawn from [EPS, 1 − EPS]: log u and log(1 − u) stay finite
@@ -136,50 +137,8 @@ def _split(flat: Tensor, model: HeadModel) -> list[Tensor | None]:
     return out
 
 
-def _to_json(value: Any) -> Any:
-    """Optimiser state -> JSON: tensors as {dtype, shape, data}; dict keys as text."""
-    if isinstance(value, Tensor):
-        return {"__tensor__": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
-                "data": value.detach().cpu().reshape(-1).tolist()}
-    if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    return value
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict) and "__tensor__" in value:
-        return torch.tensor(value["data"], dtype=getattr(torch, value["__tensor__"])).reshape(value["shape"])
-    if isinstance(value, dict):
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
-def _optimizer_state(opt: torch.optim.Optimizer) -> dict:
-    return _to_json(opt.state_dict())
-
-
-def _load_optimizer(opt: torch.optim.Optimizer, saved: dict) -> None:
-    state = _from_json(saved)
-    state["state"] = {int(k): v for k, v in state["state"].items()}  # JSON made the parameter indices text
-    opt.load_state_dict(state)
-
-
 def _constant(value: Any) -> Callable[[], Any]:
     return lambda: value
-
-
-def _checkpoint_key(prefix: str, step: int) -> str:
-    return f"{prefix}/ckpt/{step:07d}"
-
-
-def _latest_checkpoint(progress: Progress | NoProgress, prefix: str) -> dict | None:
-    units = getattr(progress, "units", {})
-    keys = sorted(k for k in units if k.startswith(f"{prefix}/ckpt/"))
-    return units[keys[-1]] if keys else None
 
 
 def check_gate_settings(steps: int, sparsity: float | None, penalty: float | None) -> None:
@@ -203,9 +162,6 @@ def learn_gates(
     show_progress: bool = True,
 ) -> GateResult:
     """Train one hard-concrete gate per head of the frozen ``model`` as ``options`` say; see the module docstring."""
-    from headprune.io.read.fingerprint import model_fingerprint
-    from headprune.pruning.selection import select_heads
-
     model.require_heads("learning head gates")
     steps, sparsity, penalty = options.steps, options.sparsity, options.penalty
     check_gate_settings(steps, sparsity, penalty)
@@ -213,76 +169,85 @@ def learn_gates(
         raise HeadpruneError("learning gates needs scoring data: the corpus gave no window")
     progress = progress or NoProgress()
     n = len(model.head_ids)
-    device = model.device
-    log_alpha = torch.full((n,), INIT_LOG_ALPHA, dtype=torch.float32, device=device, requires_grad=True)
-    lambdas = torch.zeros(2 if sparsity is not None else 0, dtype=torch.float32, device=device, requires_grad=True)
-    opt = torch.optim.Adam([log_alpha], lr=options.lr)
-    lam_opt = torch.optim.Adam([lambdas], lr=options.lambda_lr, maximize=True) if sparsity is not None else None
-    gen = torch.Generator().manual_seed(options.seed)
-    history: list[dict] = []
-    start = 0
-    if (saved := _latest_checkpoint(progress, prefix)) is not None:
-        try:  # a hand-edited or damaged record: one line, never a KeyError from deep inside
-            with torch.no_grad():
-                log_alpha.copy_(torch.tensor(saved["log_alpha"], dtype=torch.float32))
-                lambdas.copy_(torch.tensor(saved["lambdas"], dtype=torch.float32))
-            _load_optimizer(opt, saved["opt"])
-            if lam_opt is not None:
-                _load_optimizer(lam_opt, saved["lam_opt"])
-            gen.set_state(torch.tensor(bytearray.fromhex(saved["rng"]), dtype=torch.uint8))
-            start, history = int(saved["step"]), list(saved["history"])
-            if not 0 <= start <= steps:
-                raise ValueError(f"step {start}")
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
-            raise HeadpruneError(f"a gate checkpoint in the progress file is damaged ({type(err).__name__}: "
-                                 f"{str(err)[:60]}); pass --overwrite to start afresh") from None
-
+    state = _fresh_state(n, model.device, options)
+    if (saved := latest_checkpoint(progress, prefix)) is not None:
+        state.restore(saved, steps)
+    start = state.step
     warmup = max(1, round(WARMUP * steps))
     sums = {"loss": 0.0, "nll": 0.0, "open": 0.0, "n": 0}
     bar = tqdm(range(start, steps), initial=start, total=steps, disable=not show_progress, leave=False,
                desc=f"gates ({'sparsity ' + format(sparsity, 'g') if sparsity is not None else f'lambda {penalty:g}'})")
     for step in bar:
-        batch = batches[step % len(batches)].to(device)
-        u = torch.rand(batch.tokens.shape[0], n, generator=gen) * (1 - 2 * EPS) + EPS  # [B, N], on the CPU: seeded
-        with torch.enable_grad():
-            z = sample_gates(log_alpha, u.to(device))  # [B, N]
-            nll_tok = model_nll(model, batch.tokens, gates=_split(z, model))  # (B, T-1)
-            nll = (nll_tok * batch.mask).sum() / batch.mask.sum()
-            expected_open = prob_open(log_alpha).sum()
-            if sparsity is None:
-                assert penalty is not None
-                loss = nll + penalty * expected_open
-                (g_alpha,) = torch.autograd.grad(loss, [log_alpha])
-            else:
-                gap = (1 - expected_open / n) - sparsity * min(1.0, (step + 1) / warmup)
-                loss = nll + lambdas[0] * gap + lambdas[1] * gap * gap
-                g_alpha, g_lambda = torch.autograd.grad(loss, [log_alpha, lambdas])
-        log_alpha.grad = g_alpha
-        opt.step()
-        if lam_opt is not None:
-            lambdas.grad = g_lambda
-            lam_opt.step()
-        sums = {"loss": sums["loss"] + loss.item(), "nll": sums["nll"] + nll.item(),
-                "open": sums["open"] + expected_open.item(), "n": sums["n"] + 1}
-        bar.set_postfix(loss=f"{loss.item():.4f}", open=f"{expected_open.item():.1f}/{n}")
+        # the target sparsity t_k rises linearly from 0 to t over the warmup steps (None: a fixed penalty)
+        target = sparsity * min(1.0, (step + 1) / warmup) if sparsity is not None else None
+        loss, nll, expected_open = _train_step(model, batches[step % len(batches)], state, penalty, target)
+        sums = {"loss": sums["loss"] + loss, "nll": sums["nll"] + nll, "open": sums["open"] + expected_open,
+                "n": sums["n"] + 1}
+        bar.set_postfix(loss=f"{loss:.4f}", open=f"{expected_open:.1f}/{n}")
+        state.step = step + 1
         if (step + 1) % options.checkpoint_every == 0 or step + 1 == steps:
-            history.append({"step": step + 1, **{k: sums[k] / sums["n"] for k in ("loss", "nll", "open")}})
+            state.history.append({"step": step + 1, **{k: sums[k] / sums["n"] for k in ("loss", "nll", "open")}})
             sums = {"loss": 0.0, "nll": 0.0, "open": 0.0, "n": 0}
-            state = {"step": step + 1, "log_alpha": log_alpha.detach().cpu().tolist(),
-                     "lambdas": lambdas.detach().cpu().tolist(), "opt": _optimizer_state(opt),
-                     "lam_opt": _optimizer_state(lam_opt) if lam_opt is not None else None,
-                     "rng": bytes(gen.get_state().tolist()).hex(), "history": history}
-            progress.get_or_compute(_checkpoint_key(prefix, step + 1), _constant(state))
+            progress.get_or_compute(checkpoint_key(prefix, step + 1), _constant(state.checkpoint()))
     bar.close()
+    return _gate_result(model, state, options, steps - start)
 
-    keep = prob_open(log_alpha.detach().double()).cpu()  # [N] float64
+
+def _fresh_state(n: int, device: torch.device, options: GateOptions) -> GateState:
+    """The state before the first step: every log α_i at :data:`INIT_LOG_ALPHA` (N of them), the multipliers at 0
+    (two with a target sparsity, none under a fixed penalty), fresh Adam optimisers, the noise seeded."""
+    target = options.sparsity is not None
+    log_alpha = torch.full((n,), INIT_LOG_ALPHA, dtype=torch.float32, device=device, requires_grad=True)
+    lambdas = torch.zeros(2 if target else 0, dtype=torch.float32, device=device, requires_grad=True)
+    opt = torch.optim.Adam([log_alpha], lr=options.lr)
+    lam_opt = torch.optim.Adam([lambdas], lr=options.lambda_lr, maximize=True) if target else None
+    return GateState(log_alpha, lambdas, opt, lam_opt, torch.Generator().manual_seed(options.seed))
+
+
+def _train_step(model: HeadModel, batch: Batch, state: GateState, penalty: float | None, target: float | None
+                ) -> tuple[float, float, float]:
+    """One step on ``batch``: draw the gates z [B, N], descend log α on the loss (NLL + λ E‖z‖₀, λ = ``penalty``,
+    where ``target`` is None; else NLL + λ₁ (ŝ − t_k) + λ₂ (ŝ − t_k)², t_k = ``target``) and ascend λ₁, λ₂.
+    Returns the loss, NLL and E‖z‖₀ before the update."""
+    log_alpha, lambdas, n = state.log_alpha, state.lambdas, len(state.log_alpha)
+    batch = batch.to(model.device)
+    u = torch.rand(batch.tokens.shape[0], n, generator=state.gen) * (1 - 2 * EPS) + EPS  # [B, N], on the CPU: seeded
+    with torch.enable_grad():
+        z = sample_gates(log_alpha, u.to(model.device))  # [B, N]
+        nll_tok = model_nll(model, batch.tokens, gates=_split(z, model))  # (B, T-1)
+        nll = (nll_tok * batch.mask).sum() / batch.mask.sum()
+        expected_open = prob_open(log_alpha).sum()
+        if target is None:
+            assert penalty is not None
+            loss = nll + penalty * expected_open
+            (g_alpha,) = torch.autograd.grad(loss, [log_alpha])
+        else:
+            gap = (1 - expected_open / n) - target  # ŝ − t_k
+            loss = nll + lambdas[0] * gap + lambdas[1] * gap * gap
+            g_alpha, g_lambda = torch.autograd.grad(loss, [log_alpha, lambdas])
+    log_alpha.grad = g_alpha
+    state.opt.step()
+    if state.lam_opt is not None:
+        lambdas.grad = g_lambda
+        state.lam_opt.step()
+    return loss.item(), nll.item(), expected_open.item()
+
+
+def _gate_result(model: HeadModel, state: GateState, options: GateOptions, steps_run: int) -> GateResult:
+    """The trained gates as a result: the scores table (column ``gate`` = P(z_i ≠ 0), float64), the round(t·N)
+    heads with the lowest closed (none under a fixed penalty), log α, and the multipliers (or [λ])."""
+    from headprune.io.read.fingerprint import model_fingerprint
+    from headprune.pruning.selection import select_heads
+
+    keep = prob_open(state.log_alpha.detach().double()).cpu()  # [N] float64
     heads = model.head_ids
     table = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
                           "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model),
                           GATE: keep.tolist()})
+    sparsity = options.sparsity
     closed = select_heads(table, GATE, fraction=sparsity) if sparsity is not None else []
-    return GateResult(table, closed, log_alpha.detach().cpu().tolist(), lambdas.detach().cpu().tolist()
-                      if sparsity is not None else [float(penalty or 0.0)], history, steps - start)
+    lambdas = state.lambdas.detach().cpu().tolist() if sparsity is not None else [float(options.penalty or 0.0)]
+    return GateResult(table, closed, state.log_alpha.detach().cpu().tolist(), lambdas, state.history, steps_run)
 
 
 def gate_objective(model: HeadModel, batches: list[Batch], log_alpha: Tensor, penalty: float, samples: int = 4,

@@ -88,8 +88,9 @@ class Compensation:
 @dataclass(frozen=True)
 class CurveOptions:
     """What a pruning curve measures: ``fractions`` of all heads removed, ``seeds`` random rankings (from
-    ``selection.seed``), ``bootstrap`` replicates per interval, and ``head_sets`` chosen elsewhere per
-    (method, fraction) (learned gates)."""
+    ``selection.seed``), ``bootstrap`` replicates per interval, ``head_sets`` chosen elsewhere per
+    (method, fraction) (learned gates), and ``recovery``: the training of every pruned model before it is
+    evaluated (``curve --recover``; None: evaluated as pruned)."""
 
     fractions: tuple[float, ...]
     seeds: int = DEFAULT_SEEDS
@@ -97,6 +98,7 @@ class CurveOptions:
     selection: Selection = field(default_factory=Selection)
     windowing: Windowing | None = None  # the evaluation windows (default: Windowing.for_model, no overlap)
     head_sets: Mapping[tuple[str, float], list[Head]] | None = None
+    recovery: Recovery | None = None
 
     def check(self) -> CurveOptions:
         """Refuse, before any evaluation: no fractions, a fraction twice or outside [0, 1], fewer than 1 seed, or

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from headprune.io.work.progress import NoProgress, Progress
@@ -32,5 +34,5 @@ def recovered_curves(
     recipe = Recipe(steps=data.steps, seed=options.selection.seed)
     recovery = Recovery(data.steps, lambda pruned: finetune(pruned, data.train_ids, recipe, show_progress=False))
     kept = [v for v in variants if v[0] != RANDOM]
-    return pruning_curves(model, data.ids, scores, variants=kept, options=options, compensation=compensation,
-                          progress=progress, show_progress=show_progress, recovery=recovery)
+    return pruning_curves(model, data.ids, scores, variants=kept, options=replace(options, recovery=recovery),
+                          compensation=compensation, progress=progress, show_progress=show_progress)

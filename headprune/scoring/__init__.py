@@ -34,7 +34,7 @@ from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
-from headprune.perplexity import Windowing
+from headprune.perplexity import Batch, Windowing
 from headprune.schema import LEARNED, METHOD_FAMILIES, METHOD_SPECS, check_methods, parse_methods
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
@@ -123,16 +123,7 @@ def score_heads(
     ``windowing``: default ``Windowing.for_model(model)`` (non-overlapping full-length windows after the model's
     BOS token where it has one, 8 a batch).
     """
-    if not isinstance(methods, (str, list, tuple)):
-        raise HeadpruneError(f"methods must be a spec like \"wo_fro,grad\" or a list of names, got {methods!r}",
-                             "methods")
-    methods = parse_methods(methods) if isinstance(methods, str) else check_methods(methods)
-    model.require_heads(f"scoring ({', '.join(methods)})")
-    if ids is not None:
-        check_ids(ids, model.cfg.vocab_size, "score_heads")
-    if options.bootstrap == 1 or options.bootstrap < 0:
-        raise HeadpruneError(f"bootstrap {options.bootstrap}: give 0 (no intervals) or at least 2 replicates",
-                             "bootstrap")
+    methods = _checked_methods(model, ids, methods, options)
     windowing = windowing or Windowing.for_model(model)
     families = [f for f in FAMILY_SCORERS.values() if f.wanted(methods)]
     needs_data = any(f.needs_data for f in families)
@@ -140,32 +131,10 @@ def score_heads(
         reading = ", ".join(m for m in methods if METHOD_SPECS[m].data_dependent)
         raise HeadpruneError(f"the methods {reading} read data: pass token ids (headprune.tokens(...))", "ids")
     batches = windowing.batches(ids) if ids is not None and needs_data else []
-    rows = rows_per_forward(model, options.ablation_rows)
-    if options.resample_draws < 1:
-        raise HeadpruneError(f"resample_draws {options.resample_draws} must be at least 1", "resample_draws")
-    ctx = ScoringContext(model, batches, methods, rows, optimal_steps=options.optimal_steps,
-                         resample_draws=options.resample_draws, resample_seed=options.seed,
-                         stream_sink=options.stream_sink, stream_recent=options.stream_recent)
-    progress = progress or NoProgress()
-    columns: dict[str, torch.Tensor] = {}
-    seconds: dict[str, float] = {}
-    replicates: dict[str, Replicate] = {}  # method -> its bootstrap replicates from window counts
-    for family in families:
-        t0 = time.perf_counter()
-        units = family.units(ctx)
-        results = run_units(units, progress, _bar(show_progress, family.name), family.costs(ctx, units))
-        out = family.combine(ctx, results)
-        columns |= {m: v for m, v in out.scores.items() if m in methods}
-        replicates |= {m: v for m, v in out.replicates.items() if m in methods}
-        ctx.side.update(out.side)
-        seconds[family.name] = time.perf_counter() - t0
-
-    heads = model.head_ids
-    table = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
-                          "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
-    for m in methods:
-        table[m] = columns[m].tolist()
-    if options.bootstrap and replicates:
+    ctx = _context(model, batches, methods, options)
+    columns, replicates, seconds = _run_families(families, ctx, progress or NoProgress(), show_progress)
+    table = _score_table(model, methods, columns)
+    if options.bootstrap and replicates:  # each data-dependent method's 95% interval over resampled windows
         counts = window_counts(sum(len(b.tokens) for b in batches), options.bootstrap, options.seed)
         for m, replicate in replicates.items():
             table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
@@ -176,6 +145,65 @@ def score_heads(
     if side.baseline_nll is not None:
         baseline = {"tokens": side.baseline_tokens, "nll": side.baseline_nll}
     return HeadScores(table, means, baseline, seconds, optimal, len(ids) if ids is not None and needs_data else None)
+
+
+def _checked_methods(model: HeadModel, ids: torch.Tensor | None, methods: str | Sequence[str],
+                     options: ScoringOptions) -> list[str]:
+    """The method names of ``methods`` (a spec or a list), once the model has heads to score, ``ids`` are token ids
+    of its vocabulary and ``options.bootstrap`` is 0 or at least 2 replicates."""
+    if not isinstance(methods, (str, list, tuple)):
+        raise HeadpruneError(f"methods must be a spec like \"wo_fro,grad\" or a list of names, got {methods!r}",
+                             "methods")
+    methods = parse_methods(methods) if isinstance(methods, str) else check_methods(methods)
+    model.require_heads(f"scoring ({', '.join(methods)})")
+    if ids is not None:
+        check_ids(ids, model.cfg.vocab_size, "score_heads")
+    if options.bootstrap == 1 or options.bootstrap < 0:
+        raise HeadpruneError(f"bootstrap {options.bootstrap}: give 0 (no intervals) or at least 2 replicates",
+                             "bootstrap")
+    return methods
+
+
+def _context(model: HeadModel, batches: list[Batch], methods: list[str], options: ScoringOptions) -> ScoringContext:
+    """What every family of the run is given: the model, the scoring ``batches``, the ``methods`` and the options'
+    settings (ablated copies × windows per forward, the optimal fit's passes, abl_resample's draws, the streaming
+    heads' sink and recent tokens)."""
+    rows = rows_per_forward(model, options.ablation_rows)
+    if options.resample_draws < 1:
+        raise HeadpruneError(f"resample_draws {options.resample_draws} must be at least 1", "resample_draws")
+    return ScoringContext(model, batches, methods, rows, optimal_steps=options.optimal_steps,
+                          resample_draws=options.resample_draws, resample_seed=options.seed,
+                          stream_sink=options.stream_sink, stream_recent=options.stream_recent)
+
+
+def _run_families(families: list[Family], ctx: ScoringContext, progress: Progress | NoProgress, show_progress: bool
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, Replicate], dict[str, float]]:
+    """Each family's units computed (or read from ``progress``) and combined, in order, each family's side outputs
+    into ``ctx.side`` for the next: ({method: [H] scores}, {method: its bootstrap replicates from window counts},
+    {family: seconds}), for the methods ``ctx`` asks for."""
+    columns: dict[str, torch.Tensor] = {}
+    replicates: dict[str, Replicate] = {}
+    seconds: dict[str, float] = {}
+    for family in families:
+        t0 = time.perf_counter()
+        units = family.units(ctx)
+        results = run_units(units, progress, _bar(show_progress, family.name), family.costs(ctx, units))
+        out = family.combine(ctx, results)
+        columns |= {m: v for m, v in out.scores.items() if m in ctx.methods}
+        replicates |= {m: v for m, v in out.replicates.items() if m in ctx.methods}
+        ctx.side.update(out.side)
+        seconds[family.name] = time.perf_counter() - t0
+    return columns, replicates, seconds
+
+
+def _score_table(model: HeadModel, methods: list[str], columns: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """One row per head (layer, head, head_id, model_fingerprint) and one column per method, in ``methods`` order."""
+    heads = model.head_ids
+    table = pd.DataFrame({"layer": [l for l, _ in heads], "head": [h for _, h in heads],
+                          "head_id": [head_id(l, h) for l, h in heads], "model_fingerprint": model_fingerprint(model)})
+    for m in methods:
+        table[m] = columns[m].tolist()
+    return table
 
 
 def head_means(

@@ -85,6 +85,41 @@ def _layer_losses(model: HeadModel, batches: list[Batch], resid: list[Tensor], l
     return sums, total_grad
 
 
+@torch.no_grad()
+def _layer_inputs(model: HeadModel, batches: list[Batch], layer: int, init: Tensor) -> tuple[list[Tensor], Tensor]:
+    """The residual stream entering ``layer`` per batch ((b, T, d) each), and σ [n_heads] (float64): each head's
+    RMS spread around ``init`` [n_heads, d_k] over the scored tokens, σ_j² = mean over tokens and coordinates of
+    (z_j − init_j)² (at least 1e-6)."""
+    resid = [model.run_blocks(model.embed(b.tokens), stop=layer) for b in batches]  # (b, T, d) each
+    sq = torch.zeros(model.h[layer].attn.n_heads, dtype=torch.float64)
+    n = 0
+    for batch, r in zip(batches, resid):
+        capture = Capture()
+        model.run_blocks(r, start=layer, stop=layer + 1, capture=capture)
+        # (tokens, h, d_k)
+        dev = scored_positions(capture.z[layer], batch.mask).double() - init.double().to(r.device)
+        sq += (dev ** 2).mean(-1).sum(0).cpu()
+        n += dev.shape[0]
+    return resid, (sq / max(n, 1)).sqrt().clamp_min(1e-6)
+
+
+def _bfgs_update(H: Tensor, scaled: Tensor, s: Tensor, y: Tensor, ok: Tensor) -> Tensor:
+    """The inverse-Hessian estimates H [p, d_k, d_k] after the step s [p, d_k] (new point − old) with gradient
+    change y [p, d_k], for the heads that accept it (``ok`` [p]) with curvature sᵀy > 0: a head's first such update
+    first resets H to (sᵀy / yᵀy) I (``scaled`` [p] bool marks those, updated in place), then every one takes
+    H ← V H Vᵀ + ρ s sᵀ, V = I − ρ s yᵀ, ρ = 1 / sᵀy. Other heads keep their H."""
+    p, dk = s.shape
+    sy = (s * y).sum(1)
+    upd = ok & (sy > 1e-12 * s.norm(dim=1) * y.norm(dim=1))
+    first = upd & ~scaled
+    H[first] = (sy / (y * y).sum(1).clamp_min(1e-30))[first].view(-1, 1, 1) * torch.eye(dk, dtype=torch.float64)
+    scaled |= upd
+    rho = torch.where(upd, 1 / sy.clamp_min(1e-300), torch.zeros_like(sy)).view(p, 1, 1)
+    V = torch.eye(dk, dtype=torch.float64) - rho * s.unsqueeze(2) @ y.unsqueeze(1)
+    H_new = V @ H @ V.transpose(1, 2) + rho * s.unsqueeze(2) @ s.unsqueeze(1)
+    return torch.where(upd.view(p, 1, 1), H_new, H)
+
+
 def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, positions: list[int] | None = None,
               steps: int = STEPS, lr: float = FIRST_STEP, rows: int = 8) -> dict[str, Any]:
     """Optimal constants of the heads at ``positions`` of ``layer`` (default: all), starting at ``init``
@@ -98,18 +133,8 @@ def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, 
     positions = list(range(n_heads)) if positions is None else list(positions)
     p, dk = len(positions), init.shape[1]
     init = init.to(model.device, torch.float32)
-    with torch.no_grad():  # the residual stream entering `layer`, and σ_j from the head outputs there
-        resid = [model.run_blocks(model.embed(b.tokens), stop=layer) for b in batches]  # (b, T, d) each
-        sq = torch.zeros(n_heads, dtype=torch.float64)
-        n = 0
-        for batch, r in zip(batches, resid):
-            capture = Capture()
-            model.run_blocks(r, start=layer, stop=layer + 1, capture=capture)
-            # (tokens, h, d_k)
-            dev = scored_positions(capture.z[layer], batch.mask).double() - init.double().to(r.device)
-            sq += (dev ** 2).mean(-1).sum(0).cpu()
-            n += dev.shape[0]
-        sigma = (sq / max(n, 1)).sqrt().clamp_min(1e-6)[positions]  # [p]
+    resid, sigma = _layer_inputs(model, batches, layer, init)
+    sigma = sigma[positions]  # [p]
     index = torch.tensor(positions, device=model.device)
 
     def loss_and_grad(c: Tensor, grad: bool) -> tuple[Tensor, Tensor | None]:  # c [p, d_k] float64
@@ -134,17 +159,7 @@ def fit_layer(model: HeadModel, batches: list[Batch], layer: int, init: Tensor, 
             f_t, g_t = loss_and_grad(trial, step < steps)
             ok = f_t <= f + 1e-4 * t * (g * d).sum(1)  # Armijo: enough decrease
             if g_t is not None:  # BFGS update of the heads that accept: s = trial − x, y = g_t − g
-                s_, y_ = trial - x, g_t - g
-                sy = (s_ * y_).sum(1)
-                upd = ok & (sy > 1e-12 * s_.norm(dim=1) * y_.norm(dim=1))
-                first = upd & ~scaled
-                H[first] = ((sy / (y_ * y_).sum(1).clamp_min(1e-30))[first].view(-1, 1, 1)
-                            * torch.eye(dk, dtype=torch.float64))
-                scaled |= upd
-                rho = torch.where(upd, 1 / sy.clamp_min(1e-300), torch.zeros_like(sy)).view(p, 1, 1)
-                V = torch.eye(dk, dtype=torch.float64) - rho * s_.unsqueeze(2) @ y_.unsqueeze(1)
-                H_new = V @ H @ V.transpose(1, 2) + rho * s_.unsqueeze(2) @ s_.unsqueeze(1)
-                H = torch.where(upd.view(p, 1, 1), H_new, H)
+                H = _bfgs_update(H, scaled, trial - x, g_t - g, ok)
                 g = torch.where(ok.unsqueeze(1), g_t, g)
             x = torch.where(ok.unsqueeze(1), trial, x)
             f = torch.where(ok, f_t, f)

@@ -89,21 +89,7 @@ def load_model(
     with on_meta():  # shapes only: nothing is allocated, an absurd config included
         model = family.model_class(cfg)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    ours = {k: our for k in reader.specs if (our := family.our_key(k)) is not None}  # HF key -> ours
-    if cfg.tie_word_embeddings:  # a tied checkpoint storing the embedding's copy as its LM head: the embedding
-        ours = {k: v for k, v in ours.items() if not v.startswith(family.lm_head + ".")}
-    names = {our: hf for hf, our in ours.items()}  # ours -> HF key
-    missing = sorted(k for k in expected if k not in names and not zero_filled(cfg, k))
-    unexpected = sorted(hf for hf, our in ours.items() if our not in expected)
-    if missing or unexpected:
-        raise HeadpruneError(f"{folder} is not a {family.architecture} checkpoint matching its config: missing "
-                             f"{[family.hf_key(k) for k in missing[:3]]}, unexpected {unexpected[:3]}")
-    for key, hf_key in names.items():
-        shape, is_float = reader.specs[hf_key]
-        if shape != expected[key]:
-            raise HeadpruneError(f"{folder}: weight {hf_key} has shape {shape}, config implies {expected[key]}")
-        if not is_float:  # never cast integers silently
-            raise HeadpruneError(f"{folder}: weight {hf_key} is not floating point; checkpoints hold float weights")
+    names = checkpoint_names(folder, family, cfg, reader, expected)
     # One tensor at a time: read, check, cast and move it, then let the model own it (assign=True: no copy into
     # randomly initialised parameters). Peak memory is the model plus one tensor. Folding runs in float32.
     load_dtype = torch.float32 if fold_value_bias else dtype
@@ -127,6 +113,29 @@ def load_model(
         fold_value_biases_(model)
         model.to(dtype=dtype)  # parameter by parameter: the float32 model plus one cast tensor at the peak
     return model.eval().requires_grad_(False)
+
+
+def checkpoint_names(folder: Path, family: ModelFamily, cfg: HeadConfig, reader: CheckpointReader,
+                     expected: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """{our key: the checkpoint's (HF) key} for the model whose state-dict shapes are ``expected``; refused unless
+    the checkpoint holds every weight (but a zero-filled b_O) and nothing else, each floating point and of the
+    shape the config implies."""
+    ours = {k: our for k in reader.specs if (our := family.our_key(k)) is not None}  # HF key -> ours
+    if cfg.tie_word_embeddings:  # a tied checkpoint storing the embedding's copy as its LM head: the embedding
+        ours = {k: v for k, v in ours.items() if not v.startswith(family.lm_head + ".")}
+    names = {our: hf for hf, our in ours.items()}  # ours -> HF key
+    missing = sorted(k for k in expected if k not in names and not zero_filled(cfg, k))
+    unexpected = sorted(hf for hf, our in ours.items() if our not in expected)
+    if missing or unexpected:
+        raise HeadpruneError(f"{folder} is not a {family.architecture} checkpoint matching its config: missing "
+                             f"{[family.hf_key(k) for k in missing[:3]]}, unexpected {unexpected[:3]}")
+    for key, hf_key in names.items():
+        shape, is_float = reader.specs[hf_key]
+        if shape != expected[key]:
+            raise HeadpruneError(f"{folder}: weight {hf_key} has shape {shape}, config implies {expected[key]}")
+        if not is_float:  # never cast integers silently
+            raise HeadpruneError(f"{folder}: weight {hf_key} is not floating point; checkpoints hold float weights")
+    return names
 
 
 def untie_if_distinct(cfg: HeadConfig, family: ModelFamily, reader: CheckpointReader) -> HeadConfig:
