@@ -5,6 +5,7 @@ head, exact ablation of those it ranks first, a bound on what the others can hid
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from headprune.cli.common import data_from_args, data_line, load_from_args, windowing_from_args
 from headprune.cli.options import (
@@ -53,28 +54,49 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_json_arg(p, "the JSON summary")
 
 
-def run(args: argparse.Namespace) -> None:
-    import json
+def _estimate_scores(args: argparse.Namespace):
+    """The scores table holding ``--estimate`` (None: the estimate is computed here, and must then be cheap), checked
+    before the model loads."""
+    from headprune.io.work.files import read_scores
 
-    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
-    from headprune.cost import Pace, duration, estimate_verify
-    from headprune.io.work.files import read_scores, write_json
-    from headprune.scoring import ScoringOptions, score_heads
-    from headprune.scoring.verified import Verification, exact_ranking, verify_ranking
-
-    out = table_output(args)
     scores = read_scores(args.scores) if args.scores is not None else None
     if scores is not None and args.estimate not in scores.columns:
         raise HeadpruneError(f"{args.scores} has no column {args.estimate!r}; score it first or give --estimate")
     if scores is not None and args.estimate not in method_columns(scores):
         raise HeadpruneError(f"--estimate {args.estimate!r} is not a score column of {args.scores}; its scores are "
                              f"{', '.join(method_columns(scores)) or 'none'}")
-    if scores is not None:
-        scores = check_scores(scores)  # numbers, finite, one row per head
     if scores is None and (args.estimate not in METHOD_SPECS or not METHOD_SPECS[args.estimate].cheap):
         raise HeadpruneError(f"--estimate {args.estimate!r}: computed here it must be a cheap score ("
                              f"{', '.join(m for m, spec in METHOD_SPECS.items() if spec.cheap)}); an "
                              "ablation score is what verify avoids computing for every head")
+    return None if scores is None else check_scores(scores)  # numbers, finite, one row per head
+
+
+def _estimate(args: argparse.Namespace, model, ids, windowing, scores, progress):
+    """``--estimate`` of every head as a Series named after it, in ``model.head_ids`` order: read from ``scores``
+    or computed on ``ids``."""
+    import pandas as pd
+
+    from headprune.scoring import ScoringOptions, score_heads
+
+    if scores is not None:
+        by_head = scores.set_index(["layer", "head"])[args.estimate]
+        return pd.Series(by_head.loc[model.head_ids].to_numpy(dtype=float), name=args.estimate)
+    scored = score_heads(model, ids, [args.estimate], windowing=windowing, options=ScoringOptions(bootstrap=0),
+                         progress=progress, show_progress=not args.quiet)
+    return scored.table[args.estimate].rename(args.estimate)
+
+
+def run(args: argparse.Namespace) -> None:
+    import json
+
+    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+    from headprune.cost import Pace, duration, estimate_verify
+    from headprune.io.work.files import write_json
+    from headprune.scoring.verified import Verification, exact_ranking, verify_ranking
+
+    out = table_output(args)
+    scores = _estimate_scores(args)
     verification = Verification(args.verify, args.bound_subsets, args.inclusion, seed=args.seed,
                                 rows=args.ablation_rows, rounds=args.rounds)
     verification.check()  # before the model loads
@@ -100,20 +122,10 @@ def run(args: argparse.Namespace) -> None:
                               subsets=args.bound_subsets, inclusion=args.inclusion, seed=args.seed,
                               rounds=args.rounds)
     progress = sweep_progress(args, out, settings)
-    if scores is None:
-        scored = score_heads(model, ids, [args.estimate], windowing=w, options=ScoringOptions(bootstrap=0),
-                             progress=progress, show_progress=not args.quiet)
-        estimate = scored.table[args.estimate].to_numpy()
-    else:
-        by_head = scores.set_index(["layer", "head"])[args.estimate]
-        estimate = by_head.loc[model.head_ids].to_numpy(dtype=float)  # model.head_ids order
-    if exact:
-        result = exact_ranking(model, ids, estimate, args.method, estimate_name=args.estimate, verified=k,
-                               windowing=w, rows=args.ablation_rows, progress=progress, show_progress=not args.quiet)
-    else:
-        result = verify_ranking(model, ids, estimate, args.method, estimate_name=args.estimate,
-                                verification=verification, windowing=w, progress=progress,
-                                show_progress=not args.quiet)
+    estimate = _estimate(args, model, ids, w, scores, progress)
+    rank = exact_ranking if exact else verify_ranking
+    result = rank(model, ids, estimate, args.method, verification=replace(verification, verified=k), windowing=w,
+                  progress=progress, show_progress=not args.quiet)
     if not finish_sweep(progress, result.table, out):
         return
     summary = result.summary()

@@ -239,7 +239,7 @@ def adaptive_ranking(
     if fills is None:
         from headprune.scoring.verified import ablation_fills
 
-        fills = ablation_fills(model, method, ids, windowing, None, progress, show_progress)
+        fills = ablation_fills(model, method, ids, windowing, progress, show_progress)
 
     def measure(active: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, list[float]]:
         prefix = f"adaptive/{method}/s{options.seed}/w{start}-{end}"

@@ -150,15 +150,17 @@ class VerifiedRanking:
                 "subsets": self.subsets, "inclusion": self.inclusion, "level": self.level}
 
 
-def _estimate_vector(estimate: Tensor | Iterable[float], n_heads: int, name: str) -> Tensor:
-    """The estimate as a float64 [H] tensor, checked: one finite value per head."""
+def _estimate_vector(estimate: Tensor | Iterable[float], n_heads: int) -> tuple[Tensor, str]:
+    """The estimate as a float64 [H] tensor, checked: one finite value per head; and its name (a pandas Series'
+    name, such as a scores table's column: ``taylor``; else ``estimate``)."""
+    name = str(getattr(estimate, "name", None) or "estimate")
     e = (estimate.detach().cpu().double() if isinstance(estimate, Tensor)
          else torch.as_tensor(list(estimate), dtype=torch.float64))
     if e.shape != (n_heads,):
         raise HeadpruneError(f"the estimate has {e.numel()} values for {n_heads} heads", "estimate")
     if not bool(torch.isfinite(e).all()):
         raise HeadpruneError(f"the estimate {name} holds NaN or infinite values", "estimate")
-    return e
+    return e, name
 
 
 def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np.ndarray,
@@ -171,17 +173,15 @@ def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np
 
 
 def ablation_fills(model: HeadModel, method: str, ids: Tensor, windowing: Windowing,
-                    means: dict[Head, Tensor] | None, progress: Progress | NoProgress | None,
-                    show_progress: bool) -> list[Tensor | None]:
-    """Per layer what an ablated head's z becomes: None (zero) for abl_zero, z̄ for abl_mean (``means``, measured
-    on ``ids`` when not given)."""
+                   progress: Progress | NoProgress | None, show_progress: bool) -> list[Tensor | None]:
+    """Per layer what an ablated head's z becomes: None (zero) for abl_zero, z̄ for abl_mean (each head's mean
+    output, measured on ``ids``)."""
     if method != "abl_mean":
         return [None] * model.cfg.n_layers
-    if means is None:
-        from headprune.scoring import head_means
+    from headprune.scoring import head_means
 
-        means = head_means(model, ids, windowing, progress=progress, show_progress=show_progress)
-    return list(fill_tensors(model, means))
+    return list(fill_tensors(model, head_means(model, ids, windowing, progress=progress,
+                                                show_progress=show_progress)))
 
 
 def _heads_tag(prefix: str, kind: str, chosen: np.ndarray) -> str:
@@ -195,14 +195,13 @@ def verify_ranking(
     estimate: Tensor | Iterable[float],  # [H] in model.head_ids order: an estimate of each head's ΔL
     method: str = "abl_zero",
     *,
-    estimate_name: str = "taylor",
     verification: Verification = Verification(),
     windowing: Windowing | None = None,
-    means: dict[Head, Tensor] | None = None,  # z̄ per head: abl_mean's fills (measured here when not given)
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
 ) -> VerifiedRanking:
-    """The verified ranking of ``method`` by ``estimate`` on token ids ``ids`` (1-D): see the module docstring.
+    """The verified ranking of ``method`` by ``estimate`` on token ids ``ids`` (1-D): see the module docstring. The
+    estimate is named by its Series' name (``scored.table["taylor"]``: taylor).
     Resumable through ``progress``: per batch, a unit for its baseline and one per :data:`~.set_sweep.CHUNK` head
     sets."""
     if method not in VERIFIABLE:
@@ -210,10 +209,10 @@ def verify_ranking(
     model.require_heads(f"verifying {method}")
     check_ids(ids, model.cfg.vocab_size, "verify_ranking")
     heads = model.head_ids
-    e = _estimate_vector(estimate, len(heads), estimate_name)
+    e, estimate_name = _estimate_vector(estimate, len(heads))
     k = verification.check(len(heads))
     windowing = windowing or Windowing.for_model(model)
-    fills = ablation_fills(model, method, ids, windowing, means, progress, show_progress)
+    fills = ablation_fills(model, method, ids, windowing, progress, show_progress)
     order = np.argsort(-e.abs().numpy(), kind="stable")
     first, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
     masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]
@@ -256,10 +255,8 @@ def exact_ranking(
     estimate: Tensor | Iterable[float],  # [H] in model.head_ids order
     method: str = "abl_zero",
     *,
-    estimate_name: str = "taylor",
-    verified: int | None = None,
+    verification: Verification = Verification(),  # its verified (the K claimed) and rows
     windowing: Windowing | None = None,
-    rows: int | None = None,
     progress: Progress | NoProgress | None = None,
     show_progress: bool = True,
 ) -> VerifiedRanking:
@@ -271,12 +268,12 @@ def exact_ranking(
     if method not in VERIFIABLE:
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
     heads = model.head_ids
-    e = _estimate_vector(estimate, len(heads), estimate_name)
-    k = Verification().check(len(heads)) if verified is None else verified  # the default: 10% of the heads
+    e, estimate_name = _estimate_vector(estimate, len(heads))
+    k = Verification().check(len(heads)) if verification.verified is None else verification.verified  # default 10%
     if not 0 < k <= len(heads):
         raise HeadpruneError(f"verified {k} of {len(heads)} heads: give 1 to {len(heads)}", "verified")
     scored = score_heads(model, ids, [method], windowing=windowing,
-                         options=ScoringOptions(bootstrap=0, ablation_rows=rows), progress=progress,
+                         options=ScoringOptions(bootstrap=0, ablation_rows=verification.rows), progress=progress,
                          show_progress=show_progress)
     exact = scored.table[method].to_numpy(dtype=float)  # model.head_ids order
     top = np.argsort(-np.abs(exact), kind="stable")[:k]

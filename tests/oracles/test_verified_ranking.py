@@ -53,7 +53,7 @@ def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
 @pytest.mark.parametrize("method", ["abl_zero", "abl_mean"])
 def test_verified_heads_carry_the_exact_sweeps_values(model, ids, scored, method):
     result = verify_ranking(model, ids, scored.table["taylor"], method,
-                            verification=Verification(3, 16, 0.25, rounds=1), windowing=WINDOWS, means=scored.means,
+                            verification=Verification(3, 16, 0.25, rounds=1), windowing=WINDOWS,
                             show_progress=False)
     table = result.table
     top3 = np.argsort(-scored.table["taylor"].abs().to_numpy(), kind="stable")[:3]

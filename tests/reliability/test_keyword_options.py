@@ -59,7 +59,7 @@ def test_an_options_object_one_place_too_early_is_a_type_error(tiny_dir):
     with pytest.raises(TypeError):
         pruning_curves(model, ids, None, [("wo_fro", "none")], CurveOptions((0.5,)))
     with pytest.raises(TypeError):
-        verify_ranking(model, ids, torch.zeros(12), "abl_zero", "taylor", Verification(2, 8))
+        verify_ranking(model, ids, torch.zeros(12), "abl_zero", Verification(2, 8))
     with pytest.raises(TypeError):
         load_model(tiny_dir, "cpu")
     assert score_heads(model, ids, "wo_fro", windowing=w, options=ScoringOptions(bootstrap=0),
