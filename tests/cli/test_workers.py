@@ -33,6 +33,19 @@ def test_two_workers_write_what_one_writes(tiny_dir, corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_two_workers_rank_what_one_ranks(tiny_dir, corpus, tmp_path):
+    """rank's rounds share their units between the workers, and every worker takes the same decisions."""
+    args = ["rank", "--model", str(tiny_dir), "--data", str(corpus), "--max-tokens", "640", "--seq-len", "16",
+            "--batch-size", "4", "--first-windows", "4", "--top", "3", "--quiet"]
+    one = _headprune(tmp_path, [*args, "--out", str(tmp_path / "one.csv")], 1)
+    two = _headprune(tmp_path, [*args, "--out", str(tmp_path / "two.csv")], 2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert (tmp_path / "two.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
+    assert two.stdout.count("certified in the top 3") == 1  # rank 0 alone speaks
+    assert not list(tmp_path.glob("*.progress.jsonl*"))
+
+
+@pytest.mark.slow
 def test_bad_input_with_two_workers_is_one_line(tiny_dir, tmp_path):
     proc = _headprune(tmp_path, ["score", "--model", str(tiny_dir), "--methods", "nonsense", "--out",
                                  str(tmp_path / "s.csv")], 2)
