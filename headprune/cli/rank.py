@@ -33,6 +33,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="; ".join(f"{k}: {v}" for k, v in ADAPTIVE_TARGETS.items()))
     p.add_argument("--level", type=float, default=0.95,
                    help="confidence at which every interval holds together (Bonferroni over heads and rounds)")
+    p.add_argument("--margin", type=float, default=0.0,
+                   help="nats/token: heads this close to the boundary of the top K count as tied, so that a dense "
+                        "boundary can be decided (0: exact membership)")
     p.add_argument("--first-windows", type=int, default=8, help="windows every head is measured on first")
     p.add_argument("--growth", type=float, default=2.0,
                    help="each round multiplies the windows of the heads still contested by this")
@@ -51,13 +54,13 @@ def run(args: argparse.Namespace) -> None:
     from headprune.scoring.adaptive import AdaptiveOptions, adaptive_ranking
 
     out = table_output(args)
-    options = AdaptiveOptions(args.top, args.target, args.level, args.first_windows, args.growth, args.seed,
-                              args.ablation_rows)
+    options = AdaptiveOptions(args.top, args.target, args.level, args.margin, args.first_windows, args.growth,
+                              args.seed, args.ablation_rows)
     model = load_from_args(args)
     w = windowing_from_args(args, model)
     ids = data_from_args(args, model)
     pool = sum(len(b.tokens) for b in w.batches(ids))  # windows
-    k, schedule = options.check(len(model.head_ids), pool)
+    schedule = options.check(len(model.head_ids), pool)[1]  # every option checked before the work
     if not args.json:
         pace = Pace.here(model, w.seq_len)
         first = estimate_scoring(model, [args.method], schedule[0] * w.seq_len, w.seq_len, pace)
@@ -65,8 +68,10 @@ def run(args: argparse.Namespace) -> None:
         print(data_line("data", args.data, args.split, ids, w))
         print(f"first round, every head on {schedule[0]} of {pool} windows: {first.line()}")
         print(f"at most, with every head contested to the last window: about {duration(every.total)}")
-    settings = sweep_settings(args, model, ids, w, "rank", method=args.method, top=k, target=args.target,
-                              level=args.level, first=args.first_windows, growth=args.growth, seed=args.seed)
+    # what the units measure; top, target, level and margin only choose which units run (each keyed by its heads and
+    # windows), so a ranking that decides otherwise resumes from the same file
+    settings = sweep_settings(args, model, ids, w, "rank", method=args.method, first=args.first_windows,
+                              growth=args.growth, seed=args.seed)
     progress = sweep_progress(args, out, settings)
     result = adaptive_ranking(model, ids, args.method, options=options, windowing=w, progress=progress,
                               show_progress=not args.quiet)
@@ -86,7 +91,8 @@ def _print_result(result, out) -> None:
     named = ", ".join(f"{h} {table.at[h, 'delta']:+.4f} [{table.at[h, 'ci_lo']:+.4f}, {table.at[h, 'ci_hi']:+.4f}]"
                       for h in result.certified)
     last = result.rounds.iloc[-1]
-    print(f"certified in the {result.target} {result.k} by {result.method} at {result.level:.0%} (nats/token, "
+    margin = f", ties within {result.margin:g}" if result.margin else ""
+    print(f"certified in the {result.target} {result.k} by {result.method} at {result.level:.0%}{margin} (nats/token, "
           f"simultaneous intervals): {named or 'none'}")
     if result.contested:
         print(f"contested for the {result.open_places} open places: {', '.join(result.contested)}")

@@ -10,7 +10,8 @@ a head near it needs many. Here, for an ablation ``method`` (abl_zero or abl_mea
 2. each head gets ΔL and a simultaneous interval from its windows (:mod:`.adaptive_stats`: ratio estimator,
    Student's t, Bonferroni over every head and every round), intersected with its intervals of earlier rounds,
    hence a rank interval and a status: **in** (its worst rank is within K), **out** (its best rank is beyond K) or
-   **contested**;
+   **contested**; with a ``margin`` ε, heads within ε of the boundary count as tied (in: its ΔL is at least the K-th
+   true one less ε; out: at most the K-th plus ε), so a dense boundary can be decided;
 3. only contested heads are measured on the next windows (the count grows ×``growth`` a round), until none is
    contested or the windows run out. A decided head keeps its interval: every interval holds together, so later
    decisions may rest on it.
@@ -56,13 +57,15 @@ from headprune.scoring.verified_stats import DEFAULT_LEVEL
 @dataclass(frozen=True)
 class AdaptiveOptions:
     """What :func:`adaptive_ranking` decides and how: the ``top`` K heads (default 10% of them, at least 1) by
-    ``target``, certified at confidence ``level``; every head on ``first_windows`` windows, then ×``growth`` a
+    ``target``, certified at confidence ``level`` up to ``margin`` (a head in is at most that below the K-th, a head
+    out at most that above it); every head on ``first_windows`` windows, then ×``growth`` a
     round for the contested ones; windows in the order ``seed`` draws; ``rows``: ablated copies × windows per
     forward (default: :func:`~headprune.scoring.base.rows_per_forward`)."""
 
     top: int | None = None
     target: str = "top"
     level: float = DEFAULT_LEVEL
+    margin: float = 0.0  # nats/token: differences this small at the boundary of the answer count as ties
     first_windows: int = 8
     growth: float = 2.0
     seed: int = 0
@@ -78,6 +81,8 @@ class AdaptiveOptions:
             raise HeadpruneError(f"top {k} of {n_heads} heads: give 1 to {n_heads - 1}", "top")
         if not 0 < self.level < 1:
             raise HeadpruneError(f"level {self.level} must lie strictly between 0 and 1", "level")
+        if self.margin < 0:
+            raise HeadpruneError(f"margin {self.margin} must be at least 0 (nats/token)", "margin")
         if self.rows is not None and self.rows < 1:
             raise HeadpruneError(f"rows {self.rows} must be at least 1", "rows")
         return k, window_schedule(self.first_windows, n_windows, self.growth)
@@ -91,6 +96,7 @@ class AdaptiveRanking:
     target: str  # "top" or "prune" (:data:`~.adaptive_stats.TARGETS`)
     k: int
     level: float
+    margin: float  # nats/token: the ties allowed at the boundary (0: none)
     # one row per head (model.head_ids order): head_id, layer, head, delta (ΔL, nats/token), ci_lo, ci_hi (the
     # simultaneous interval), se, windows, tokens (what it was measured on), rank_lo, rank_hi, status, sign
     table: pd.DataFrame
@@ -124,6 +130,7 @@ class AdaptiveRanking:
     def summary(self) -> dict:
         """The JSON summary a command writes beside the table."""
         return {"method": self.method, "target": self.target, "top": self.k, "level": self.level,
+                "margin": self.margin,
                 "certified": self.certified, "contested": self.contested, "open_places": self.open_places,
                 "rounds": self.rounds.to_dict("records"), "head_windows": self.head_windows,
                 "plain_sweep_head_windows": len(self.table) * self.pool_windows, "pool_windows": self.pool_windows,
@@ -184,7 +191,7 @@ Measure = Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray, list[fl
 
 
 def adaptive_rounds(measure: Measure, n_heads: int, k: int, schedule: list[int], *, target: str = "top",
-                    level: float = DEFAULT_LEVEL) -> tuple[_Measured, Decision, pd.DataFrame]:
+                    level: float = DEFAULT_LEVEL, margin: float = 0.0) -> tuple[_Measured, Decision, pd.DataFrame]:
     """The rounds of the module docstring: every head on ``schedule[0]`` windows, then the contested ones on the
     windows up to each next entry, until none is contested. (each head's windows and estimate, the final
     decision, one row per round)."""
@@ -197,7 +204,8 @@ def adaptive_rounds(measure: Measure, n_heads: int, k: int, schedule: list[int],
             measured.add(int(n), changes[row], tokens, level, tests)
         measured.base += base
         measured.base_tokens += tokens.tolist()
-        decision = decide(*key_interval(measured.lo, measured.hi, target), k)
+        point = np.abs(measured.delta) if target == "top" else -measured.delta
+        decision = decide(*key_interval(measured.lo, measured.hi, target), k, point, margin)
         rounds.append({"round": r, "windows": end, "heads": len(active),
                        "contested": int((decision.status == "contested").sum()),
                        "seconds": round(time.perf_counter() - t0, 1)})
@@ -251,7 +259,8 @@ def adaptive_ranking(
         return changes, sweep.window_tokens(), [s for kb in range(len(sweep.batches)) for s in sweep.bases[kb]]
 
     measured, decision, rounds = adaptive_rounds(measure, len(model.head_ids), k, schedule, target=options.target,
-                                                 level=options.level)
-    return AdaptiveRanking(method, options.target, k, options.level, _table(model, measured, decision), rounds,
+                                                 level=options.level, margin=options.margin)
+    return AdaptiveRanking(method, options.target, k, options.level, options.margin,
+                           _table(model, measured, decision), rounds,
                            float(sum(measured.base) / sum(measured.base_tokens)), len(windows),
                            float(np.mean(measured.base_tokens)))

@@ -64,16 +64,29 @@ class Decision:
     status: np.ndarray  # "in" (rank_hi ≤ K), "out" (rank_lo > K) or "contested"
 
 
-def decide(key_lo: np.ndarray, key_hi: np.ndarray, k: int) -> Decision:
-    """Rank intervals and top-K membership from key intervals [key_lo, key_hi] that hold together: head n ranks
-    at least 1 + #{m: key_lo_m > key_hi_n} and at most 1 + #{m ≠ n: key_hi_m ≥ key_lo_n}; it is certified in
-    the top K when its worst rank is ≤ K, out when its best rank is > K, contested otherwise."""
-    if not 0 < k < len(key_lo):
-        raise HeadpruneError(f"top {k} of {len(key_lo)} heads: give 1 to {len(key_lo) - 1}", "top")
-    surely_above = (key_lo[None, :] > key_hi[:, None]).sum(1)  # [n]: heads m whose key surely exceeds n's
-    maybe_above = (key_hi[None, :] >= key_lo[:, None]).sum(1) - 1  # [n]: m ≠ n whose key may reach n's
-    rank_lo, rank_hi = 1 + surely_above, 1 + maybe_above
-    status = np.where(rank_hi <= k, "in", np.where(rank_lo > k, "out", "contested"))
+def decide(key_lo: np.ndarray, key_hi: np.ndarray, k: int, point: np.ndarray | None = None,
+           margin: float = 0.0) -> Decision:
+    """Rank intervals and top-K membership from key intervals [key_lo, key_hi] that hold together. Head n ranks at
+    least 1 + #{m: key_lo_m > key_hi_n} and at most 1 + #{m ≠ n: key_hi_m ≥ key_lo_n}. With S the K largest
+    ``point`` keys (default: the intervals' midpoints) and μ_K the K-th largest true key, a head of S is **in** when
+    fewer than K others may exceed it by ``margin`` (1 + #{m ≠ n: key_hi_m ≥ key_lo_n + margin} ≤ K: its key is at
+    least μ_K − margin), a head outside S is **out** when at least K others surely exceed it less the margin
+    (#{m ≠ n: key_lo_m > key_hi_n − margin} ≥ K: its key is at most μ_K + margin), any other head **contested**.
+    With margin 0: in = its worst rank is within K, out = its best rank is beyond K."""
+    n_heads = len(key_lo)
+    if not 0 < k < n_heads:
+        raise HeadpruneError(f"top {k} of {n_heads} heads: give 1 to {n_heads - 1}", "top")
+    if margin < 0:
+        raise HeadpruneError(f"margin {margin} must be at least 0", "margin")
+    others = ~np.eye(n_heads, dtype=bool)  # [n, m]: m ≠ n
+    rank_lo = 1 + ((key_lo[None, :] > key_hi[:, None]) & others).sum(1)  # heads surely above n
+    rank_hi = 1 + ((key_hi[None, :] >= key_lo[:, None]) & others).sum(1)  # heads that may reach n
+    point = (key_lo + key_hi) / 2 if point is None else point
+    in_s = np.zeros(n_heads, dtype=bool)
+    in_s[np.argsort(-point, kind="stable")[:k]] = True
+    surely_in = 1 + ((key_hi[None, :] >= key_lo[:, None] + margin) & others).sum(1) <= k
+    surely_out = ((key_lo[None, :] > key_hi[:, None] - margin) & others).sum(1) >= k
+    status = np.where(in_s & surely_in, "in", np.where(~in_s & surely_out, "out", "contested"))
     return Decision(rank_lo, rank_hi, status)
 
 

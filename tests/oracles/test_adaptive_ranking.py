@@ -149,6 +149,23 @@ def test_decide_by_hand():
     assert decide(lo, hi, 1).status.tolist() == ["in", "out", "out", "out", "out"]
 
 
+def test_decide_with_a_margin_by_hand():
+    """Key intervals A [5, 6], B [4, 4.5], C [3.9, 4.2], D [0, 1], E [0, 0.5], K = 2, B in the point top 2. With
+    margin 0.25 (or 0.5), B is in: of the others only A may exceed it by the margin (6 ≥ 4.25; C: 4.2 < 4.25); C is
+    out: A and B surely exceed it less the margin (5 > 3.95, 4 > 3.95). With margin 0.1 both stay contested: C may
+    exceed B by 0.1 (4.2 ≥ 4.1), and B need not exceed C less 0.1 (4 > 4.1 fails)."""
+    lo, hi = np.array([5, 4, 3.9, 0, 0]), np.array([6, 4.5, 4.2, 1, 0.5])
+    half = decide(lo, hi, 2, margin=0.5)
+    assert half.status.tolist() == ["in", "in", "out", "out", "out"]
+    assert half.rank_lo.tolist() == decide(lo, hi, 2).rank_lo.tolist()  # rank intervals take no margin
+    quarter = decide(lo, hi, 2, margin=0.25)
+    assert quarter.status.tolist() == ["in", "in", "out", "out", "out"]
+    tenth = decide(lo, hi, 2, margin=0.1)  # C's 4.2 ≥ 4.1: B contested; B's 4 > 4.1 fails: C contested
+    assert tenth.status.tolist() == ["in", "contested", "contested", "out", "out"]
+    with pytest.raises(HeadpruneError, match="margin -1"):
+        decide(lo, hi, 2, margin=-1)
+
+
 def test_key_intervals_by_hand():
     lo, hi = np.array([0.2, -0.3, -0.5]), np.array([0.4, 0.1, -0.1])
     top_lo, top_hi = key_interval(lo, hi, "top")  # |ΔL|: an interval holding 0 starts at 0
@@ -210,6 +227,23 @@ def test_certified_heads_are_right_at_the_stated_level():
         decided.append(int((decision.status != "contested").sum()))
         early.append(measured.windows[-1] < 512)
     assert wrong <= 10 and min(decided) >= 3 and all(early)
+
+
+def test_a_margin_decides_a_dense_boundary_and_keeps_its_promise():
+    """Heads 3 to 8 share ΔL 0.1 (a tie across the boundary of the top 5): without a margin they stay contested to
+    the last window; with a margin of 0.02 every head is decided, each head in within 0.02 of the K-th true ΔL or
+    above, each head out at most 0.02 above it, in at least 95% of 100 corpora."""
+    means = np.r_[0.5, 0.4, np.full(6, 0.1), np.zeros(22)]
+    exact = adaptive_rounds(_synthetic(means, 0.3, 0), 30, 5, window_schedule(8, 512, 2))[1]
+    assert (exact.status == "contested").sum() >= 6
+    broken, contested = 0, 0
+    for seed in range(100):
+        _, decision, _ = adaptive_rounds(_synthetic(means, 0.3, seed), 30, 5, window_schedule(8, 512, 2), margin=0.02)
+        mu_k = np.sort(means)[::-1][4]
+        broken += bool((means[decision.status == "in"] < mu_k - 0.02).any()
+                       or (means[decision.status == "out"] > mu_k + 0.02).any())
+        contested += int((decision.status == "contested").sum())
+    assert broken <= 5 and contested == 0
 
 
 def test_well_separated_heads_are_decided_in_the_first_round():
