@@ -92,7 +92,8 @@ def _print_result(result, out) -> None:
                       for h in result.certified)
     last = result.rounds.iloc[-1]
     margin = f", ties within {result.margin:g}" if result.margin else ""
-    print(f"certified in the {result.target} {result.k} by {result.method} at {result.level:.0%}{margin} (nats/token, "
+    answer = f"top {result.k}" if result.target == "top" else f"{result.k} heads a prune removes first"
+    print(f"certified in the {answer} by {result.method} at {result.level:.0%}{margin} (nats/token, "
           f"simultaneous intervals): {named or 'none'}")
     if result.contested:
         print(f"contested for the {result.open_places} open places: {', '.join(result.contested)}")

@@ -302,6 +302,10 @@ def test_rank_command(tiny_dir, corpus, tmp_path, capsys):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["top"] == 3 and summary["certified"] == library.certified
     assert not out.with_name(out.name + ".progress.jsonl").exists()
+    assert main(["rank", "--model", str(tiny_dir), "--data", str(corpus), *window, "--target", "prune", "--top", "3",
+                 "--margin", "0.01", "--first-windows", "4", "--quiet", "--out", str(tmp_path / "prune.csv")]) == 0
+    printed = capsys.readouterr().out
+    assert "certified in the 3 heads a prune removes first by abl_zero at 95%, ties within 0.01" in printed
     bad = tmp_path / "bad.csv"
     assert main(["rank", "--model", str(tiny_dir), "--data", str(corpus), *window, "--first-windows", "1",
                  "--out", str(bad)]) == 2
