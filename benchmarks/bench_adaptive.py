@@ -19,7 +19,7 @@ Both commands use the machine's cores as their defaults do (two workers on 2 cor
 Then the certified heads against the reference's top K by |abl_zero|: precision (certified heads in it / certified)
 and recall (certified heads in it / K), with the same for the adaptive ranking's K largest |ΔNLL| whether certified
 or not, and how many of the reference's own top K its bootstrap intervals separate from the (K+1)-th head. Prints
-and writes a row to ``benchmarks/results/bench_adaptive.json`` (replacing the row of the same model, pool, window,
+and writes a row to ``reports/bench_adaptive.json`` (replacing the row of the same model, pool, window,
 K and level). The adaptive ranking runs first, alone on the machine; compare its time with the reference's only
 where the reference also ran alone.
 """
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "headprune" / "bench"))
     parser.add_argument("--adaptive-only", action="store_true")
     parser.add_argument("--compare-only", action="store_true")
-    parser.add_argument("--out", default="benchmarks/results/bench_adaptive.json")
+    parser.add_argument("--out", default="reports/bench_adaptive.json")
     args = parser.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
