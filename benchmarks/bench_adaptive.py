@@ -19,9 +19,9 @@ Both commands use the machine's cores as their defaults do (two workers on 2 cor
 Then the certified heads against the reference's top K by |abl_zero|: precision (certified heads in it / certified)
 and recall (certified heads in it / K), with the same for the adaptive ranking's K largest |ΔNLL| whether certified
 or not, and how many of the reference's own top K its bootstrap intervals separate from the (K+1)-th head. Prints
-and writes a row to ``reports/bench_adaptive.json`` (replacing the row of the same model, pool, window,
-K and level). The adaptive ranking runs first, alone on the machine; compare its time with the reference's only
-where the reference also ran alone.
+and writes a row to ``reports/bench_adaptive.json`` (replacing the row of the same model, pool, window, first
+windows and margin). The adaptive ranking runs first, alone on the machine; compare its time with the reference's
+only where the reference also ran alone, and a resumed run's time (written as null) not at all.
 """
 
 from __future__ import annotations
