@@ -6,6 +6,7 @@ from the progress file; the refusals; the ``rank`` command."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from headprune.io.work.progress import Progress
 from headprune.perplexity import Windowing
 from headprune.scoring import ScoringOptions, score_heads
 from headprune.scoring.adaptive import AdaptiveOptions, adaptive_ranking, adaptive_rounds
-from headprune.scoring.adaptive_stats import decide, key_interval, window_estimate, window_schedule
+from headprune.scoring.adaptive_stats import decide, half_width, key_interval, window_estimate, window_schedule
 
 from helpers import TINY, hf_zeroed_sums, random_tokens
 
@@ -180,6 +181,15 @@ def test_window_estimate_by_hand():
     assert change == pytest.approx(0.175, abs=1e-15)
     assert se == pytest.approx(np.sqrt(1.5 * 0.875) / 40, rel=1e-12)
     assert window_estimate(np.array([1.0]), np.array([10.0]))[1] == np.inf
+
+
+def test_the_quantiles_docs_methods_quotes():
+    """methods.md: over 270 heads and 5 rounds at 95%, Student's quantile is 9.2 at 8 windows, 4.8 at 32, 4.3 at
+    128 (half_width of se 1)."""
+    quantiles = half_width(np.ones(3), np.array([8, 32, 128]), 0.95, 270 * 5)
+    assert np.round(quantiles, 1).tolist() == [9.2, 4.8, 4.3]
+    text = (Path(__file__).parents[2] / "docs" / "methods.md").read_text()
+    assert "at 8 windows Student's quantile is 9.2 (df 7), at 32 windows 4.8,\nat 128 windows 4.3" in text
 
 
 def test_window_schedule():
