@@ -46,11 +46,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import json
-
-    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+    from headprune.cli.sweeps import finish_ranking, sweep_progress, sweep_settings, table_output
     from headprune.cost import Pace, duration, estimate_scoring
-    from headprune.io.work.files import write_json
     from headprune.scoring.adaptive import AdaptiveOptions, adaptive_ranking
 
     out = table_output(args)
@@ -75,12 +72,7 @@ def run(args: argparse.Namespace) -> None:
     progress = sweep_progress(args, out, settings)
     result = adaptive_ranking(model, ids, args.method, options=options, windowing=w, progress=progress,
                               show_progress=not args.quiet)
-    if not finish_sweep(progress, result.table, out):
-        return
-    summary = result.summary()
-    write_json(out.with_suffix(".json"), summary)
-    if args.json:
-        print(json.dumps(summary | {"out": str(out)}))
+    if not finish_ranking(progress, result, out, args.json):
         return
     _print_result(result, out)
 

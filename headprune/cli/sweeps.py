@@ -42,3 +42,19 @@ def sweep_settings(args, model, ids, windowing, command: str, **extra) -> dict:
             "device": model.device.type, "data": args.data, "split": args.split, "tokens": token_digest(ids),
             **windowing.settings(),
             "ablation_rows": getattr(args, "ablation_rows", None), "fold_value_bias": args.fold_value_bias, **extra}
+
+
+def finish_ranking(progress, result, out, as_json: bool) -> bool:
+    """:func:`finish_sweep` of a ranking's table, then its summary written beside it as .json (and printed with
+    ``out`` where ``as_json``). True where this process should print the ranking's sentences."""
+    import json
+
+    from headprune.io.work.files import write_json
+
+    if not finish_sweep(progress, result.table, out):
+        return False
+    summary = result.summary()
+    write_json(out.with_suffix(".json"), summary)
+    if as_json:
+        print(json.dumps(summary | {"out": str(out)}))
+    return not as_json

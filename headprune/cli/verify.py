@@ -88,11 +88,8 @@ def _estimate(args: argparse.Namespace, model, ids, windowing, scores, progress)
 
 
 def run(args: argparse.Namespace) -> None:
-    import json
-
-    from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
+    from headprune.cli.sweeps import finish_ranking, sweep_progress, sweep_settings, table_output
     from headprune.cost import Pace, duration, estimate_verify
-    from headprune.io.work.files import write_json
     from headprune.scoring.verified import Verification, exact_ranking, verify_ranking
 
     out = table_output(args)
@@ -126,12 +123,7 @@ def run(args: argparse.Namespace) -> None:
     rank = exact_ranking if exact else verify_ranking
     result = rank(model, ids, estimate, args.method, verification=replace(verification, verified=k), windowing=w,
                   progress=progress, show_progress=not args.quiet)
-    if not finish_sweep(progress, result.table, out):
-        return
-    summary = result.summary()
-    write_json(out.with_suffix(".json"), summary)
-    if args.json:
-        print(json.dumps(summary | {"out": str(out)}))
+    if not finish_ranking(progress, result, out, args.json):
         return
     _print_result(args, result, k, exact, out)
 
