@@ -29,13 +29,16 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analyses.common import save
-from analyses.study_findings import PERFORMS, TOP, findings, prose_code_roles
+from analyses.study_figure import plot_study
+from analyses.study_findings import PERFORMS, findings
 from headprune.io.work.files import write_text
 
 UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -55,17 +58,17 @@ def code_scores(model, ids, windowing, bootstrap: int, seed: int, progress) -> p
     return t[["layer", "head", "head_id", "abl_zero", "abl_zero_ci_lo", "abl_zero_ci_hi"]]
 
 
-def unit_curves(model, score_ids, eval_ids, windowing, scores: pd.DataFrame, best: str, seed: int,
-                bootstrap: int, progress) -> pd.DataFrame:
-    """Curves by KV group (joint group ``abl_zero``), random groups (seeded), and the best uniform prune by ``best``
-    and by ``abl_zero``: each a head set per fraction, evaluated like the run's curves."""
+def unit_curves(study: Study) -> pd.DataFrame:
+    """Curves by KV group (joint group ``abl_zero``), random groups (seeded), and the best uniform prune by the run's
+    best ranking and by ``abl_zero``: each a head set per fraction, evaluated like the run's curves."""
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.options import CurveOptions, Selection
     from headprune.pruning.uniform import uniform_heads
     from headprune.schema import split_ranking
     from headprune.scoring.groups import GROUP_METHOD, groups, score_groups
 
-    table, _ = score_groups(model, score_ids, scores, windowing, replicates=0, seed=seed)
+    model, scores, best, seed = study.inputs.model, study.scores, study.best, study.s.seed
+    table, _ = score_groups(model, study.inputs.score_ids, scores, study.inputs.windowing, replicates=0, seed=seed)
     members = {f"L{layer}G{kv}": [(layer, h) for h in heads] for layer, kv, heads in groups(model)}
     n_groups = len(members)
     order = table.sort_values([GROUP_METHOD, "group_id"])["group_id"].tolist()  # least important first
@@ -82,16 +85,15 @@ def unit_curves(model, score_ids, eval_ids, windowing, scores: pd.DataFrame, bes
         sets[(f"uniform:{best}", f)] = uniform_heads(model, scores, name, fraction=f, selection=selection)
         sets[("uniform:abl_zero", f)] = uniform_heads(model, scores, "abl_zero", fraction=f)
     methods = sorted({m for m, _ in sets})
-    options = CurveOptions(fractions=UNIT_FRACTIONS, seeds=1, bootstrap=bootstrap, selection=Selection(seed=seed),
-                           windowing=windowing, head_sets=sets)
-    return pruning_curves(model, eval_ids, scores, [(m, "none") for m in methods], options=options,
-                          progress=progress)
+    options = CurveOptions(fractions=UNIT_FRACTIONS, seeds=1, bootstrap=study.s.bootstrap,
+                           selection=Selection(seed=seed), windowing=study.inputs.windowing, head_sets=sets)
+    return pruning_curves(model, study.inputs.eval_ids, scores, [(m, "none") for m in methods], options=options,
+                          progress=study.progress)
 
 
-def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: str, steps: int, seed: int
-             ) -> pd.DataFrame:
+def recovery(study: Study, train_ids, steps: int) -> pd.DataFrame:
     """The best ranking's prune at each of :data:`RECOVER_FRACTIONS`, distilled ``steps`` steps (KL from the
-    unpruned model, batches of 4 windows of the run's length): test perplexity before and after."""
+    unpruned model, batches of 4 windows of the run's length) on ``train_ids``: test perplexity before and after."""
     from headprune.perplexity import evaluate
     from headprune.pruning.finetune import Recipe, finetune, gap_recovered
     from headprune.pruning.options import Selection
@@ -99,6 +101,8 @@ def recovery(model, train_ids, eval_ids, windowing, scores: pd.DataFrame, best: 
     from headprune.pruning.selection import select_heads
     from headprune.schema import split_ranking
 
+    model, eval_ids, windowing = study.inputs.model, study.inputs.eval_ids, study.inputs.windowing
+    scores, best, seed = study.scores, study.best, study.s.seed
     name, by_layer = split_ranking(best)
     selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
     base = evaluate(model, eval_ids, windowing, progress=False).ppl
@@ -141,62 +145,6 @@ def task_table(model, seed: int, pairs_per_task: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# --- the figure ---------------------------------------------------------------------------------------------------
-
-def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, scores: pd.DataFrame,
-               code: pd.DataFrame, anatomy: pd.DataFrame, best: str):
-    """Left: ΔNLL against heads removed by unit (query head, KV group, uniform) and random, with the distilled
-    points; right: each head's zero-ablation cost on prose against code, the strongest induction and
-    previous-token heads marked."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
-    ax, bx = fig.subplots(1, 2)
-    n_heads = len(scores)
-
-    def line(frame: pd.DataFrame, method: str, label: str, **style) -> None:
-        c = frame[(frame["method"] == method) & (frame["compensation"] == "none")].sort_values("fraction")
-        ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], label=label, **style)
-
-    if best != "abl_zero":  # (drawn next)
-        line(curves, best, f"{best} (query heads)", color="#0072B2", marker="o")
-    line(curves, "abl_zero", "abl_zero (query heads)", color="#009E73", marker="s")
-    line(curves, "random", "random query heads (mean of seeds)", color="grey", marker=".")
-    line(units, "group:abl_zero", "KV groups by joint abl_zero", color="#D55E00", marker="^")
-    rand = units[units["method"].str.startswith("group:random")].groupby("fraction")[["heads_pruned", "delta_nll"]]
-    rand = rand.mean().reset_index()
-    ax.plot(rand["heads_pruned"] / n_heads, rand["delta_nll"], color="grey", ls="--", marker="x",
-            label="random KV groups (mean)")
-    for m, color in zip(sorted(units["method"][units["method"].str.startswith("uniform:")].unique()),
-                        ("#CC79A7", "#E69F00")):
-        line(units, m, f"uniform by {m.split(':', 1)[1]}", color=color, marker="D", ls=":")
-    ax.scatter(rec["heads_pruned"] / n_heads, np.log(rec["ppl_distilled"] / rec["ppl_unpruned"]), marker="*", s=140,
-               color="#0072B2", zorder=5, label=f"{best} distilled ({int(rec['steps'].iloc[0])} steps)")
-    ax.set(xlabel="share of heads removed", ylabel="ΔNLL (nats/token, test split)",
-           title="Pruning by unit")
-    ax.set_yscale("symlog", linthresh=0.01)
-    ax.legend(fontsize=8)
-    j = prose_code_roles(scores, code, anatomy)
-    bx.scatter(j["abl_zero"], j["code"], s=12, color="lightgrey", label="every head")
-    for role, color, marker in (("induction", "#D55E00", "^"), ("previous_token", "#0072B2", "s")):
-        top = j.nlargest(TOP, role)
-        bx.scatter(top["abl_zero"], top["code"], s=40, color=color, marker=marker,
-                   label=f"{TOP} strongest {role.replace('_', '-')} heads")
-    named = pd.concat([j.nlargest(3, "abl_zero"), j.nlargest(3, "code")]).drop_duplicates("head_id")
-    for k, r in enumerate(named.sort_values("abl_zero").itertuples()):  # labels alternate below and above
-        bx.annotate(r.head_id, (r.abl_zero, r.code), fontsize=8, textcoords="offset points",
-                    xytext=(-34, -12) if k % 2 else (4, 4))
-    bx.set(xlabel="abl_zero on prose (nats/token)", ylabel="abl_zero on code (nats/token)",
-           title="Which heads cost the most: prose vs code")
-    ticks = [-0.01, 0.0, 0.01, 0.1]
-    bx.set_xscale("symlog", linthresh=0.005)
-    bx.set_yscale("symlog", linthresh=0.005)
-    bx.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    bx.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    bx.legend(fontsize=8)
-    return fig
-
-
 # --- the script ---------------------------------------------------------------------------------------------------
 
 def ranking_key(scores: pd.DataFrame, best: str) -> str:
@@ -214,6 +162,103 @@ def _fresh(out: Path, name: str, meta: dict) -> bool:
     return not (out / f"{name}.csv").is_file() or not record.is_file() or json.loads(record.read_text()) != meta
 
 
+@dataclass
+class Study:
+    """What every part reads: the run's folder and settings.json, the settings it ran with and the inputs its own
+    stage rebuilds from them (:func:`headprune.stages.inputs.load_inputs`), its scores, and the study's progress."""
+
+    run: Path
+    record: dict  # settings.json as the run wrote it
+    s: Any  # the RunSettings (headprune.stages.settings.saved_settings)
+    inputs: Any  # the RunInputs: model, windows, tokenizer, both token streams
+    scores: pd.DataFrame
+    progress: Any = None
+
+    @property
+    def best(self) -> str:
+        return self.record["commands"]["ranking"]
+
+    @property
+    def base(self) -> dict:
+        """What every part's table depends on."""
+        w = self.inputs.windowing
+        return {"model_fingerprint": self.record["model_fingerprint"], "tokens": self.s.max_tokens,
+                "seq_len": w.seq_len, "bos": w.bos, "seed": self.s.seed}
+
+
+def open_study(run: Path) -> Study:
+    """The run's settings and its inputs as its own stage loads them, its scores and the study's progress file."""
+    from headprune.io.work.progress import Progress
+    from headprune.stages.inputs import load_inputs
+    from headprune.stages.settings import saved_settings
+
+    record = json.loads((run / "settings.json").read_text())
+    s = saved_settings(record)
+    study = Study(run, record, s, load_inputs(s), pd.read_csv(run / "scores.csv"))
+    study.progress = Progress(run / ".study-progress.jsonl", study.base)
+    return study
+
+
+def code_part(study: Study, args: argparse.Namespace) -> None:
+    from headprune.data.tokens import corpus_ids
+
+    if _fresh(study.run, "study_code_scores", meta := study.base | {"bootstrap": study.s.bootstrap}):
+        print("[1/4] zero-ablation of every head on code (the code corpus' validation split)")
+        code_ids = corpus_ids("code", "validation", study.inputs.tokenizer, study.s.max_tokens)
+        save(study.run, "study_code_scores", table=code_scores(study.inputs.model, code_ids, study.inputs.windowing,
+                                                               study.s.bootstrap, study.s.seed, study.progress),
+             meta=meta)
+
+
+def units_part(study: Study, args: argparse.Namespace) -> None:
+    meta = study.base | {"best": study.best, "fractions": list(UNIT_FRACTIONS),
+                         "ranking": ranking_key(study.scores, study.best)}
+    if _fresh(study.run, "study_units", meta):
+        print("[2/4] pruning curves by KV group and uniform prunes")
+        save(study.run, "study_units", table=unit_curves(study), meta=meta)
+
+
+def recovery_part(study: Study, args: argparse.Namespace) -> None:
+    from headprune.data.sources import is_builtin
+    from headprune.data.tokens import corpus_ids
+
+    meta = study.base | {"best": study.best, "steps": args.recover_steps,
+                         "ranking": ranking_key(study.scores, study.best)}
+    if _fresh(study.run, "study_recovery", meta):
+        print(f"[3/4] distillation of {study.best}'s prunes, {args.recover_steps} steps each")
+        if not is_builtin(study.s.data):
+            raise SystemExit(f"the run's data {study.s.data} has no train split apart from its test text; "
+                             "distillation trains on a built-in corpus' train split (default or code)")
+        train_ids = corpus_ids(study.s.data, "train", study.inputs.tokenizer,
+                               args.recover_steps * 4 * study.inputs.windowing.seq_len + 1)
+        save(study.run, "study_recovery", table=recovery(study, train_ids, args.recover_steps), meta=meta)
+
+
+def tasks_part(study: Study, args: argparse.Namespace) -> None:
+    from headprune.io.work.progress import Progress
+    from headprune.patching.study import StudyOptions, patch_study
+    from headprune.patching.tasks import TASK_TEXT, task_pairs
+    from headprune.report.patching_section import PatchingReport, write_patching_files
+
+    if not _fresh(study.run, "study_tasks", meta := study.base | {"pairs": args.task_pairs}):
+        return
+    print("[4/4] the built-in tasks: which the model performs; patching of those the run did not patch")
+    model, seed = study.inputs.model, study.s.seed
+    tasks = task_table(model, seed, args.task_pairs)
+    for r in tasks[tasks["performs"]].itertuples():
+        if r.task == study.record.get("patch_task"):
+            continue
+        task_progress = Progress(study.run / f".study-progress-{r.task}.jsonl", meta | {"task": r.task})
+        patched = patch_study(model, task_pairs(r.task, model, n_pairs=args.task_pairs, seed=seed),
+                              StudyOptions(bootstrap=study.s.bootstrap, seed=seed), progress=task_progress,
+                              show_progress=True)
+        write_patching_files(study.run / f"study_patch_{r.task}.csv", PatchingReport(
+            patched.table, patched.agreement, patched.missed,
+            patched.summary | {"task": r.task, "task_text": TASK_TEXT[r.task]}))
+        task_progress.remove()
+    save(study.run, "study_tasks", table=tasks, meta=meta)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="the folder a headprune run wrote (its tables are read, the study is added)")
@@ -222,74 +267,17 @@ def main() -> None:
     ap.add_argument("--render-only", action="store_true",
                     help="only re-render study.md from the tables already in the folder (no model, no computation)")
     args = ap.parse_args()
-    if args.render_only:
-        print("\n".join(write_study(Path(args.run))))
-        return
-    from headprune.data.sources import is_builtin
-    from headprune.data.tokens import corpus_ids
-    from headprune.io.read.loading import load_model
-    from headprune.io.read.tokenizer import model_tokenizer
-    from headprune.io.work.progress import Progress
-    from headprune.patching.study import StudyOptions, patch_study
-    from headprune.patching.tasks import TASK_TEXT, task_pairs
-    from headprune.perplexity import Windowing
-    from headprune.report.patching_section import PatchingReport, write_patching_files
-
     run = Path(args.run)
-    s = json.loads((run / "settings.json").read_text())
-    model = load_model(s["model"], dtype=s["dtype"])
-    tok = model_tokenizer(model)
-    w = Windowing.for_model(model, s["seq_len"], s["stride"], s["batch_size"])
-    tokens, seed, bootstrap = s["max_tokens"], s["seed"], s["bootstrap"]
-    score_ids = corpus_ids(s["score_data"].split(" (validation split)")[0], "validation", tok, tokens)
-    eval_ids = corpus_ids(s["data"], "test", tok, tokens)
-    scores = pd.read_csv(run / "scores.csv")
-    best = s["commands"]["ranking"]
-    base = {"model_fingerprint": s["model_fingerprint"], "tokens": tokens, "seq_len": w.seq_len, "bos": w.bos,
-            "seed": seed}
-    progress = Progress(run / ".study-progress.jsonl", base)
-    ranking = ranking_key(scores, best)
-
-    if _fresh(run, "study_code_scores", meta := base | {"bootstrap": bootstrap}):
-        print("[1/4] zero-ablation of every head on code (the code corpus' validation split)")
-        code_ids = corpus_ids("code", "validation", tok, tokens)
-        save(run, "study_code_scores", table=code_scores(model, code_ids, w, bootstrap, seed, progress), meta=meta)
-    if _fresh(run, "study_units", meta := base | {"best": best, "fractions": list(UNIT_FRACTIONS),
-                                                "ranking": ranking}):
-        print("[2/4] pruning curves by KV group and uniform prunes")
-        save(run, "study_units", table=unit_curves(model, score_ids, eval_ids, w, scores, best, seed, bootstrap,
-                                                   progress), meta=meta)
-    if _fresh(run, "study_recovery", meta := base | {"best": best, "steps": args.recover_steps,
-                                                   "ranking": ranking}):
-        print(f"[3/4] distillation of {best}'s prunes, {args.recover_steps} steps each")
-        if not is_builtin(s["data"]):
-            raise SystemExit(f"the run's data {s['data']} has no train split apart from its test text; distillation "
-                             "trains on a built-in corpus' train split (default or code)")
-        train_ids = corpus_ids(s["data"], "train", tok, args.recover_steps * 4 * w.seq_len + 1)
-        save(run, "study_recovery", table=recovery(model, train_ids, eval_ids, w, scores, best, args.recover_steps,
-                                                   seed), meta=meta)
-    if _fresh(run, "study_tasks", meta := base | {"pairs": args.task_pairs}):
-        print("[4/4] the built-in tasks: which the model performs; patching of those the run did not patch")
-        tasks = task_table(model, seed, args.task_pairs)
-        for r in tasks[tasks["performs"]].itertuples():
-            if r.task == s.get("patch_task"):
-                continue
-            task_progress = Progress(run / f".study-progress-{r.task}.jsonl", meta | {"task": r.task})
-            study = patch_study(model, task_pairs(r.task, model, n_pairs=args.task_pairs, seed=seed),
-                                StudyOptions(bootstrap=bootstrap, seed=seed), progress=task_progress,
-                                show_progress=True)
-            write_patching_files(run / f"study_patch_{r.task}.csv", PatchingReport(
-                study.table, study.agreement, study.missed,
-                study.summary | {"task": r.task, "task_text": TASK_TEXT[r.task]}))
-            task_progress.remove()
-        save(run, "study_tasks", table=tasks, meta=meta)
-    save(run, "study", fig=plot_study(pd.read_csv(run / "curves.csv"), pd.read_csv(run / "study_units.csv"),
-                                      pd.read_csv(run / "study_recovery.csv"), scores,
-                                      pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"),
-                                      best))
-    lines = write_study(run)
-    progress.remove()
-    print("\n".join(lines))
+    if not args.render_only:
+        study = open_study(run)
+        for part in (code_part, units_part, recovery_part, tasks_part):
+            part(study, args)
+        tables = {name: pd.read_csv(run / f"{name}.csv") for name in ("curves", "study_units", "study_recovery",
+                                                                      "study_code_scores", "anatomy")}
+        save(run, "study", fig=plot_study(tables["curves"], tables["study_units"], tables["study_recovery"],
+                                          study.scores, tables["study_code_scores"], tables["anatomy"], study.best))
+        study.progress.remove()
+    print("\n".join(write_study(run)))
 
 
 def write_study(run: Path) -> list[str]:

@@ -160,6 +160,26 @@ def child(args) -> None:
     print(json.dumps(result))
 
 
+def measurements(args: argparse.Namespace, me: list[str], hp: list[str], model: list[str]) -> dict[str, list[str]]:
+    """{name: command} of every measurement, or of those ``--only`` names."""
+    runs = {
+        "load fp32": me + ["--child", "load"],
+        "load bf16": me + ["--child", "load", "--dtype", "bf16"],
+        "info": hp + ["info", *model],
+        "eval --max-tokens 512": hp + ["eval", *model, "--max-tokens", str(TOKENS), "--json"],
+        "score wo_fro,ov_fro,fluct,grad": hp + ["score", *model, "--max-tokens", str(TOKENS), "--methods",
+                                               "wo_fro,ov_fro,fluct,grad", "--quiet", "--overwrite",
+                                               "--out", str(args.dir / "scores.csv")],
+        "ablate layer 47 (abl_zero)": me + ["--child", "ablate", "--layer", str(XL["n_layer"] - 1)],
+        "ablate layer 0 (abl_zero)": me + ["--child", "ablate", "--layer", "0"],
+    }
+    if args.only:
+        wanted = args.only.split(",")
+        runs = {k: v for k, v in runs.items()
+                if k.split()[0] in wanted or (k.startswith("ablate") and f"ablate{k.split()[2]}" in wanted)}
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", type=Path, default=Path("/tmp/headprune-gpt2-xl"))
@@ -193,21 +213,7 @@ def main() -> None:
         results["weights_gib"] = round(weight_bytes / 2**30, 2)
         results["files_gib"] = round(sum(f.stat().st_size for f in args.dir.glob("*.safetensors")) / 2**30, 2)
         print(f"built {args.dir}: {results['files_gib']} GiB in {results.get('build_s')} s", flush=True)
-        runs = {
-            "load fp32": me + ["--child", "load"],
-            "load bf16": me + ["--child", "load", "--dtype", "bf16"],
-            "info": hp + ["info", *model],
-            "eval --max-tokens 512": hp + ["eval", *model, "--max-tokens", str(TOKENS), "--json"],
-            "score wo_fro,ov_fro,fluct,grad": hp + ["score", *model, "--max-tokens", str(TOKENS), "--methods",
-                                                   "wo_fro,ov_fro,fluct,grad", "--quiet", "--overwrite",
-                                                   "--out", str(args.dir / "scores.csv")],
-            "ablate layer 47 (abl_zero)": me + ["--child", "ablate", "--layer", str(XL["n_layer"] - 1)],
-            "ablate layer 0 (abl_zero)": me + ["--child", "ablate", "--layer", "0"],
-        }
-        if args.only:
-            wanted = args.only.split(",")
-            runs = {k: v for k, v in runs.items()
-                    if k.split()[0] in wanted or (k.startswith("ablate") and f"ablate{k.split()[2]}" in wanted)}
+        runs = measurements(args, me, hp, model)
         for name, cmd in runs.items():
             results[name] = measure(cmd, env)
             r = results[name]

@@ -37,7 +37,7 @@ from headprune.schema import (
 from headprune.scoring import HeadScores, ScoringOptions, score_heads
 from headprune.stages.compensation import compensation_stage
 from headprune.stages.inputs import RunInputs, load_inputs
-from headprune.stages.settings import RunSettings, rankings_of, run_plan, settings_fields
+from headprune.stages.settings import RunSettings, rankings_of, run_plan, settings_fields, split_text
 
 
 def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = False):
@@ -59,7 +59,7 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
     model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
     # the means come with the activation scores; without those (a --methods subset) they are measured here
     compensation = compensation_stage(model, score_ids, windowing, kinds=("mean", "optimal"), means=scored.means,
-                                      fill_data=f"{s.score_data} (validation split), {len(score_ids):,} tokens",
+                                      fill_data=split_text(s.score_data, "validation", len(score_ids)),
                                       progress=progress, quiet=quiet)
     options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
                            selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
@@ -95,12 +95,12 @@ def run_settings(s: RunSettings, methods: list[str], inputs: RunInputs, fingerpr
     """The settings the report lists: the run's options, its data, the commands that reproduce its headline, and
     each stage's seconds."""
     point = 0.3 if 0.3 in s.fractions else s.fractions[len(s.fractions) // 2]
-    score_data = f"{s.score_data} (validation split), {len(inputs.score_ids):,} tokens"
+    score_data = split_text(s.score_data, "validation", len(inputs.score_ids))
     return {**settings_fields(s), "methods": methods,
             "commands": {"ranking": best, "fraction": point, "lines": reproduce_commands(s, best, point)},
             "model_fingerprint": fingerprint["model_fingerprint"], "seq_len": inputs.windowing.seq_len,
             "stride": inputs.windowing.stride, **bos_setting(inputs.windowing), "score_data": score_data,
-            "eval_data": f"{s.data} (test split), {len(inputs.eval_ids):,} tokens", "device": str(inputs.model.device),
+            "eval_data": split_text(s.data, "test", len(inputs.eval_ids)), "device": str(inputs.model.device),
             "compensation_fills": score_data,
             "seconds_load": round(inputs.seconds_load, 1), "seconds_tokenize": round(inputs.seconds_tokenize, 1),
             **{f"seconds_{k}": round(seconds[k], 1) for k in STAGE_ORDER if k in seconds},

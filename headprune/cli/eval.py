@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.common import _json_number, data_from_args, data_line, load_from_args, windowing_from_args
-from headprune.cli.options import add_data_args, add_json_arg, add_model_args, add_quiet_arg
+from headprune.cli.options import add_data_args, add_json_arg, add_model_args, add_pattern_arg, add_quiet_arg
 
 HELP = 'sliding-window perplexity of a model on a corpus'
 
@@ -13,8 +13,7 @@ HELP = 'sliding-window perplexity of a model on a corpus'
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_data_args(p, "test")
-    p.add_argument("--pattern", help="a streaming pattern (headprune context's pattern/ folder or its "
-                                     "kv_pattern.json): its KV heads keep only their sinks and recent window")
+    add_pattern_arg(p)
     add_json_arg(p, "one JSON object: the header's fields, tokens, windows, nll, nll_se, ppl, ppl_se, bytes, "
                     "bits_per_byte")
     add_quiet_arg(p)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from headprune.errors import HeadpruneError
 
-FILES = ("scores", "curves", "pairs")  # options naming an input file
+FILES = ("scores", "curves", "pairs", "prompt_file")  # options naming an input file
 CORPORA = ("data", "score_data", "train_data")  # options naming a corpus spec
 MODELS = ("model", "teacher")  # options naming a model: a path, a known name or a hub id
 FOLDERS = {"pruned": "PRUNED_DIR"}  # finetune's argument: a folder that `headprune prune` wrote

@@ -22,7 +22,8 @@ from headprune.errors import HeadpruneError, os_error_line
 #: command name -> module of headprune.cli, in the order ``headprune --help`` lists them
 COMMANDS = {"info": "info", "eval": "eval", "score": "score", "curve": "curve", "learn-gates": "learn_gates",
             "prune": "prune", "finetune": "finetune", "report": "report", "run": "run", "anatomy": "anatomy",
-            "patch": "patch", "verify": "verify", "rank": "rank", "context": "context", "models": "models"}
+            "patch": "patch", "verify": "verify", "rank": "rank", "context": "context", "generate": "generate",
+            "models": "models"}
 
 
 def command_module(name: str) -> ModuleType:

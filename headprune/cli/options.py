@@ -173,6 +173,12 @@ def add_out_arg(p: argparse.ArgumentParser, help: str, default: str | None = Non
     p.add_argument("--out", required=default is None, default=default, help=help)
 
 
+def add_pattern_arg(p: argparse.ArgumentParser) -> None:
+    """``--pattern``: a streaming pattern that ``headprune context`` wrote."""
+    p.add_argument("--pattern", help="a streaming pattern (headprune context's pattern/ folder or its "
+                                     "kv_pattern.json): its KV heads keep only their sinks and recent window")
+
+
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 

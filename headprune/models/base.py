@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from headprune.errors import HeadpruneError
 from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
 from headprune.models.head_config import Head, HeadConfig, Origin
-from headprune.models.hooks import AttentionHook, Capture
+from headprune.models.hooks import AttentionHook, Capture, StepCache
 from headprune.models.streaming import Streaming
 from headprune.models.token_check import check_token_tensor
 
@@ -55,6 +55,7 @@ class HeadAttention(nn.Module):
     window: int | None = None  # sliding window of this layer (Mistral, Qwen2), None: causal only
     hook: AttentionHook | None = None  # set by :func:`hooked`
     streaming: Streaming | None = None  # streaming heads, set by :func:`~headprune.models.streaming.streaming`
+    cache: StepCache | None = None  # this layer's KV cache while decoding (:mod:`headprune.models.decoding`)
     PARAM_ROLES: ClassVar[dict[str, str]] = {}  # submodule -> its role in the ledger ("o_proj" -> "W_O")
 
     def set_groups(self, cfg: HeadConfig, layer: int) -> None:
@@ -162,6 +163,8 @@ class HeadAttention(nn.Module):
         hook, scale, window = self.hook, self.scale, self.window
         if hook is not None:
             q, k, v = hook.qkv(q, k, v)
+        if self.cache is not None:  # decoding: the queries read the cached keys and this step's
+            return gated(self.cache.attend(q, k, v), gate, fill).transpose(1, 2).reshape(B, T, h * dk)
         explicit = need_weights or (hook is not None and hook.needs_pattern)
         if explicit or not (self.one_to_one or self.repeat_kv_layout):  # each query head its own K/V rows
             k, v = k.index_select(1, self.kv_group), v.index_select(1, self.kv_group)
@@ -275,14 +278,16 @@ class HeadModel(nn.Module):
         head = getattr(self, self.lm_head_name)
         return head.weight if head is not None else getattr(self, self.embedding_name).weight
 
-    def embed(self, tokens: Tensor) -> Tensor:
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens (B,T) at positions start..start+T−1 (``start`` > 0 only when decoding) -> residual (B,T,d)."""
         raise NotImplementedError
 
     def unembed(self, resid: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def block_inputs(self, resid: Tensor) -> tuple[Any, ...]:
-        """Extra positional inputs of every block for a residual (B,T,d), computed once per run_blocks."""
+    def block_inputs(self, resid: Tensor, start: int = 0) -> tuple[Any, ...]:
+        """Extra positional inputs of every block for a residual (B,T,d) at positions start..start+T−1, computed
+        once per run_blocks."""
         return ()
 
     def qkv(self, layer: int, resid: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -175,13 +175,14 @@ class Gemma3(HeadModel):
     def _embed_scale(self) -> Tensor:
         return torch.tensor(self.cfg.embed_scale).to(self.embed_tokens.weight.dtype)
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        self.check_length(tokens.shape[1])
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        self.check_length(start + tokens.shape[1])
         return self.embed_tokens(tokens) * self._embed_scale().to(tokens.device)
 
-    def block_inputs(self, resid: Tensor) -> tuple[Tables]:
+    def block_inputs(self, resid: Tensor, start: int = 0) -> tuple[Tables]:
         T = resid.shape[1]
-        return ({kind: rotary_tables(inv, T, resid.device, resid.dtype) for kind, inv in self._inv_freq.items()},)
+        return ({kind: rotary_tables(inv, T, resid.device, resid.dtype, start)
+                 for kind, inv in self._inv_freq.items()},)
 
     def unembed(self, resid: Tensor) -> Tensor:
         logits = F.linear(self.norm(resid), self.W_U)

@@ -211,12 +211,12 @@ class GPT2(HeadModel):
     def dtype(self) -> torch.dtype:
         return self.wte.weight.dtype
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        """tokens (B,T) -> residual stream (B,T,d)."""
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens (B,T) at positions start..start+T−1 -> residual stream (B,T,d)."""
         T = tokens.shape[1]
-        self.check_length(T)
+        self.check_length(start + T)
         check_token_tensor(tokens, self.cfg.vocab_size)
-        return self.wte(tokens) + self.wpe(torch.arange(T, device=tokens.device))
+        return self.wte(tokens) + self.wpe(torch.arange(start, start + T, device=tokens.device))
 
     def unembed(self, resid: Tensor) -> Tensor:
         """Final LayerNorm and LM head: (B,T,d) -> logits (B,T,vocab)."""

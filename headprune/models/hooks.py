@@ -1,12 +1,13 @@
 """What a forward records (:class:`Capture`) and what may replace a layer's attention activations inside it
-(:class:`AttentionHook`, set by :func:`hooked`), for every family, GPT-2 included."""
+(:class:`AttentionHook`, set by :func:`hooked`), for every family, GPT-2 included; what it reads while decoding
+(:class:`StepCache`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
@@ -56,3 +57,10 @@ def hooked(model: nn.Module, hooks: Mapping[int, AttentionHook]) -> Iterator[Non
     finally:
         for attn in attns:
             attn.hook = None
+
+
+class StepCache(Protocol):
+    """What attention reads while decoding (:class:`headprune.models.decoding.LayerCache`): z (B,h,T,d_k) of a step's
+    q (B,h,T,d_k) against the cached keys and the step's k, v (B,h_kv,T,d_k), which it then holds."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...

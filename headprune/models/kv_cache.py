@@ -4,7 +4,8 @@ A KV head of width d_k stores a key and a value per cached position: 2·d_k valu
 caches
 
     full attention:      min(n, w_l)                 positions (w_l: the layer's sliding window, ∞ without one)
-    streaming (s + r):   min(n, w_l, s + r)          positions (the first s sinks and the last r tokens)
+    streaming (s + r):   min(n, s + r)               positions (the first s sinks and the last r tokens) without a
+                         window; within one, the sinks still inside it and the last min(r, w_l)
 
 so a layer's cache is 2·d_k·bytes · Σ_g positions_g, and the model's the sum over layers: for SmolLM2-135M (30
 layers × 3 KV heads × d_k 64, no window) 2·64·2·90 = 23,040 bytes per token of context in fp16, as llama.cpp
@@ -27,9 +28,14 @@ def kv_heads(model: HeadModel) -> list[KVHead]:
 
 
 def cached_positions(n_tokens: int, window: int | None, streams: bool, sink: int, recent: int) -> int:
-    """Positions one KV head caches at a context of ``n_tokens``: min(n, w), or min(n, w, sink + recent) streaming."""
-    limit = n_tokens if window is None else min(n_tokens, window)
-    return min(limit, sink + recent) if streams else limit
+    """Positions one KV head caches at a context of n = ``n_tokens``: those the last query (position n − 1) may see.
+    Full attention: [lo, n) with lo = max(0, n − w) (lo = 0 without a window), n − lo positions; streaming: of those,
+    the sinks s < sink and the recent s ≥ n − recent (a sink outside a sliding window is gone too)."""
+    lo = 0 if window is None else max(0, n_tokens - window)
+    if not streams:
+        return n_tokens - lo
+    sinks_end = min(sink, n_tokens)
+    return max(0, sinks_end - lo) + n_tokens - max(lo, n_tokens - recent, sinks_end)
 
 
 def kv_cache_bytes(model: HeadModel, n_tokens: int, streaming_heads: Collection[KVHead] = (), sink: int = 0,

@@ -233,13 +233,13 @@ class LlamaLike(HeadModel):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._inv_freq = inv_frequencies(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)  # [d_k/2], float32
 
-    def embed(self, tokens: Tensor) -> Tensor:
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
         """tokens (B,T) -> residual stream (B,T,d): no position embedding (rotary acts inside attention)."""
-        self.check_length(tokens.shape[1])
+        self.check_length(start + tokens.shape[1])
         return self.embed_tokens(tokens)
 
-    def block_inputs(self, resid: Tensor) -> tuple[Tensor, Tensor]:
-        return rotary_tables(self._inv_freq, resid.shape[1], resid.device, resid.dtype)
+    def block_inputs(self, resid: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        return rotary_tables(self._inv_freq, resid.shape[1], resid.device, resid.dtype, start)
 
     def unembed(self, resid: Tensor) -> Tensor:
         return F.linear(self.norm(resid), self.W_U)

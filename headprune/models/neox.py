@@ -199,12 +199,12 @@ class NeoX(HeadModel):
         self.embed_out = None if cfg.tie_word_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._inv_freq = inv_frequencies(cfg.rotary_dims, cfg.rope_theta)  # [r/2], float32
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        self.check_length(tokens.shape[1])
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        self.check_length(start + tokens.shape[1])
         return self.embed_in(tokens)
 
-    def block_inputs(self, resid: Tensor) -> tuple[Tensor, Tensor]:
-        return rotary_tables(self._inv_freq, resid.shape[1], resid.device, resid.dtype)
+    def block_inputs(self, resid: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        return rotary_tables(self._inv_freq, resid.shape[1], resid.device, resid.dtype, start)
 
     def unembed(self, resid: Tensor) -> Tensor:
         return F.linear(self.final_layer_norm(resid), self.W_U)

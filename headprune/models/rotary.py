@@ -46,9 +46,10 @@ def inv_frequencies(dim: int, base: float, scaling: dict | None = None) -> Tenso
     raise HeadpruneError(f"rope_scaling type {kind!r} is not supported; headprune implements {', '.join(SCALINGS)}")
 
 
-def rotary_tables(inv_freq: Tensor, T: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos φ and sin φ for positions 0..T−1: each (T, r), in ``dtype``."""
-    t = torch.arange(T, device=device, dtype=torch.float32)
+def rotary_tables(inv_freq: Tensor, T: int, device: torch.device, dtype: torch.dtype,
+                  start: int = 0) -> tuple[Tensor, Tensor]:
+    """cos φ and sin φ for positions start..start+T−1: each (T, r), in ``dtype``."""
+    t = torch.arange(start, start + T, device=device, dtype=torch.float32)
     freqs = t[:, None] * inv_freq.to(device)[None, :]  # (T, r/2)
     angles = torch.cat((freqs, freqs), dim=-1)  # (T, r)
     return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -13,8 +13,10 @@ a head near it needs many. Here, for an ablation ``method`` (abl_zero or abl_mea
    **contested**; with a ``margin`` ε, heads within ε of the boundary count as tied (in: its ΔL is at least the K-th
    true one less ε; out: at most the K-th plus ε), so a dense boundary can be decided;
 3. only contested heads are measured on the next windows (the count grows ×``growth`` a round), until none is
-   contested or the windows run out. A decided head keeps its interval: every interval holds together, so later
-   decisions may rest on it.
+   contested, the windows run out, or the next round would take the head-windows measured (one head ablated on one
+   window) past ``max_head_windows`` (a round is measured whole or not at all; the intervals stay simultaneous over
+   every round the schedule allows, so stopping early keeps them valid). A decided head keeps its interval: every
+   interval holds together, so later decisions may rest on it.
 
 The result names the certified heads, the contested ones and the places they compete for, each head's ΔL with
 its interval and rank interval, and what each round measured. Resumable (one unit per batch and chunk of heads,
@@ -60,7 +62,8 @@ class AdaptiveOptions:
     ``target``, certified at confidence ``level`` up to ``margin`` (a head in is at most that below the K-th, a head
     out at most that above it); every head on ``first_windows`` windows, then ×``growth`` a
     round for the contested ones; windows in the order ``seed`` draws; ``rows``: ablated copies × windows per
-    forward (default: :func:`~headprune.scoring.base.rows_per_forward`)."""
+    forward (default: :func:`~headprune.scoring.base.rows_per_forward`); ``max_head_windows``: the cost cap (None:
+    none), at least the first round's heads × ``first_windows``."""
 
     top: int | None = None
     target: str = "top"
@@ -70,6 +73,7 @@ class AdaptiveOptions:
     growth: float = 2.0
     seed: int = 0
     rows: int | None = None
+    max_head_windows: int | None = None
 
     def check(self, n_heads: int, n_windows: int) -> tuple[int, list[int]]:
         """(K, the cumulative windows of each round) after checking every field against a model of ``n_heads``
@@ -85,7 +89,11 @@ class AdaptiveOptions:
             raise HeadpruneError(f"margin {self.margin} must be at least 0 (nats/token)", "margin")
         if self.rows is not None and self.rows < 1:
             raise HeadpruneError(f"rows {self.rows} must be at least 1", "rows")
-        return k, window_schedule(self.first_windows, n_windows, self.growth)
+        schedule = window_schedule(self.first_windows, n_windows, self.growth)
+        if self.max_head_windows is not None and self.max_head_windows < n_heads * schedule[0]:
+            raise HeadpruneError(f"max_head_windows {self.max_head_windows:,} is less than the first round, "
+                                 f"{n_heads} heads × {schedule[0]} windows", "max_head_windows")
+        return k, schedule
 
 
 @dataclass
@@ -127,12 +135,19 @@ class AdaptiveRanking:
         """Head × window ablations measured in all (a plain sweep on the pool measures heads × pool)."""
         return int(self.table["windows"].sum())
 
+    @property
+    def stopped(self) -> str:
+        """Why the rounds ended: "decided" (nothing contested), "pool" (the windows ran out) or "cap"."""
+        if not self.contested:
+            return "decided"
+        return "pool" if int(self.rounds["windows"].iloc[-1]) >= self.pool_windows else "cap"
+
     def summary(self) -> dict:
         """The JSON summary a command writes beside the table."""
         return {"method": self.method, "target": self.target, "top": self.k, "level": self.level,
                 "margin": self.margin,
                 "certified": self.certified, "contested": self.contested, "open_places": self.open_places,
-                "rounds": self.rounds.to_dict("records"), "head_windows": self.head_windows,
+                "rounds": self.rounds.to_dict("records"), "head_windows": self.head_windows, "stopped": self.stopped,
                 "plain_sweep_head_windows": len(self.table) * self.pool_windows, "pool_windows": self.pool_windows,
                 "baseline_nll": self.baseline_nll}
 
@@ -191,13 +206,16 @@ Measure = Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray, list[fl
 
 
 def adaptive_rounds(measure: Measure, n_heads: int, k: int, schedule: list[int], *, target: str = "top",
-                    level: float = DEFAULT_LEVEL, margin: float = 0.0) -> tuple[_Measured, Decision, pd.DataFrame]:
+                    level: float = DEFAULT_LEVEL, margin: float = 0.0, cap: int | None = None
+                    ) -> tuple[_Measured, Decision, pd.DataFrame]:
     """The rounds of the module docstring: every head on ``schedule[0]`` windows, then the contested ones on the
-    windows up to each next entry, until none is contested. (each head's windows and estimate, the final
-    decision, one row per round)."""
+    windows up to each next entry, until none is contested or the next round would take the head-windows past
+    ``cap``. (each head's windows and estimate, the final decision, one row per round)."""
     tests = n_heads * len(schedule)  # every interval of every head in every round
     measured, active, start, rounds = _Measured(n_heads), np.arange(n_heads), 0, []
     for r, end in enumerate(schedule, 1):
+        if r > 1 and cap is not None and int(measured.windows.sum()) + len(active) * (end - start) > cap:
+            break
         t0 = time.perf_counter()
         changes, tokens, base = measure(active, start, end)
         for row, n in enumerate(active):
@@ -259,7 +277,8 @@ def adaptive_ranking(
         return changes, sweep.window_tokens(), [s for kb in range(len(sweep.batches)) for s in sweep.bases[kb]]
 
     measured, decision, rounds = adaptive_rounds(measure, len(model.head_ids), k, schedule, target=options.target,
-                                                 level=options.level, margin=options.margin)
+                                                 level=options.level, margin=options.margin,
+                                                 cap=options.max_head_windows)
     return AdaptiveRanking(method, options.target, k, options.level, options.margin,
                            _table(model, measured, decision), rounds,
                            float(sum(measured.base) / sum(measured.base_tokens)), len(windows),

@@ -3,7 +3,9 @@ alone: which rankings the curves measure and what the run's cost depends on."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from headprune.bootstrap import DEFAULT_REPLICATES
@@ -87,3 +89,26 @@ def run_plan(s: RunSettings) -> Any:
     ranked = [m for m in s.methods if m in IMPORTANCE_METHODS]
     return RunPlan(list(s.methods), len(rankings_of(s, ranked)) - 1, tuple(s.fractions), s.seeds,
                    s.patch_pairs if s.patch_task != "none" else 0)
+
+
+def split_text(corpus: str, split: str, n_tokens: int) -> str:
+    """How a run's settings name the tokens a stage read, e.g. 'default (validation split), 1,024 tokens'
+    (:func:`saved_settings` reads the corpus back from it)."""
+    return f"{corpus} ({split} split), {n_tokens:,} tokens"
+
+
+_SPLIT_TEXT = re.compile(r"(?P<corpus>.*) \((?P<split>\w+) split\), [\d,]+ tokens")
+
+
+def saved_settings(record: Mapping[str, Any]) -> RunSettings:
+    """The :class:`RunSettings` a finished run ran with, from the settings.json it wrote
+    (:func:`headprune.pipeline.run_settings`): its options, with the tokens and window its budget picked, so that
+    :func:`headprune.stages.inputs.load_inputs` rebuilds the run's model, windows and token streams."""
+    values = {f.name: record[f.name] for f in fields(RunSettings) if f.name in record}
+    named = _SPLIT_TEXT.fullmatch(str(record.get("score_data", "")))
+    if named is None:
+        raise HeadpruneError(f"settings name the scoring tokens as {record.get('score_data')!r}, not as a run writes "
+                             "them: not the settings.json of headprune run")
+    values |= {"score_data": named["corpus"], "fractions": tuple(values.get("fractions", DEFAULT_FRACTIONS)),
+               "methods": tuple(values.get("methods", ("all",)))}
+    return RunSettings(**values)

@@ -264,6 +264,22 @@ def test_well_separated_heads_are_decided_in_the_first_round():
     assert (measured.windows == 8).all() and rounds["contested"].tolist() == [0]
 
 
+def test_a_cost_cap_stops_before_the_round_that_would_pass_it():
+    """A tie at the boundary keeps rounds going; a cap of the first three rounds' head-windows (plus less than the
+    fourth needs) gives exactly those three rounds, each head's ΔL the mean of its own windows' changes."""
+    means = np.r_[0.5, 0.4, np.full(6, 0.1), np.zeros(22)]
+    schedule = window_schedule(8, 512, 2)
+    full = adaptive_rounds(_synthetic(means, 0.3, 0), 30, 5, schedule)[2]
+    spent = int((full["heads"] * np.diff(np.r_[0, full["windows"]])).iloc[:3].sum())
+    fourth = int(full["heads"].iloc[3] * (full["windows"].iloc[3] - full["windows"].iloc[2]))
+    measured, _, rounds = adaptive_rounds(_synthetic(means, 0.3, 0), 30, 5, schedule, cap=spent + fourth - 1)
+    assert rounds.drop(columns="seconds").equals(full.drop(columns="seconds").iloc[:3])
+    assert int(measured.windows.sum()) == spent
+    noise = np.random.default_rng(0).normal(0, 0.3 * 10, (30, 512))
+    expected = [means[n] + noise[n, :w].sum() / (100 * w) for n, w in enumerate(measured.windows)]
+    np.testing.assert_allclose(measured.delta, expected, rtol=0, atol=1e-12)
+
+
 def test_resumed_from_its_progress_file_without_recomputing(model, ids, tmp_path, monkeypatch):
     settings = {"test": "adaptive"}
     options = AdaptiveOptions(top=3, first_windows=4, seed=3)
@@ -288,6 +304,7 @@ def test_resumed_from_its_progress_file_without_recomputing(model, ids, tmp_path
     (AdaptiveOptions(level=1.0), "abl_zero", "level 1.0 must lie strictly between 0 and 1"),
     (AdaptiveOptions(growth=1.0), "abl_zero", "growth 1.0 must exceed 1"),
     (AdaptiveOptions(), "taylor", "cannot rank 'taylor' adaptively"),
+    (AdaptiveOptions(first_windows=4, max_head_windows=47), "abl_zero", "less than the first round, 12 heads × 4"),
 ])
 def test_refusals(model, ids, options, method, message):
     with pytest.raises(HeadpruneError, match=message):
@@ -322,3 +339,20 @@ def test_rank_command(tiny_dir, corpus, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("headprune: error: --first-windows 1: give at least 2")
     assert not bad.exists()
+
+
+def test_rank_command_under_a_cost_cap(tiny_dir, corpus, tmp_path, capsys):
+    """--max-head-windows 48 (12 heads × the first 4 windows) stops after one round and says so; --max-minutes that
+    buys less than the first round is one line."""
+    out = tmp_path / "capped.csv"
+    window = ["--seq-len", "16", "--batch-size", "4", "--max-tokens", "640"]
+    common = ["rank", "--model", str(tiny_dir), "--data", str(corpus), *window, "--top", "3", "--first-windows", "4"]
+    assert main([*common, "--max-head-windows", "48", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "capped at 48 head-windows" in printed and "1 round (stopped by the cost cap), up to 4 windows;" in printed
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["stopped"] == "cap" and summary["head_windows"] == 48 and summary["contested"]
+    assert main([*common, "--max-minutes", "1e-9", "--out", str(tmp_path / "none.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-minutes 1e-09 buys about 0 head-window ablations here" in err
+    assert not (tmp_path / "none.csv").exists()

@@ -106,7 +106,11 @@ def test_kv_cache_bytes_by_hand(tmp_path_factory):
     _, gemma = build("gemma3", tmp_path_factory)  # layer 0: window 9, layer 1 global; 2 KV heads x d_k 12
     per_head = 2 * 12 * 2
     assert kv_cache_bytes(gemma, 1000) == per_head * (2 * 9 + 2 * 1000)
-    assert kv_cache_bytes(gemma, 1000, [(0, 0), (1, 1)], 3, 4) == per_head * (7 + 9 + 7 + 1000)
+    # streaming (3 sinks + 4 recent): in the window-9 layer the sinks have left the window (the last query, 999,
+    # sees 991..999), so 4 positions; in the global layer 3 + 4
+    assert kv_cache_bytes(gemma, 1000, [(0, 0), (1, 1)], 3, 4) == per_head * (4 + 9 + 7 + 1000)
+    assert kv_cache_bytes(gemma, 8, [(0, 0)], 3, 4) == per_head * (7 + 8 + 2 * 8)  # within the window: 3 + 4
+    assert kv_cache_bytes(gemma, 10, [(0, 0)], 3, 4) == per_head * (2 + 4 + 9 + 2 * 10)  # sinks 1, 2 still in
 
 
 def kvpress_streaming(scores: np.ndarray, ratio: float) -> set[tuple[int, int]]:
