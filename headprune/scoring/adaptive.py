@@ -113,6 +113,7 @@ class AdaptiveRanking:
     baseline_nll: float  # the unablated model on every window measured (nats/token)
     pool_windows: int  # windows the corpus offered
     tokens_per_window: float  # mean scored tokens of a window
+    max_head_windows: int | None = None  # the cost cap the rounds ran under (None: none)
 
     @property
     def certified(self) -> list[str]:
@@ -149,6 +150,7 @@ class AdaptiveRanking:
                 "certified": self.certified, "contested": self.contested, "open_places": self.open_places,
                 "rounds": self.rounds.to_dict("records"), "head_windows": self.head_windows, "stopped": self.stopped,
                 "plain_sweep_head_windows": len(self.table) * self.pool_windows, "pool_windows": self.pool_windows,
+                "max_head_windows": self.max_head_windows,
                 "baseline_nll": self.baseline_nll}
 
 
@@ -282,4 +284,4 @@ def adaptive_ranking(
     return AdaptiveRanking(method, options.target, k, options.level, options.margin,
                            _table(model, measured, decision), rounds,
                            float(sum(measured.base) / sum(measured.base_tokens)), len(windows),
-                           float(np.mean(measured.base_tokens)))
+                           float(np.mean(measured.base_tokens)), options.max_head_windows)

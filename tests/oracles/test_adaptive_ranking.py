@@ -352,6 +352,7 @@ def test_rank_command_under_a_cost_cap(tiny_dir, corpus, tmp_path, capsys):
     assert "capped at 48 head-windows" in printed and "1 round (stopped by the cost cap), up to 4 windows;" in printed
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["stopped"] == "cap" and summary["head_windows"] == 48 and summary["contested"]
+    assert summary["max_head_windows"] == 48
     assert main([*common, "--max-minutes", "1e-9", "--out", str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max-minutes 1e-09 buys about 0 head-window ablations here" in err
