@@ -91,7 +91,7 @@ def scoring_lines(model: HeadModel, methods: list[str], tokens: int, seq_len: in
 
 def hint_lines(model: HeadModel, estimate: Estimate, methods: list[str], tokens: int, seq_len: int,
                pace: Pace) -> list[str]:
-    """Past :data:`WARN_SECONDS`: the cheaper options, and ``verify`` for the first verifiable method."""
+    """Past :data:`WARN_SECONDS`: the cheaper options, and ``verify`` and ``rank`` for the first verifiable method."""
     hint = cheaper_hint(estimate, methods)
     if hint is None:
         return []
@@ -105,6 +105,13 @@ def hint_lines(model: HeadModel, estimate: Estimate, methods: list[str], tokens:
         lines.append(f"or rank by {verifiable[0]} without its full sweep: headprune verify --method {verifiable[0]} "
                      "(the estimate's top 10% ablated exactly, then the 10% its bound leaves most open) takes about "
                      f"{duration(seconds)}")
+        from headprune.scoring.adaptive import AdaptiveOptions
+
+        first = min(tokens, AdaptiveOptions().first_windows * seq_len)
+        first_round = estimate_scoring(model, verifiable[:1], first, seq_len, pace).total
+        lines.append(f"or certify its top 10% exactly within a time you choose: headprune rank --method "
+                     f"{verifiable[0]} --margin 0.005 --max-minutes M (its first round, every head on {first:,} "
+                     f"tokens, takes about {duration(first_round)}; then only the heads whose place is open)")
     return lines
 
 

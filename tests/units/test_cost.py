@@ -80,8 +80,12 @@ def test_verify_by_hand_and_named_past_ten_minutes(tiny_dir, monkeypatch):
     tokens = 10_000
     lines = cost.scoring_lines(model, ["grad", "abl_zero"], tokens, T, Pace(1e6))  # slow enough to pass ten minutes
     want = cost.verify_fe(model, T, 1, 32)["total"] * forward_flops(model, T) * tokens / 1e6  # 10% of 12 -> 1
-    assert lines[-1].startswith("or rank by abl_zero without its full sweep: headprune verify --method abl_zero")
-    assert lines[-1].endswith(f"takes about {cost.duration(want)}")
+    assert lines[-2].startswith("or rank by abl_zero without its full sweep: headprune verify --method abl_zero")
+    assert lines[-2].endswith(f"takes about {cost.duration(want)}")
+    first = ablation_fe(model, T) * forward_flops(model, T) * 8 * T / 1e6  # rank's first round: 8 windows
+    assert lines[-1] == ("or certify its top 10% exactly within a time you choose: headprune rank --method abl_zero "
+                         f"--margin 0.005 --max-minutes M (its first round, every head on {8 * T:,} tokens, takes "
+                         f"about {cost.duration(first)}; then only the heads whose place is open)")
 
 
 def _smollm2_shapes():
