@@ -28,7 +28,7 @@ import torch
 from headprune.context.pattern import check_for_model, read_pattern
 from headprune.io.read.loading import load_model
 from headprune.io.read.tokenizer import model_tokenizer
-from headprune.models.decoding import KVCache, feed, prefill
+from headprune.models.decoding import KVCache, feed, greedy, prefill
 from headprune.models.kv_cache import kv_cache_bytes
 from headprune.patching.long_tasks import long_windows
 from headprune.perplexity import Windowing
@@ -59,10 +59,9 @@ def measure(args: argparse.Namespace, n_streaming: int) -> dict:
     logits = prefill(model, cache, prompt, chunk=args.chunk)
     t1 = time.perf_counter()
     bytes_prompt = cache.bytes()
-    tokens = []
-    for _ in range(args.new):
-        tokens.append(int(logits[0, -1].argmax()))
-        logits = feed(model, cache, torch.tensor([[tokens[-1]]]), last_only=True)
+    chosen = greedy(model, cache, logits, args.new)  # (1, new)
+    feed(model, cache, chosen[:, -1:], last_only=True)  # the last token too: the cache ends at --context
+    tokens = chosen[0].tolist()
     t2 = time.perf_counter()
     width = model.dtype.itemsize
     expected = [kv_cache_bytes(model, n, heads, pattern.sink, pattern.recent, width)

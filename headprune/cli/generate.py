@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> None:
     from headprune.cost.rate import Pace
     from headprune.errors import HeadpruneError
     from headprune.io.read.tokenizer import model_tokenizer
-    from headprune.models.decoding import DEFAULT_CHUNK, feed, prefill
+    from headprune.models.decoding import DEFAULT_CHUNK, greedy, prefill
     from headprune.models.kv_cache import kv_cache_bytes
 
     args.chunk = DEFAULT_CHUNK if args.chunk is None else args.chunk
@@ -90,12 +90,7 @@ def run(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     logits = prefill(model, cache, prompt, chunk=args.chunk)
     t1 = time.perf_counter()
-    new: list[int] = []
-    while True:
-        new.append(int(logits[0, -1].argmax()))
-        if len(new) == args.new_tokens:
-            break
-        logits = feed(model, cache, prompt.new_tensor([[new[-1]]]), last_only=True)
+    new = greedy(model, cache, logits, args.new_tokens)[0].tolist()
     seconds = time.perf_counter() - t1
     held, full = cache.bytes(), kv_cache_bytes(model, cache.next, bytes_per_value=width)  # cache.next = n + new − 1
     text = tokenizer.decode(new)

@@ -14,7 +14,7 @@ the keys the step's last query could not see are dropped (no later query sees th
 sink + recent positions, a head of a sliding-window layer its window, a full head everything, so between steps the
 cache holds :func:`~headprune.models.kv_cache.kv_cache_bytes` (one key more per head, transiently, within a step).
 A prompt is fed in chunks (:func:`prefill`), so the largest transient is one KV head's (B, r, chunk, n) scores,
-never (T, T).
+never (T, T); :func:`greedy` then continues it a token at a time.
 """
 
 from __future__ import annotations
@@ -148,15 +148,20 @@ def prefill(model: HeadModel, cache: KVCache, prompt: Tensor, *, chunk: int = DE
     return logits
 
 
-def generate(model: HeadModel, prompt: Tensor, new_tokens: int, *, cache: KVCache | None = None,
-             chunk: int = DEFAULT_CHUNK) -> Tensor:
-    """Greedy decoding: the ``new_tokens`` (B, new_tokens) argmax continuation of ``prompt`` (B,T), through
-    ``cache`` (default: full attention everywhere), the prompt fed ``chunk`` tokens at a time."""
-    cache = KVCache(model) if cache is None else cache
-    logits = prefill(model, cache, prompt, chunk=chunk)
+def greedy(model: HeadModel, cache: KVCache, logits: Tensor, new_tokens: int) -> Tensor:
+    """The ``new_tokens`` (B, new_tokens) argmax continuation after ``logits`` (B,·,vocab), the logits of the last
+    token the cache holds: each chosen token but the last is fed."""
     out = []
     for step in range(new_tokens):
         out.append(logits[:, -1].argmax(-1, keepdim=True))  # (B,1)
         if step + 1 < new_tokens:
             logits = feed(model, cache, out[-1], last_only=True)
-    return torch.cat(out, dim=1) if out else prompt.new_empty(prompt.shape[0], 0)
+    return torch.cat(out, dim=1) if out else logits.new_empty(logits.shape[0], 0, dtype=torch.long)
+
+
+def generate(model: HeadModel, prompt: Tensor, new_tokens: int, *, cache: KVCache | None = None,
+             chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """Greedy decoding: the ``new_tokens`` (B, new_tokens) argmax continuation of ``prompt`` (B,T), through
+    ``cache`` (default: full attention everywhere), the prompt fed ``chunk`` tokens at a time."""
+    cache = KVCache(model) if cache is None else cache
+    return greedy(model, cache, prefill(model, cache, prompt, chunk=chunk), new_tokens)
