@@ -180,9 +180,13 @@ HEAD_COLUMNS = ("layer", "head")  # what selection needs
 ID_COLUMNS = ("layer", "head", "head_id", "model_fingerprint")  # every scores file written by headprune
 COMPENSATIONS = ("none", "mean", "optimal")
 CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap over windows (optional)
+# ΔNLL over the even and the odd evaluation windows alone (optional): a ranking is chosen on one half and measured on
+# the other (headprune.report.choice)
+CURVE_HALVES = ["delta_nll_even", "delta_nll_odd"]
+CURVE_OPTIONAL = [*CURVE_INTERVAL, *CURVE_HALVES]  # NaN where a table lacks them
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
-                 "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_INTERVAL, "model_fingerprint"]
-CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_INTERVAL and c != "model_fingerprint"]
+                 "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_OPTIONAL, "model_fingerprint"]
+CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_OPTIONAL and c != "model_fingerprint"]
 CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: Optional curves column (``curve --recover STEPS``): 0 for a pruned point as measured, STEPS for the same point after
 #: STEPS fine-tuning steps (headprune.pruning.finetune); a table without it holds only unrecovered points.

@@ -85,7 +85,7 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
     """A validated, typed copy of ``curves`` sorted by (method, compensation, fraction)."""
     _require_columns(curves, CURVE_REQUIRED, "curves")  # model_fingerprint: absent in tables of before 0.13
     df = curves.copy()
-    for column in CURVE_INTERVAL:
+    for column in CURVE_INTERVAL:  # the halves stay absent where a table lacks them (headprune.report.choice)
         if column not in df.columns:
             df[column] = np.nan
     if "model_fingerprint" in df.columns:
@@ -98,7 +98,7 @@ def check_curves(curves: pd.DataFrame) -> pd.DataFrame:
         df[FILL_COLUMN] = df[FILL_COLUMN].fillna("").astype(str)
     if bad := sorted(set(df["compensation"]) - set(COMPENSATIONS)):
         raise HeadpruneError(f"curves compensation {bad[0]!r} is not one of {', '.join(COMPENSATIONS)}")
-    for column in CURVE_NUMBERS:
+    for column in (c for c in CURVE_NUMBERS if c in df.columns):
         df[column] = _as_int(df, column, "curves") if column in CURVE_INTS else _as_float(df, column, "curves")
     if not df["fraction"].between(0, 1).all():
         raise HeadpruneError("curves column fraction must lie in [0, 1]")

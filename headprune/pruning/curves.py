@@ -7,7 +7,8 @@ the pruned model is evaluated with the sliding-window perplexity, and
 
 ``random`` is evaluated for K seeds and reported as mean and standard deviation (ddof=1; 0 for K=1).
 A ranking ``<method>@layer`` divides each layer's scores by their layer's norm first (Michel et al. 2019).
-Every point carries a 95% paired-bootstrap interval of its ΔNLL over the evaluation windows.
+Every point carries a 95% paired-bootstrap interval of its ΔNLL over the evaluation windows, and its ΔNLL over the
+even and the odd windows alone (a ranking chosen on one half is measured on the other: headprune.report.choice).
 With compensation ``mean`` the pruned heads' mean outputs z̄_i (measured on the scoring data) are folded
 into b_O; with ``optimal`` the constants that are optimal for ablating that set of heads together (Li & Janson
 2024, fitted jointly from z̄ on the scoring data for every pruned set, :func:`headprune.scoring.joint_constants`;
@@ -41,7 +42,7 @@ from headprune.perplexity import Batch, Windowing, window_sums
 from headprune.pruning.options import NO_COMPENSATION, Compensation, CurveOptions
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import ranking_heads
-from headprune.schema import CURVE_COLUMNS, FILL_COLUMN, RANDOM, RECOVER_COLUMN
+from headprune.schema import CURVE_COLUMNS, CURVE_HALVES, FILL_COLUMN, RANDOM, RECOVER_COLUMN
 from headprune.scoring.ablation import cache_batch
 
 # the unpruned residual streams are kept for evaluation starts up to this size (8192 tokens of SmolLM2-135M's 30
@@ -154,6 +155,18 @@ def bar_label(variants: list[tuple[str, str]]) -> str:
     return "pruning curves" + (f" ({', '.join(c + '-compensated' for c in kinds)})" if kinds else "")
 
 
+def half_deltas(runs: list[list[float]], base: list[float], n: Tensor) -> tuple[float, float]:
+    """(ΔNLL over the even windows 0, 2, 4, …, over the odd ones 1, 3, …): Σ_{w∈half} (pruned_w − base_w) /
+    Σ_{w∈half} n_w, the mean over ``runs`` (one [W] list per seed); NaN for a half without windows."""
+    diff = np.array(runs, dtype=np.float64) - np.array(base, dtype=np.float64)  # [S, W]
+    tokens = n.numpy()
+    out = []
+    for half in (0, 1):
+        at = np.arange(len(base)) % 2 == half
+        out.append(float((diff[:, at].sum(1) / tokens[at].sum()).mean()) if at.any() else math.nan)
+    return out[0], out[1]
+
+
 def _curve_rows(runs_of: dict[tuple[str, str, float], list[dict]], base: list[float], n: torch.Tensor,
                 bootstrap: int, seed: int) -> tuple[list[dict], float]:
     """One row per (method, compensation, fraction) from its runs' per-window NLL sums (random: one run per seed),
@@ -172,7 +185,8 @@ def _curve_rows(runs_of: dict[tuple[str, str, float], list[dict]], base: list[fl
                      "params": runs[0]["params"], "nll": float(nll.mean()), "ppl": float(ppl.mean()),
                      "delta_nll": float(nll.mean() - base_nll), "delta_ppl": float(ppl.mean() - math.exp(base_nll)),
                      "nll_std": std(nll), "ppl_std": std(ppl), "n_seeds": len(runs),
-                     "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi})
+                     "delta_nll_ci_lo": lo, "delta_nll_ci_hi": hi,
+                     **dict(zip(CURVE_HALVES, half_deltas([r["sums"] for r in runs], base, n), strict=True))})
     return rows, base_nll
 
 

@@ -64,6 +64,7 @@ from headprune.report.anatomy import (
     read_anatomy_files,
     write_anatomy_files,
 )
+from headprune.report.choice import best_method
 from headprune.report.context_section import read_context_section
 from headprune.report.page import render_html
 from headprune.report.patching_section import (
@@ -80,7 +81,6 @@ from headprune.report.serving_gguf_section import gguf_serving_parts, read_gguf_
 from headprune.report.serving_section import read_serving_file, serving_parts, write_serving_file
 from headprune.report.tables import (
     baseline_from_curves,
-    best_method,
     check_baseline,
     check_together,
     jsonable,

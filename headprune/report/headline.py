@@ -24,6 +24,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
+from headprune.report.choice import choice_sentence, choose, layer_choice
 from headprune.report.findings import (
     BEATS,
     FINDING_FRACTIONS,
@@ -34,7 +35,7 @@ from headprune.report.findings import (
     span,
     verdict,
 )
-from headprune.report.tables import FRACTION_TOL, best_method, nearest_row, top_heads
+from headprune.report.tables import FRACTION_TOL, nearest_row, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
@@ -217,12 +218,9 @@ def within_sentence(pred: pd.DataFrame) -> str | None:
 
 
 def best_layer_ranking(curves: pd.DataFrame) -> str | None:
-    """The ``<method>@layer`` ranking with the lowest mean ΔNLL over 0 < fraction ≤ 50% (as :func:`best_method`)."""
-    layer = curves[curves["method"].str.endswith(LAYER_NORMALIZED)]
-    try:
-        return best_method(layer) if len(layer) else None
-    except HeadpruneError:
-        return None
+    """The ``<method>@layer`` ranking chosen as :func:`.choice.best_method` chooses (None: there is none)."""
+    choice = layer_choice(curves)
+    return None if choice is None else choice.pick
 
 
 def _ppl_at(curves: pd.DataFrame, method: str, target: float) -> tuple[float, float] | None:
@@ -240,17 +238,18 @@ def change(ppl: float, base: float) -> str:
 
 
 def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
-    """Perplexity unpruned → pruned at 30% and 50% by the best ranking (and best @layer one), next to random."""
+    """Perplexity unpruned → pruned at 30% and 50% by the best ranking (and best @layer one), next to random; then
+    how each was chosen (:func:`.choice.choice_sentence`)."""
     try:
-        best = best_method(curves)
+        choice = choose(curves)
     except HeadpruneError:
         return None
     base = float(baseline["ppl"])
     if not math.isfinite(base) or base <= 0:
         return None
-    layer = best_layer_ranking(curves)
+    best, layer = choice.pick, layer_choice(curves)
     rankings = [(best, " (best: lowest mean ΔNLL up to 50%)")]
-    rankings += [(layer, f" (best {LAYER_NORMALIZED})")] if layer is not None and layer != best else []
+    rankings += [(layer.pick, f" (best {LAYER_NORMALIZED})")] if layer is not None and layer.pick != best else []
     sentences = [f"Perplexity {base:.1f} unpruned."]
     for k, target in enumerate(FINDING_FRACTIONS):
         parts = []
@@ -265,9 +264,8 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
         if fraction is not None and abs(fraction[0] - target) > FRACTION_TOL:
             where += f" (nearest point: {fraction[0]:.1%})"
         sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
-    one = len(rankings) == 1
-    sentences.append(f"{names([m for m, _ in rankings])} {'was' if one else 'were'} chosen on the curves that "
-                     f"measure {'it' if one else 'them'}: no held-out choice.")
+    chosen = [choice, *([layer] if len(rankings) > 1 and layer is not None else [])]
+    sentences += [choice_sentence(c, curves, FINDING_FRACTIONS) for c in chosen]
     return " ".join(sentences)
 
 

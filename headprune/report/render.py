@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from headprune.errors import HeadpruneError
+from headprune.report.choice import ODD, Choice, choose
 from headprune.report.findings import findings
 from headprune.report.headline import answers
 from headprune.report.numbers import column_decimals, fixed, format_table
@@ -25,7 +26,6 @@ from headprune.report.tables import (
     FRACTION_TOL,
     SUMMARY_FRACTIONS,
     TOP_HEADS,
-    best_method,
     bpb_factor,
     fraction_note,
     layer_counts,
@@ -56,7 +56,7 @@ class Content:
     curves: pd.DataFrame
     settings: dict
     baseline: dict
-    best: str | None
+    choice: Choice | None  # how the best ranking was chosen (None: no ranking has points up to 50%)
     summary: pd.DataFrame
     fraction_note: str
     predictiveness: pd.DataFrame
@@ -151,11 +151,11 @@ def number(value) -> str:
 
 def make_content(scores, curves, settings, baseline) -> Content:
     try:
-        best = best_method(curves)
+        choice: Choice | None = choose(curves)
     except HeadpruneError:
-        best = None
+        choice = None
     pred = predictiveness(scores)
-    content = Content(scores, curves, settings, baseline, best, summary_table(curves, bpb_factor(baseline)),
+    content = Content(scores, curves, settings, baseline, choice, summary_table(curves, bpb_factor(baseline)),
                       fraction_note(curves), pred, top_heads(scores), layer_counts(scores),
                       findings(scores, curves, pred), answers(scores, curves, pred, baseline))
     score_data, eval_data = _setting(settings, SCORE_DATA_KEYS), _setting(settings, EVAL_DATA_KEYS)
@@ -195,13 +195,19 @@ def baseline_text(baseline: dict) -> str:
 
 
 def _best_text(content: Content) -> str:
-    if content.best is None:
+    if content.choice is None:
         return "not determined (no non-random curve with compensation none and 0 < fraction <= 0.5)"
-    c = content.curves
-    sel = c[(c["method"] == content.best) & (c["compensation"] == "none") & (c["fraction"] > 0)
+    choice, c = content.choice, content.curves
+    sel = c[(c["method"] == choice.pick) & (c["compensation"] == "none") & (c["fraction"] > 0)
             & (c["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
-    return (f"{content.best} (lowest mean delta NLL over 0 < fraction <= 50%, compensation none: "
-            f"{sel['delta_nll'].mean():.4g} nats/token)")
+    rule = "lowest mean delta NLL over 0 < fraction <= 50%, compensation none"
+    if not choice.held_out:
+        return f"{choice.pick} ({rule}, chosen on the curves that measure it: {sel['delta_nll'].mean():.4g} nats/token)"
+    if choice.agree:
+        return (f"{choice.pick} ({rule}, on the even windows and on the odd ones alike: "
+                f"{sel['delta_nll'].mean():.4g} nats/token on every window)")
+    return (f"{choice.pick} ({rule}, on the even windows; the odd windows chose {choice.on_odd}; held out, on the "
+            f"odd windows: {sel[ODD].mean():.4g} nats/token)")
 
 
 def score_tables(scores: pd.DataFrame) -> list[Block]:

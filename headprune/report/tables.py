@@ -96,22 +96,15 @@ def jsonable(settings) -> dict:
     return json.loads(json.dumps(settings, default=str))
 
 
-def methods_by_curves(curves: pd.DataFrame) -> list[str]:
-    """The non-random methods, best first: by mean delta_nll over fractions in (0, 0.5], compensation none (ties:
-    alphabetically). Methods without such points are left out."""
+def methods_by_curves(curves: pd.DataFrame, column: str = "delta_nll") -> list[str]:
+    """The non-random methods, best first: by mean ``column`` (ΔNLL on every window, or on one half:
+    :mod:`.choice`) over fractions in (0, 0.5], compensation none (ties: alphabetically). Methods without such
+    points (or whose ``column`` is missing there) are left out."""
     curves = check_curves(curves)
     sel = curves[(curves["method"] != RANDOM) & (curves["compensation"] == "none") & (curves["fraction"] > 0)
                  & (curves["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
-    means = sel.groupby("method")["delta_nll"].mean().dropna()
+    means = sel.groupby("method")[column].agg(lambda x: x.mean(skipna=False)).dropna()
     return sorted(means.index, key=lambda m: (means[m], m))
-
-
-def best_method(curves: pd.DataFrame) -> str:
-    """The first of :func:`methods_by_curves`. HeadpruneError if no method has such points."""
-    ranked = methods_by_curves(curves)
-    if not ranked:
-        raise HeadpruneError("no non-random method has curve points with compensation none and 0 < fraction <= 0.5")
-    return ranked[0]
 
 
 def nearest_row(group: pd.DataFrame, target: float) -> pd.Series:

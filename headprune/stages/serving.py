@@ -33,7 +33,7 @@ class ServingResult:
 
 def _best_ranking(curves: pd.DataFrame, scores: pd.DataFrame) -> str:
     """The best ranking among the curves whose method is a scores column (not the gates' head sets)."""
-    from headprune.report.headline import best_method
+    from headprune.report.choice import best_method
     from headprune.schema import split_ranking
 
     return best_method(curves[curves["method"].map(lambda m: split_ranking(m)[0] in scores.columns)])

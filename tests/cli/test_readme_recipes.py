@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 from headprune.cli.main import build_parser, main, option_names
+from headprune.report.choice import best_method
 from headprune.report.findings import FINDING_FRACTIONS
 from headprune.report.headline import cost_answer
 from headprune.report.patching_section import SECTION_TITLE
-from headprune.report.tables import best_method
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "reports" / "stdlib-gpt2-mini"

@@ -90,3 +90,27 @@ def test_layer_normalized_ranking_prunes_what_selection_normalized_by_layer_pick
     row = curves[(curves.method == "wo_fro@layer") & (curves.fraction == 0.5)].iloc[0]
     pruned_nll = evaluate(prune_model(model, heads), ids, Windowing(SEQ, SEQ), progress=False).nll
     assert row.nll == pytest.approx(pruned_nll, abs=1e-6)
+
+
+def test_half_deltas_are_the_curves_of_the_even_and_the_odd_windows_alone(setup):
+    """delta_nll_even / _odd: the ΔNLL of the same pruned models, rescored on the even (odd) windows' tokens only;
+    random: the mean over its seeds."""
+    model, ids, _, scored, _, curves = setup
+    windows = ids.view(WINDOWS, SEQ)
+    halves = {"delta_nll_even": windows[0::2].reshape(-1), "delta_nll_odd": windows[1::2].reshape(-1)}
+    for (method, comp), fraction in [(("abl_zero", "none"), 0.5), (("abl_zero", "mean"), 0.25),
+                                     (("random", "none"), 0.5), (("wo_fro@layer", "none"), 0.0)]:
+        row = curves[(curves.method == method) & (curves.compensation == comp) & (curves.fraction == fraction)].iloc[0]
+        for column, half in halves.items():
+            nll = lambda m, half=half: evaluate(m, half, Windowing(SEQ, SEQ), progress=False).nll
+            deltas = []
+            for seed in (range(4, 4 + SEEDS) if method == "random" else [4]):
+                name, _, by = method.partition("@")
+                heads = select_heads(scored.table, name, fraction=fraction,
+                                     selection=Selection(seed=seed, normalize=by or None))
+                fills = {h: scored.means[h] for h in heads} if comp == "mean" else None
+                deltas.append(nll(prune_model(model, heads, fills)) - nll(model))
+            assert row[column] == pytest.approx(float(np.mean(deltas)), abs=2e-6), (method, comp, fraction, column)
+    # the halves weigh into the whole by their tokens (3 windows against 2 here)
+    row = curves[(curves.method == "abl_zero") & (curves.compensation == "none") & (curves.fraction == 0.5)].iloc[0]
+    assert row.delta_nll == pytest.approx((3 * row.delta_nll_even + 2 * row.delta_nll_odd) / 5, abs=1e-9)

@@ -17,9 +17,10 @@ import headprune.report as report_module
 from headprune.errors import HeadpruneError
 from headprune.io.work.files import read_scores, read_table
 from headprune.report import build_report, rebuild_report
+from headprune.report.choice import best_method
 from headprune.report.plots.common import head_grid
 from headprune.report.render import make_content
-from headprune.report.tables import PREDICTIVENESS_COLUMNS, best_method, predictiveness, summary_table, top_heads_mask
+from headprune.report.tables import PREDICTIVENESS_COLUMNS, predictiveness, summary_table, top_heads_mask
 from headprune.schema import CURVE_COLUMNS, METHOD_UNITS
 from headprune.schema import ID_COLUMNS as SCORE_COLUMNS
 from headprune.table_checks import check_curves, check_scores

@@ -7,12 +7,13 @@ import html
 import pandas as pd
 
 from headprune.errors import HeadpruneError
+from headprune.report.choice import best_method
 from headprune.report.headline import best_layer_ranking
 from headprune.report.plots.common import Picture
 from headprune.report.plots.curves import MAIN_CURVES, plot_curves, plot_curves_phone, plot_layer_normalized
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
-from headprune.report.tables import best_method, rank_correlations
+from headprune.report.tables import rank_correlations
 from headprune.schema import TRUTH, method_columns
 
 
