@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from headprune.errors import HeadpruneError
+from headprune.report.findings import names
 from headprune.report.tables import methods_by_curves, nearest_row
 from headprune.schema import CURVE_HALVES, LAYER_NORMALIZED
 
@@ -80,14 +81,29 @@ def half_delta(curves: pd.DataFrame, method: str, column: str, target: float) ->
     return float(row["fraction"]), float(row[column])
 
 
+def choice_sentences(choices: list[Choice], curves: pd.DataFrame, targets: tuple[float, ...]) -> list[str]:
+    """How each of ``choices`` was made: those chosen alike by both halves in one sentence, those chosen without
+    halves in one, and each that the halves chose differently in its own (:func:`choice_sentence`)."""
+    alike = [c.pick for c in choices if c.agree]
+    plain = [c.on_all for c in choices if not c.held_out]
+    out = []
+    if alike:
+        out.append(f"{names(alike)} {'was' if len(alike) == 1 else 'were each'} chosen on the even windows and on "
+                   "the odd ones alike (lowest mean ΔNLL up to 50%), so each half's measure of "
+                   f"{'it' if len(alike) == 1 else 'them'} is held out from the other half's choice.")
+    out += [choice_sentence(c, curves, targets) for c in choices if c.held_out and not c.agree]
+    if plain:
+        one = len(plain) == 1
+        out.append(f"{names(plain)} {'was' if one else 'were'} chosen on the curves that measure "
+                   f"{'it' if one else 'them'}: no held-out choice.")
+    return out
+
+
 def choice_sentence(choice: Choice, curves: pd.DataFrame, targets: tuple[float, ...]) -> str:
-    """How ``choice`` was made, in one or two sentences: held out by both halves, chosen differently by each (with
-    each choice's ΔNLL at ``targets`` on the half that did not choose it), or on the curves that measure it."""
-    if not choice.held_out:
-        return f"{choice.on_all} was chosen on the curves that measure it: no held-out choice."
-    if choice.agree:
-        return (f"{choice.pick} was chosen on the even windows and on the odd ones alike (lowest mean ΔNLL up to "
-                "50%), so each half's measure of it is held out from the other half's choice.")
+    """How one ranking the halves chose differently was chosen, with each choice's ΔNLL at ``targets`` on the half
+    that did not choose it (other choices: :func:`choice_sentences`)."""
+    if not choice.held_out or choice.agree:
+        return choice_sentences([choice], curves, targets)[0]
     parts = []  # at each target where both held-out numbers exist
     for target in targets:
         _, even_pick = half_delta(curves, choice.pick, ODD, target)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.report.choice import choice_sentence, choose, layer_choice
+from headprune.report.choice import choice_sentences, choose, layer_choice
 from headprune.report.findings import (
     BEATS,
     FINDING_FRACTIONS,
@@ -239,7 +239,7 @@ def change(ppl: float, base: float) -> str:
 
 def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
     """Perplexity unpruned → pruned at 30% and 50% by the best ranking (and best @layer one), next to random; then
-    how each was chosen (:func:`.choice.choice_sentence`)."""
+    how each was chosen (:func:`.choice.choice_sentences`)."""
     try:
         choice = choose(curves)
     except HeadpruneError:
@@ -265,7 +265,7 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
             where += f" (nearest point: {fraction[0]:.1%})"
         sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
     chosen = [choice, *([layer] if len(rankings) > 1 and layer is not None else [])]
-    sentences += [choice_sentence(c, curves, FINDING_FRACTIONS) for c in chosen]
+    sentences += choice_sentences(chosen, curves, FINDING_FRACTIONS)
     return " ".join(sentences)
 
 

@@ -60,13 +60,16 @@ NORMALISED = re.compile(r"(?:^|\. )([\w@][\w@, ]*?) prune worse than random at 3
 VERDICT = re.compile(r"(better than random|within the random band|worse than random) at ([\d% and]+?)(?:, |$)")
 WORDS = {"better than random": "better", "within the random band": "within", "worse than random": "worse"}
 COST = re.compile(r"Pruning (\d+)%(?: \(nearest point: [\d.]+%\))? of heads: (.*?)\.(?= Pruning|"
-                  r" [\w@, ]+ (?:was|were) chosen|$)")
-CHOICE = re.compile(r"(?:(?P<plain>[\w@]+) was chosen on the curves that measure it: no held-out choice\."
-                    r"|(?P<alike>[\w@]+) was chosen on the even windows and on the odd ones alike \(lowest mean ΔNLL "
-                    r"up to 50%\), so each half's measure of it is held out from the other half's choice\."
+                  r" [\w@, ]+ (?:was|were)(?: each)? chosen|$)")
+NAMES = r"[\w@][\w@, ]*?"
+CHOICE = re.compile(rf"(?:(?P<plain>{NAMES}) (?:was|were) chosen on the curves that measure (?:it|them): no held-out "
+                    r"choice\."
+                    rf"|(?P<alike>{NAMES}) (?:was|were each) chosen on the even windows and on the odd ones alike "
+                    r"\(lowest mean ΔNLL up to 50%\), so each half's measure of (?:it|them) is held out from the other "
+                    r"half's choice\."
                     r"|(?P<even>[\w@]+) was chosen on the even windows \(lowest mean ΔNLL up to 50%\), but the odd "
                     r"windows chose (?P<odd>[\w@]+): the choice is not stable at this budget\.(?: Held out, ΔNLL "
-                    r"\(nats/token\) (?P<held>.*?)\.)?)(?= [\w@]+ was chosen|$)")
+                    rf"\(nats/token\) (?P<held>.*?)\.)?)(?= {NAMES} (?:was|were)|$)")
 HELD = re.compile(r"at (\d+)%, ([\w@]+) ([+-][\d.]+) on the odd windows and ([\w@]+) ([+-][\d.]+) on the even ones")
 SHARE = re.compile(r"Layer (\d+) holds (\d+)% of abl_zero summed over all (\d+) heads \(([\d.]+) of ([\d.]+) "
                    r"nats/token; single ablations summed")
@@ -120,21 +123,26 @@ def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
             assert m, part
             ppl = float(point(curves, m[1], int(t) / 100)["ppl"])
             assert (m[2], m[3]) == (f"{ppl:.1f}", f"{100 * (ppl / base - 1):+.1f}"), part
-    said = [m for m in CHOICE.finditer(text)]
-    picks = [choice_truth(curves, layer) for layer in (False, True)]
-    expected = [picks[0], *([picks[1]] if picks[1] and picks[1][0] != picks[0][0] else [])]
-    assert len(said) == len(expected), text
-    for m, (pick, even, odd) in zip(said, expected, strict=True):
-        if even is None:  # no halves: the fallback, said as such
-            assert m["plain"] == pick, text
-        elif even == odd:
-            assert m["alike"] == pick == even, text
-        else:
-            assert (m["even"], m["odd"]) == (even, odd) and pick == even, text
+    said: dict[str, list] = {"plain": [], "alike": [], "split": []}
+    for m in CHOICE.finditer(text):
+        for kind in ("plain", "alike"):
+            said[kind] += split_names(m[kind]) if m[kind] else []
+        if m["even"]:
+            said["split"].append((m["even"], m["odd"]))
             for t, a, da, b, db in HELD.findall(m["held"] or ""):
-                assert (a, b) == (even, odd), text
-                assert (da, db) == (f"{float(point(curves, even, int(t) / 100)['delta_nll_odd']):+.3f}",
-                                    f"{float(point(curves, odd, int(t) / 100)['delta_nll_even']):+.3f}"), text
+                assert (a, b) == (m["even"], m["odd"]), text
+                assert (da, db) == (f"{float(point(curves, a, int(t) / 100)['delta_nll_odd']):+.3f}",
+                                    f"{float(point(curves, b, int(t) / 100)['delta_nll_even']):+.3f}"), text
+    picks = [choice_truth(curves, layer) for layer in (False, True)]
+    expected: dict[str, list] = {"plain": [], "alike": [], "split": []}
+    for pick, even, odd in [picks[0], *([picks[1]] if picks[1] and picks[1][0] != picks[0][0] else [])]:
+        if even is None:  # no halves: the fallback, said as such
+            expected["plain"].append(pick)
+        elif even == odd:
+            expected["alike"].append(pick)
+        else:
+            expected["split"].append((even, odd))
+    assert said == expected, text
 
 
 def choice_truth(curves: pd.DataFrame, layer: bool) -> tuple[str, str | None, str | None] | None:
