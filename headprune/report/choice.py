@@ -106,10 +106,10 @@ def choice_sentence(choice: Choice, curves: pd.DataFrame, targets: tuple[float, 
         return choice_sentences([choice], curves, targets)[0]
     parts = []  # at each target where both held-out numbers exist
     for target in targets:
-        _, even_pick = half_delta(curves, choice.pick, ODD, target)
-        _, odd_pick = half_delta(curves, str(choice.on_odd), EVEN, target)
+        at, even_pick = half_delta(curves, choice.pick, ODD, target)  # at: the fraction read, nearest target
+        _, odd_pick = half_delta(curves, str(choice.on_odd), EVEN, at)
         if math.isfinite(even_pick) and math.isfinite(odd_pick):
-            parts.append(f"at {target:.0%}, {choice.pick} {even_pick:+.3f} on the odd windows and {choice.on_odd} "
+            parts.append(f"at {at:.0%}, {choice.pick} {even_pick:+.3f} on the odd windows and {choice.on_odd} "
                          f"{odd_pick:+.3f} on the even ones")
     text = (f"{choice.pick} was chosen on the even windows (lowest mean ΔNLL up to 50%), but the odd windows chose "
             f"{choice.on_odd}: the choice is not stable at this budget.")

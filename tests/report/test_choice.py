@@ -44,10 +44,10 @@ def test_halves_that_disagree_prune_by_the_even_choice_and_measure_each_on_the_o
     choice = choose(curves)
     assert (choice.on_all, choice.on_even, choice.on_odd, choice.agree) == ("taylor", "abl_mean", "taylor", False)
     assert best_method(curves) == "abl_mean"  # what the run prunes, compensates and exports by
-    # at 30% the nearest point is 3/12: abl_mean on the odd windows 2.0·0.25, taylor on the even ones 1.2·0.25
+    # asked at 30%, read at the nearest point 3/12: abl_mean on the odd windows 2.0·0.25, taylor on the even 1.2·0.25
     assert choice_sentence(choice, curves, (0.3,)) == (
         "abl_mean was chosen on the even windows (lowest mean ΔNLL up to 50%), but the odd windows chose taylor: "
-        "the choice is not stable at this budget. Held out, ΔNLL (nats/token) at 30%, abl_mean +0.500 on the odd "
+        "the choice is not stable at this budget. Held out, ΔNLL (nats/token) at 25%, abl_mean +0.500 on the odd "
         "windows and taylor +0.300 on the even ones.")
 
 
