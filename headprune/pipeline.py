@@ -27,6 +27,7 @@ from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.options import CurveOptions, Selection
 from headprune.report import ReportSections, best_method, build_report, summary_table
+from headprune.report.choice import choose
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
 from headprune.runtime import return_freed_memory
@@ -250,6 +251,6 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     run.stage("report", f"the head anatomy, then the report -> {out}")
     report = report_stage(run, results, settings, out)
     run.progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
-    return {"report": report, "out": out, "best": best, "baseline": results.baseline,
+    return {"report": report, "out": out, "best": best, "choice": choose(results.curves), "baseline": results.baseline,
             "table": summary_table(results.curves, bpb_factor(results.baseline)),
             "seconds": time.perf_counter() - t_start}

@@ -183,7 +183,7 @@ CURVE_INTERVAL = ["delta_nll_ci_lo", "delta_nll_ci_hi"]  # 95% paired bootstrap 
 # ΔNLL over the even and the odd evaluation windows alone (optional): a ranking is chosen on one half and measured on
 # the other (headprune.report.choice)
 CURVE_HALVES = ["delta_nll_even", "delta_nll_odd"]
-CURVE_OPTIONAL = [*CURVE_INTERVAL, *CURVE_HALVES]  # NaN where a table lacks them
+CURVE_OPTIONAL = [*CURVE_INTERVAL, *CURVE_HALVES]  # check_curves: a missing interval NaN, missing halves absent
 CURVE_COLUMNS = ["method", "compensation", "fraction", "heads_pruned", "params", "nll", "ppl", "delta_nll",
                  "delta_ppl", "nll_std", "ppl_std", "n_seeds", *CURVE_OPTIONAL, "model_fingerprint"]
 CURVE_REQUIRED = [c for c in CURVE_COLUMNS if c not in CURVE_OPTIONAL and c != "model_fingerprint"]

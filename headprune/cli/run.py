@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> None:
     bpb = b["nll"] * b["tokens"] / (math.log(2) * b["bytes"]) if b.get("bytes") else math.nan
     print(f"baseline: perplexity {b['ppl']:.3f}, {bpb:.4f} bits/byte (NLL {b['nll']:.4f} nats/token, "
           f"{b['tokens']:,} tokens)")
-    print(f"best method: {result['best']}")
+    choice = result["choice"]
+    how = ("" if not choice.held_out else " (chosen alike on the even and the odd test windows)" if choice.agree
+           else f" (chosen on the even test windows; the odd ones chose {choice.on_odd})")
+    print(f"best method: {result['best']}{how}")
     print(result["table"].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(f"report: {result['report']}  ({result['seconds']:.0f} s)")

@@ -171,7 +171,8 @@ def _curve_rows(runs_of: dict[tuple[str, str, float], list[dict]], base: list[fl
                 bootstrap: int, seed: int) -> tuple[list[dict], float]:
     """One row per (method, compensation, fraction) from its runs' per-window NLL sums (random: one run per seed),
     and the unpruned NLL per token: NLL = Σ sums / Σ n, its mean and std over runs, ΔNLL against ``base`` with its
-    paired bootstrap interval over the windows (``bootstrap`` replicates; NaN with none)."""
+    paired bootstrap interval over the windows (``bootstrap`` replicates; NaN with none) and on each half of the
+    windows (:func:`half_deltas`)."""
     counts = window_counts(len(base), bootstrap, seed) if bootstrap else None
     base_nll = sum(base) / float(n.sum())
     rows = []
@@ -250,7 +251,8 @@ def pruning_curves(
     """The tidy curve table (:data:`CURVE_COLUMNS` and ``fill_data``), one row per (method, compensation, fraction).
 
     ``delta_nll_ci_lo/hi``: 95% paired-bootstrap interval over the evaluation windows (``options.bootstrap``
-    replicates, seeded by ``options.selection.seed``; NaN with 0 replicates).
+    replicates, seeded by ``options.selection.seed``; NaN with 0 replicates). ``delta_nll_even/odd``: ΔNLL on the
+    even and on the odd windows alone (:func:`half_deltas`), what :mod:`headprune.report.choice` chooses on.
     ``options.recovery``: trains each pruned model in place before it is evaluated (``curve --recover``: fraction 0
     is then the unpruned model after the same training); the rows get ``recover_steps``, deltas stay against the
     untrained unpruned model.

@@ -7,6 +7,9 @@ windows' choice, so what the odd windows measure of it is held out; the odd wind
 (cross-fitting). Where both halves choose the same ranking, each half's measure of it is held out from the other
 half's choice, and the numbers on every window stand for it. Curves without both halves (a single window, tables
 written before the halves were recorded) fall back to the choice on every window, and say so.
+
+The halves interleave windows of the same documents: "held out" means other windows, not other documents (and with
+overlapping windows, ``stride`` < ``seq_len``, neighbouring windows share context tokens).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import pandas as pd
 
 from headprune.errors import HeadpruneError
 from headprune.report.findings import names
-from headprune.report.tables import methods_by_curves, nearest_row
+from headprune.report.tables import methods_by_curves, read_at
 from headprune.schema import CURVE_HALVES, LAYER_NORMALIZED
 
 EVEN, ODD = CURVE_HALVES
+RULE = "lowest mean ΔNLL up to 50%"  # the merit every choice uses, as the report says it
 
 
 @dataclass(frozen=True)
@@ -45,19 +49,26 @@ class Choice:
     def agree(self) -> bool:
         return self.held_out and self.on_even == self.on_odd
 
+    @property
+    def label(self) -> str:
+        """How the pick is named beside its numbers: best on the even windows where the odd ones chose another."""
+        return f"best on the even windows: {RULE} there" if self.held_out and not self.agree else f"best: {RULE}"
+
 
 def choose(curves: pd.DataFrame) -> Choice:
-    """The :class:`Choice` among the non-random rankings of ``curves``. HeadpruneError if none has a point with
-    compensation none and 0 < fraction ≤ 50%."""
+    """The :class:`Choice` among the non-random rankings of ``curves``: the halves choose among the rankings that
+    have a merit on both halves. HeadpruneError if none has a point with compensation none and 0 < fraction ≤ 50%."""
     ranked = methods_by_curves(curves)
     if not ranked:
         raise HeadpruneError("no non-random method has curve points with compensation none and 0 < fraction <= 0.5")
     if any(column not in curves for column in CURVE_HALVES):
         return Choice(ranked[0])
     halves = [methods_by_curves(curves, column) for column in CURVE_HALVES]
-    if any(sorted(h) != sorted(ranked) for h in halves):  # a half missing for some ranking: no held-out choice
+    both = set(halves[0]) & set(halves[1])
+    if not both:  # no ranking has both halves: no held-out choice
         return Choice(ranked[0])
-    return Choice(ranked[0], halves[0][0], halves[1][0])
+    even, odd = ([m for m in h if m in both] for h in halves)
+    return Choice(ranked[0], even[0], odd[0])
 
 
 def best_method(curves: pd.DataFrame) -> str:
@@ -74,13 +85,6 @@ def layer_choice(curves: pd.DataFrame) -> Choice | None:
         return None
 
 
-def half_delta(curves: pd.DataFrame, method: str, column: str, target: float) -> tuple[float, float]:
-    """(fraction read, ΔNLL in ``column``) of ``method``'s uncompensated point nearest ``target``."""
-    group = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
-    row = nearest_row(group, target)
-    return float(row["fraction"]), float(row[column])
-
-
 def choice_sentences(choices: list[Choice], curves: pd.DataFrame, targets: tuple[float, ...]) -> list[str]:
     """How each of ``choices`` was made: those chosen alike by both halves in one sentence, those chosen without
     halves in one, and each that the halves chose differently in its own (:func:`choice_sentence`)."""
@@ -89,8 +93,8 @@ def choice_sentences(choices: list[Choice], curves: pd.DataFrame, targets: tuple
     out = []
     if alike:
         out.append(f"{names(alike)} {'was' if len(alike) == 1 else 'were each'} chosen on the even windows and on "
-                   "the odd ones alike (lowest mean ΔNLL up to 50%), so each half's measure of "
-                   f"{'it' if len(alike) == 1 else 'them'} is held out from the other half's choice.")
+                   f"the odd ones alike ({RULE}), so each half's measure of {'it' if len(alike) == 1 else 'them'} "
+                   "is held out from the other half's choice.")
     out += [choice_sentence(c, curves, targets) for c in choices if c.held_out and not c.agree]
     if plain:
         one = len(plain) == 1
@@ -99,18 +103,25 @@ def choice_sentences(choices: list[Choice], curves: pd.DataFrame, targets: tuple
     return out
 
 
+def held_out_points(choice: Choice, curves: pd.DataFrame, targets: tuple[float, ...]
+                    ) -> list[tuple[float, float, float]]:
+    """(fraction, the pick's ΔNLL on the odd windows, the odd windows' choice's on the even ones) at each distinct
+    point nearest one of ``targets`` where both rankings have a finite value."""
+    points: list[tuple[float, float, float]] = []
+    for at in dict.fromkeys(r[0] for t in targets if (r := read_at(curves, choice.pick, ODD, t)) is not None):
+        pick, other = read_at(curves, choice.pick, ODD, at), read_at(curves, str(choice.on_odd), EVEN, at)
+        if pick is not None and other is not None and other[0] == at and math.isfinite(pick[1] + other[1]):
+            points.append((at, pick[1], other[1]))
+    return points
+
+
 def choice_sentence(choice: Choice, curves: pd.DataFrame, targets: tuple[float, ...]) -> str:
-    """How one ranking the halves chose differently was chosen, with each choice's ΔNLL at ``targets`` on the half
-    that did not choose it (other choices: :func:`choice_sentences`)."""
+    """How one ranking the halves chose differently was chosen, with each choice's ΔNLL on the half that did not
+    choose it at the points nearest ``targets`` (other choices: :func:`choice_sentences`)."""
     if not choice.held_out or choice.agree:
         return choice_sentences([choice], curves, targets)[0]
-    parts = []  # at each target where both held-out numbers exist
-    for target in targets:
-        at, even_pick = half_delta(curves, choice.pick, ODD, target)  # at: the fraction read, nearest target
-        _, odd_pick = half_delta(curves, str(choice.on_odd), EVEN, at)
-        if math.isfinite(even_pick) and math.isfinite(odd_pick):
-            parts.append(f"at {at:.0%}, {choice.pick} {even_pick:+.3f} on the odd windows and {choice.on_odd} "
-                         f"{odd_pick:+.3f} on the even ones")
-    text = (f"{choice.pick} was chosen on the even windows (lowest mean ΔNLL up to 50%), but the odd windows chose "
-            f"{choice.on_odd}: the choice is not stable at this budget.")
+    parts = [f"at {at:.0%}, {choice.pick} {pick:+.3f} on the odd windows and {choice.on_odd} {other:+.3f} on the even "
+             "ones" for at, pick, other in held_out_points(choice, curves, targets)]
+    text = (f"{choice.pick} was chosen on the even windows ({RULE}), but the odd windows chose {choice.on_odd}: the "
+            "choice is not stable at this budget.")
     return text + (" Held out, ΔNLL (nats/token) " + "; ".join(parts) + "." if parts else "")

@@ -11,7 +11,8 @@
    one's ranking normalised per layer (``<method>@layer``) lies against that band at each fraction: better (below
    the mean − 1 std), within, or worse.
 3. **What does pruning cost?** Perplexity unpruned → after pruning the best ranking's :data:`FINDING_FRACTIONS`
-   of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's.
+   of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's; then how each
+   was chosen, held out or not (:func:`.choice.choice_sentences`).
 
 A sentence whose numbers are missing is left out.
 """
@@ -35,7 +36,7 @@ from headprune.report.findings import (
     span,
     verdict,
 )
-from headprune.report.tables import FRACTION_TOL, nearest_row, top_heads
+from headprune.report.tables import FRACTION_TOL, read_at, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
@@ -225,11 +226,7 @@ def best_layer_ranking(curves: pd.DataFrame) -> str | None:
 
 def _ppl_at(curves: pd.DataFrame, method: str, target: float) -> tuple[float, float] | None:
     """(fraction read, perplexity) of ``method``'s uncompensated curve nearest ``target``."""
-    group = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
-    if group.empty:
-        return None
-    row = nearest_row(group, target)
-    return float(row["fraction"]), float(row["ppl"])
+    return read_at(curves, method, "ppl", target)
 
 
 def change(ppl: float, base: float) -> str:
@@ -248,7 +245,7 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
     if not math.isfinite(base) or base <= 0:
         return None
     best, layer = choice.pick, layer_choice(curves)
-    rankings = [(best, " (best: lowest mean ΔNLL up to 50%)")]
+    rankings = [(best, f" ({choice.label})")]
     rankings += [(layer.pick, f" (best {LAYER_NORMALIZED})")] if layer is not None and layer.pick != best else []
     sentences = [f"Perplexity {base:.1f} unpruned."]
     for k, target in enumerate(FINDING_FRACTIONS):

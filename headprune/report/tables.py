@@ -1,4 +1,4 @@
-"""The report's numbers: best method, perplexity at 10/30/50%, predictiveness of each score, top heads.
+"""The report's numbers: methods ranked by their curves, perplexity at 10/30/50%, predictiveness, top heads.
 
 Every function takes validated tables (:func:`headprune.table_checks.check_scores` / ``check_curves``).
 """
@@ -98,13 +98,22 @@ def jsonable(settings) -> dict:
 
 def methods_by_curves(curves: pd.DataFrame, column: str = "delta_nll") -> list[str]:
     """The non-random methods, best first: by mean ``column`` (ΔNLL on every window, or on one half:
-    :mod:`.choice`) over fractions in (0, 0.5], compensation none (ties: alphabetically). Methods without such
-    points (or whose ``column`` is missing there) are left out."""
+    :mod:`.choice`) over fractions in (0, 0.5], compensation none, its finite points (ties: alphabetically).
+    Methods without such points are left out."""
     curves = check_curves(curves)
     sel = curves[(curves["method"] != RANDOM) & (curves["compensation"] == "none") & (curves["fraction"] > 0)
                  & (curves["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
-    means = sel.groupby("method")[column].agg(lambda x: x.mean(skipna=False)).dropna()
+    means = sel.groupby("method")[column].mean().dropna()
     return sorted(means.index, key=lambda m: (means[m], m))
+
+
+def read_at(curves: pd.DataFrame, method: str, column: str, target: float) -> tuple[float, float] | None:
+    """(fraction read, ``column`` there) of ``method``'s uncompensated point nearest ``target`` (None: no point)."""
+    group = curves[(curves["method"] == method) & (curves["compensation"] == "none")]
+    if group.empty:
+        return None
+    row = nearest_row(group, target)
+    return float(row["fraction"]), float(row[column])
 
 
 def nearest_row(group: pd.DataFrame, target: float) -> pd.Series:

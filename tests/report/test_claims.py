@@ -117,6 +117,11 @@ def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
     assert text.startswith(f"Perplexity {base:.1f} unpruned. "), text
     found = COST.findall(text)
     assert [int(t) for t, _ in found] == [30, 50], text
+    picks = [choice_truth(curves, layer) for layer in (False, True)]
+    split = picks[0] is not None and picks[0][1] is not None and picks[0][1] != picks[0][2]
+    label = ("best on the even windows: lowest mean ΔNLL up to 50% there" if split
+             else "best: lowest mean ΔNLL up to 50%")
+    assert found and found[0][1].startswith(f"{picks[0][0]} ({label}) "), text
     for t, body in found:
         for part in body.split("; "):
             m = re.match(r"([\w@]+)(?: \(.*\))? ([\d.]+), ([+-][\d.]+)%$", part)
@@ -129,11 +134,13 @@ def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
             said[kind] += split_names(m[kind]) if m[kind] else []
         if m["even"]:
             said["split"].append((m["even"], m["odd"]))
-            for t, a, da, b, db in HELD.findall(m["held"] or ""):
+            held = HELD.findall(m["held"] or "")
+            at = dict.fromkeys(round(100 * float(point(curves, m["even"], t)["fraction"])) for t in TARGETS)
+            assert [int(t) for t, *_ in held] == list(at), text  # every point read, each once
+            for t, a, da, b, db in held:
                 assert (a, b) == (m["even"], m["odd"]), text
                 assert (da, db) == (f"{float(point(curves, a, int(t) / 100)['delta_nll_odd']):+.3f}",
                                     f"{float(point(curves, b, int(t) / 100)['delta_nll_even']):+.3f}"), text
-    picks = [choice_truth(curves, layer) for layer in (False, True)]
     expected: dict[str, list] = {"plain": [], "alike": [], "split": []}
     for pick, even, odd in [picks[0], *([picks[1]] if picks[1] and picks[1][0] != picks[0][0] else [])]:
         if even is None:  # no halves: the fallback, said as such
@@ -147,22 +154,20 @@ def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
 
 def choice_truth(curves: pd.DataFrame, layer: bool) -> tuple[str, str | None, str | None] | None:
     """(pick, chosen on the even windows, on the odd ones) as the module docstring of headprune.report.choice
-    defines them, recomputed here: halves None where any ranking lacks one."""
+    defines them, recomputed here: each half chooses among the rankings with a finite merit on both halves; halves
+    None where none has."""
     sel = curves[(curves["method"] != "random") & (curves["compensation"] == "none") & (curves["fraction"] > 0)
                  & (curves["fraction"] <= 0.5 + 1e-9) & (curves["method"].str.endswith("@layer") | (not layer))]
     if sel.empty:
         return None
-
-    def lowest(column: str) -> str | None:
-        if column not in sel or sel[column].isna().any():
-            return None
-        means = sel.groupby("method")[column].mean()
-        return min(means.index, key=lambda x: (means[x], x))
-
-    every, even, odd = lowest("delta_nll"), lowest("delta_nll_even"), lowest("delta_nll_odd")
-    assert every is not None
-    if even is None or odd is None:
+    merit = {c: sel.groupby("method")[c].mean().dropna() for c in ("delta_nll", "delta_nll_even", "delta_nll_odd")
+             if c in sel}
+    lowest = lambda m: min(m.index, key=lambda x: (m[x], x))
+    every = lowest(merit["delta_nll"])
+    both = set(merit.get("delta_nll_even", {}).keys()) & set(merit.get("delta_nll_odd", {}).keys())
+    if not both:
         return every, None, None
+    even, odd = (lowest(merit[c][sorted(both)]) for c in ("delta_nll_even", "delta_nll_odd"))
     return even, even, odd
 
 
@@ -325,6 +330,7 @@ def test_randomised_tables_every_claim_recomputed(seed):
     pred = predictiveness(scores)
     said = dict(answers(scores, curves, pred, {"ppl": math.exp(3.0), "nll": 3.0, "tokens": 1000}))
     found = findings(scores, curves, pred)
+    assert "What does pruning cost?" in said  # so check_all reads the choice sentences
     assert check_all(found, said, scores, curves, math.exp(3.0), pred) >= 3
 
 

@@ -10,7 +10,13 @@ from headprune.errors import HeadpruneError
 from headprune.report.choice import best_method
 from headprune.report.headline import best_layer_ranking
 from headprune.report.plots.common import Picture
-from headprune.report.plots.curves import MAIN_CURVES, plot_curves, plot_curves_phone, plot_layer_normalized
+from headprune.report.plots.curves import (
+    MAIN_CURVES,
+    plot_curves,
+    plot_curves_phone,
+    plot_layer_normalized,
+    shown_methods,
+)
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
 from headprune.report.tables import rank_correlations
@@ -24,8 +30,11 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     curves.png draws the best ``@layer`` ranking the first screen names (:func:`.headline.best_layer_ranking`)
     beside the global rankings, and has a phone version with the best ranking, that one and random only."""
     layer = best_layer_ranking(curves)
-    keep = (layer,) if layer else ()
+    picked = _picked(curves)  # the ranking the run prunes by, drawn even where it is not among the best few
+    keep = tuple(dict.fromkeys(m for m in (picked, layer) if m))
     shown = "" if layer is None else f" Of the per-layer normalised rankings, the best ({layer}) is drawn too."
+    if picked is not None and picked != layer and picked not in shown_methods(curves, MAIN_CURVES):
+        shown += f" So is {picked}, the ranking chosen on the even windows."
     pics = [Picture("curves.png", f"Perplexity and NLL increase against the share of heads pruned: the {MAIN_CURVES} "
                     "best rankings (lowest mean ΔNLL up to 50% pruned) and random; curves_all.png has every one "
                     "(colour: method family, Okabe-Ito; dash-dot-dot with stars / plus signs: mean- / "
@@ -71,9 +80,14 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     return pics
 
 
-def _phone_methods(curves: pd.DataFrame, layer: str | None) -> list[str]:
+def _picked(curves: pd.DataFrame) -> str | None:
+    """The ranking the run prunes by (:func:`.choice.best_method`; None: no ranking)."""
     try:
-        best = [best_method(curves)]
-    except HeadpruneError:  # no ranking: the phone figure shows random alone
-        best = []
-    return list(dict.fromkeys([*best, *([layer] if layer else [])]))
+        return best_method(curves)
+    except HeadpruneError:
+        return None
+
+
+def _phone_methods(curves: pd.DataFrame, layer: str | None) -> list[str]:
+    """The picked ranking and the best @layer one (none: the phone figure shows random alone)."""
+    return list(dict.fromkeys(m for m in (_picked(curves), layer) if m))
