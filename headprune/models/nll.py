@@ -30,8 +30,8 @@ def token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
 
 
 # fp32 logits unembed_nll holds at once (a chunk's softmax temporaries are as many again). At Gemma 3's vocabulary the
-# LM head's matmul is most of a forward, and a chunk of 64 rows runs it at 0.75x the speed of one of 256 (two
-# single-threaded processes at once, 8 windows of 128: 5.6 s against 4.2 s; 4.0 s at 512 rows)
+# LM head is most of a forward, and chunks of 64 rows took 1.42x the time of chunks of 256, 512 rows 0.93x (two
+# single-threaded processes at once, 8 windows of 128: benchmarks/bench_lm_head.py, reports/bench_lm_head.json)
 NLL_LOGITS_BYTES = 256 << 20
 
 
