@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 from collections import Counter
 from html.parser import HTMLParser
@@ -190,9 +191,18 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     args = _run_args(tiny_dir, corpus, out)
 
     calls, computed = _count_work(monkeypatch)
+    capsys.readouterr()
     assert main(args) == 0
     assert computed == [] and calls == Counter()
     assert progress.read_bytes() == recorded
+    # the best method as printed: the even test windows' choice, and what the odd ones chose, read off curves.csv
+    said = re.search(r"^best method: (\S+)(.*)$", capsys.readouterr().out, flags=re.MULTILINE)
+    c = pd.read_csv(out / "curves.csv")
+    sel = c[(c.method != "random") & (c.compensation == "none") & (c.fraction > 0) & (c.fraction <= 0.5)]
+    even, odd = (sel.groupby("method")[h].mean().idxmin() for h in ("delta_nll_even", "delta_nll_odd"))
+    assert said is not None and said[1] == even
+    assert said[2] == (" (chosen alike on the even and the odd test windows)" if even == odd
+                       else f" (chosen on the even test windows; the odd ones chose {odd})")
     assert {name: (out / name).read_bytes() for name in tables} == tables
 
     # one unit of every family forgotten: exactly those are recomputed, each by its own work function
