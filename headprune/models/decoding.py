@@ -46,7 +46,7 @@ class LayerCache:
         self.keys: list[Tensor | None] = [None] * attn.n_kv_heads
         self.values: list[Tensor | None] = [None] * attn.n_kv_heads
         self.positions = [torch.empty(0, dtype=torch.long) for _ in range(attn.n_kv_heads)]
-        self.next = 0  # position of the next token fed
+        self.start = 0  # position of this step's first token, set by :func:`attached` from the KVCache's count
 
     def visible(self, t: Tensor, s: Tensor, g: int) -> Tensor:
         """Bool, True where query position t may read key position s through KV head g."""
@@ -59,7 +59,7 @@ class LayerCache:
         """z (B,h,T,d_k) of this step's q (B,h,T,d_k) against the cache and this step's k, v (B,h_kv,T,d_k), which
         join the cache; then what no later query can see leaves it."""
         B, _, T, dk = q.shape
-        t = torch.arange(self.next, self.next + T, device=q.device)
+        t = torch.arange(self.start, self.start + T, device=q.device)
         z = torch.empty_like(q)
         for g, heads in enumerate(self.readers):
             cached_k, cached_v = self.keys[g], self.values[g]
@@ -74,7 +74,6 @@ class LayerCache:
             if not bool(keep.all()):
                 keys, values, positions = keys[:, keep], values[:, keep], positions[keep]
             self.keys[g], self.values[g], self.positions[g] = keys, values, positions
-        self.next += T
         return z
 
     def bytes(self) -> int:
@@ -110,9 +109,10 @@ class KVCache:
 
 @contextmanager
 def attached(model: HeadModel, cache: KVCache) -> Iterator[None]:
-    """Every layer's attention reads and extends ``cache`` inside the block."""
+    """Every layer's attention reads and extends ``cache`` inside the block, the step starting at ``cache.next``."""
     try:
         for layer, layer_cache in cache.layers.items():
+            layer_cache.start = cache.next
             model.h[layer].attn.cache = layer_cache
         yield
     finally:
