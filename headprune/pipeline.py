@@ -26,8 +26,8 @@ from headprune.perplexity import bos_setting, scored_bytes
 from headprune.pruning.curves import pruning_curves
 from headprune.pruning.gates import gate_head_sets
 from headprune.pruning.options import CurveOptions, Selection
-from headprune.report import ReportSections, best_method, build_report, summary_table
-from headprune.report.choice import choose
+from headprune.report import ReportSections, build_report, summary_table
+from headprune.report.choice import Choice, choose
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
 from headprune.runtime import return_freed_memory
@@ -54,9 +54,10 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
 
 
 def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
-                head_sets: dict | None, progress: Progress, quiet: bool) -> tuple[pd.DataFrame, str, dict, float]:
-    """(curves, best ranking, baseline, seconds of the compensated curves): every ranking uncompensated, then the
-    best one with mean (and, with ``s.optimal``, optimal) compensation, fills fitted on the scoring split."""
+                head_sets: dict | None, progress: Progress, quiet: bool) -> tuple[pd.DataFrame, Choice, dict, float]:
+    """(curves, how the best ranking was chosen, baseline, seconds of the compensated curves): every ranking
+    uncompensated, then the best one (:func:`~headprune.report.choice.choose`'s pick) with mean (and, with
+    ``s.optimal``, optimal) compensation, fills fitted on the scoring split."""
     model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
     # the means come with the activation scores; without those (a --methods subset) they are measured here
     compensation = compensation_stage(model, score_ids, windowing, kinds=("mean", "optimal"), means=scored.means,
@@ -70,11 +71,12 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
                               compensation=compensation, progress=progress, show_progress=not quiet)
 
     curves = curves_of([(m, "none") for m in rankings])
-    best = best_method(curves)
+    choice = choose(curves)
+    best = choice.pick
     t0 = time.perf_counter()
     compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
     baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(inputs.tokenizer, inputs.eval_ids, windowing)}
-    return pd.concat([curves, compensated], ignore_index=True), best, baseline, time.perf_counter() - t0
+    return pd.concat([curves, compensated], ignore_index=True), choice, baseline, time.perf_counter() - t0
 
 
 STAGE_ORDER = ("scoring", "curves", "compensated_curves", "patching", "gates")  # as settings list their seconds
@@ -193,9 +195,9 @@ def _gates(run: Run) -> dict | None:
     return head_sets
 
 
-def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScores, RunResults, str]:
+def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScores, RunResults, Choice]:
     """The measuring stages in order: scoring (and gates), the curves, the patching study. Returns the scores, the
-    results for the report and the best ranking."""
+    results for the report and how the best ranking was chosen."""
     s, inputs = run.s, run.inputs
     scored = _scoring(run, methods)
     head_sets = _gates(run)
@@ -203,7 +205,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScore
     run.stage("pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
                                 f"(test split), {len(inputs.eval_ids):,} tokens")
     t0 = time.perf_counter()
-    curves, best, baseline, run.seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
+    curves, choice, baseline, run.seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
                                                                             run.progress, run.quiet)
     run.seconds["curves"] = time.perf_counter() - t0
     if s.patch_task != "none":
@@ -214,7 +216,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScore
     patching = _patching(inputs.model, s, inputs.patch_pairs, run.progress, run.quiet)
     if patching is not None:
         run.seconds["patching"] = time.perf_counter() - t0
-    return scored, RunResults(scored.table, curves, baseline, patching), best
+    return scored, RunResults(scored.table, curves, baseline, patching), choice
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -244,13 +246,13 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         for line in run_lines(inputs.model, run_plan(s), len(inputs.score_ids), inputs.windowing, methods):
             run.log(line)
     run.stage("ledger", f"parameters and shapes -> {out / 'ledger.txt'}")
-    scored, results, best = _measure(run, methods, ranked)
-    settings = run_settings(s, methods, inputs, fingerprint, best, run.seconds, scored)
+    scored, results, choice = _measure(run, methods, ranked)
+    settings = run_settings(s, methods, inputs, fingerprint, choice.pick, run.seconds, scored)
     if not is_main():
         return None
     run.stage("report", f"the head anatomy, then the report -> {out}")
     report = report_stage(run, results, settings, out)
     run.progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
-    return {"report": report, "out": out, "best": best, "choice": choose(results.curves), "baseline": results.baseline,
+    return {"report": report, "out": out, "best": choice.pick, "choice": choice, "baseline": results.baseline,
             "table": summary_table(results.curves, bpb_factor(results.baseline)),
             "seconds": time.perf_counter() - t_start}
