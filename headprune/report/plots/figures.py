@@ -31,7 +31,7 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
     beside the global rankings, and has a phone version with the best ranking, that one and random only."""
     layer = best_layer_ranking(curves)
     picked = _picked(curves)  # the ranking the run prunes by, drawn even where it is not among the best few
-    keep = tuple(dict.fromkeys(m for m in (picked, layer) if m))
+    keep = tuple(dict.fromkeys(m for m in (picked, layer) if m))  # the phone figure draws these alone (and random)
     shown = "" if layer is None else f" Of the per-layer normalised rankings, the best ({layer}) is drawn too."
     if picked is not None and picked != layer and picked not in shown_methods(curves, MAIN_CURVES):
         shown += f" So is {picked}, the ranking chosen on the even windows."
@@ -41,7 +41,7 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
                     "optimal-compensated; left, grey band: random ± 1 std over seeds; right, bands: 95% "
                     "paired-bootstrap intervals over the evaluation windows, for random over seeds and windows "
                     "together; top axis: heads removed)." + shown, plot_curves(curves, baseline, len(scores), keep),
-                    phone_png=plot_curves_phone(curves, baseline, _phone_methods(curves, layer))),
+                    phone_png=plot_curves_phone(curves, baseline, list(keep))),
             Picture("curves_all.png", "Every ranking's curves, as in curves.png.",
                     plot_curves(curves, baseline, len(scores), keep, best=None),
                     phone_png=plot_curves(curves, baseline, len(scores), keep, best=None, phone=True))]
@@ -88,6 +88,3 @@ def _picked(curves: pd.DataFrame) -> str | None:
         return None
 
 
-def _phone_methods(curves: pd.DataFrame, layer: str | None) -> list[str]:
-    """The picked ranking and the best @layer one (none: the phone figure shows random alone)."""
-    return list(dict.fromkeys(m for m in (_picked(curves), layer) if m))
