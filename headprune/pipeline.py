@@ -171,8 +171,8 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
 def _scoring(run: Run, methods: list[str]) -> HeadScores:
     """Every method's scores on the scoring split (its cost said first), then the gates' head sets where asked."""
     s, model, windowing, score_ids = run.s, run.inputs.model, run.inputs.windowing, run.inputs.score_ids
-    run.stage("scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on {s.score_data} "
-                         f"(validation split), {len(score_ids):,} tokens")
+    run.stage("scoring", f"{len(model.head_ids)} heads by {len(methods)} methods on "
+                         + split_text(s.score_data, "validation", len(score_ids)))
     t0 = time.perf_counter()
     scoring = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
     scored = score_heads(model, score_ids, methods, windowing=windowing, options=scoring, progress=run.progress,

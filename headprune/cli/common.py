@@ -49,8 +49,10 @@ def fill_source(args, score_ids) -> str:
     token count (without ``--score-data``: the default corpus' scoring split), or "" without compensation."""
     if score_ids is None:
         return ""
+    from headprune.stages.settings import split_text
+
     given = "" if args.score_data != "default" else "; no --score-data given: the scoring split"
-    return f"{args.score_data} (validation split), {len(score_ids):,} tokens{given}"
+    return split_text(args.score_data, "validation", len(score_ids)) + given
 
 
 def _json_number(x: float) -> float | None:
