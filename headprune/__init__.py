@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from headprune.version import __version__
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -31,6 +31,8 @@ _EXPORTS = {
     "score_heads": "headprune.scoring",
     "ScoringOptions": "headprune.scoring",
     "head_means": "headprune.scoring",
+    "load_scores": "headprune.scoring.result",
+    "load_curves": "headprune.stages.curves",
     "joint_constants": "headprune.scoring",
     "prune_model": "headprune.pruning.prune",
     "pruning_curves": "headprune.pruning.curves",
@@ -64,7 +66,9 @@ __all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks th
     "head_means",
     "joint_constants",
     "learn_gates",
+    "load_curves",
     "load_model",
+    "load_scores",
     "load_texts",
     "model_tokenizer",
     "prune_model",
@@ -91,6 +95,8 @@ if TYPE_CHECKING:
     from headprune.pruning.options import Compensation, CurveOptions, Selection
     from headprune.pruning.prune import prune_model
     from headprune.scoring import ScoringOptions, head_means, joint_constants, score_heads
+    from headprune.scoring.result import load_scores
+    from headprune.stages.curves import load_curves
 
 
 def __getattr__(name: str) -> Any:

@@ -14,20 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from headprune.cost import run_lines
 from headprune.errors import HeadpruneError
 from headprune.io.work.distributed import is_main, progress_files
 from headprune.io.work.files import check_writable, ensure_dir, write_text
 from headprune.io.work.progress import Progress
 from headprune.models.ledger import format_info
-from headprune.perplexity import bos_setting, scored_bytes
-from headprune.pruning.curves import pruning_curves
+from headprune.perplexity import bos_setting
 from headprune.pruning.gates import gate_head_sets
-from headprune.pruning.options import CurveOptions, Selection
 from headprune.report import ReportSections, build_report, summary_table
-from headprune.report.choice import Choice, choose
 from headprune.report.tables import bpb_factor
 from headprune.reproduce import reproduce_commands
 from headprune.runtime import return_freed_memory
@@ -36,7 +31,7 @@ from headprune.schema import (
     IMPORTANCE_METHODS,
 )
 from headprune.scoring import HeadScores, ScoringOptions, score_heads
-from headprune.stages.compensation import compensation_stage
+from headprune.stages.curves import CurveResult, curve_stage
 from headprune.stages.inputs import RunInputs, load_inputs
 from headprune.stages.settings import RunSettings, rankings_of, run_plan, settings_fields, split_text
 
@@ -51,32 +46,6 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
 
     options = StudyOptions(bootstrap=s.bootstrap, seed=s.seed, rows=s.ablation_rows)
     return patch_stage(model, pairs, options, task=s.patch_task, progress=progress, quiet=quiet)[1]
-
-
-def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
-                head_sets: dict | None, progress: Progress, quiet: bool) -> tuple[pd.DataFrame, Choice, dict, float]:
-    """(curves, how the best ranking was chosen, baseline, seconds of the compensated curves): every ranking
-    uncompensated, then the best one (:func:`~headprune.report.choice.choose`'s pick) with mean (and, with
-    ``s.optimal``, optimal) compensation, fills fitted on the scoring split."""
-    model, windowing, score_ids = inputs.model, inputs.windowing, inputs.score_ids
-    # the means come with the activation scores; without those (a --methods subset) they are measured here
-    compensation = compensation_stage(model, score_ids, windowing, kinds=("mean", "optimal"), means=scored.means,
-                                      fill_data=split_text(s.score_data, "validation", len(score_ids)),
-                                      progress=progress, quiet=quiet)
-    options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
-                           selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
-
-    def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
-        return pruning_curves(model, inputs.eval_ids, scored.table, variants, options=options,
-                              compensation=compensation, progress=progress, show_progress=not quiet)
-
-    curves = curves_of([(m, "none") for m in rankings])
-    choice = choose(curves)
-    best = choice.pick
-    t0 = time.perf_counter()
-    compensated = curves_of([(best, "mean")] + ([(best, "optimal")] if s.optimal else []))
-    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(inputs.tokenizer, inputs.eval_ids, windowing)}
-    return pd.concat([curves, compensated], ignore_index=True), choice, baseline, time.perf_counter() - t0
 
 
 STAGE_ORDER = ("scoring", "curves", "compensated_curves", "patching", "gates")  # as settings list their seconds
@@ -130,9 +99,8 @@ class Run:
 class RunResults:
     """What the measuring stages found, for the report."""
 
-    scores: pd.DataFrame
-    curves: pd.DataFrame
-    baseline: dict
+    scored: HeadScores
+    curves: CurveResult
     patching: Any  # the PatchingReport, None without a patching task
 
 
@@ -144,23 +112,25 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     from headprune.models.families import layout_text, model_type
     from headprune.report.context_section import read_context_section
     from headprune.schema import SCORES_DIGEST
+    from headprune.scoring.result import save_beside
     from headprune.stages.serving import serving_stage
     from headprune.table_checks import scores_digest
 
-    inputs, scores = run.inputs, results.scores
+    inputs, scores, curves = run.inputs, results.scored.table, results.curves
     model, windowing = inputs.model, inputs.windowing
     return_freed_memory()  # what the heap kept of the stages before, returned before the anatomy's passes
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, run.s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
     settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
-    serving = serving_stage(model, results.curves, scores, inputs.eval_ids, windowing, free=return_freed_memory)
+    serving = serving_stage(model, curves.table, scores, inputs.eval_ids, windowing, free=return_freed_memory)
     settings |= serving.settings
-    curves = results.curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
+    table = curves.table.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
     extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
                            serving_llama_cpp=serving.llama_cpp, context=read_context_section(out))
-    report = build_report(scores, curves, out, settings=settings, baseline=results.baseline, extra=extra)
+    save_beside(results.scored, out / "scores.parquet")  # the means and the meta; the report writes the table
+    report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
     run.log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
@@ -195,9 +165,8 @@ def _gates(run: Run) -> dict | None:
     return head_sets
 
 
-def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScores, RunResults, Choice]:
-    """The measuring stages in order: scoring (and gates), the curves, the patching study. Returns the scores, the
-    results for the report and how the best ranking was chosen."""
+def _measure(run: Run, methods: list[str], ranked: list[str]) -> RunResults:
+    """The measuring stages in order: scoring (and gates), the curves, the patching study."""
     s, inputs = run.s, run.inputs
     scored = _scoring(run, methods)
     head_sets = _gates(run)
@@ -205,8 +174,8 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScore
     run.stage("pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
                                 f"(test split), {len(inputs.eval_ids):,} tokens")
     t0 = time.perf_counter()
-    curves, choice, baseline, run.seconds["compensated_curves"] = curve_stage(s, inputs, scored, rankings, head_sets,
-                                                                            run.progress, run.quiet)
+    curves = curve_stage(s, inputs, scored, rankings, head_sets, run.progress, run.quiet)
+    run.seconds["compensated_curves"] = curves.seconds_compensated
     run.seconds["curves"] = time.perf_counter() - t0
     if s.patch_task != "none":
         run.stage("patching", f"the {s.patch_task} task, {s.patch_pairs} clean/corrupt prompt pairs: "
@@ -216,7 +185,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> tuple[HeadScore
     patching = _patching(inputs.model, s, inputs.patch_pairs, run.progress, run.quiet)
     if patching is not None:
         run.seconds["patching"] = time.perf_counter() - t0
-    return scored, RunResults(scored.table, curves, baseline, patching), choice
+    return RunResults(scored, curves, patching)
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -246,13 +215,15 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
         for line in run_lines(inputs.model, run_plan(s), len(inputs.score_ids), inputs.windowing, methods):
             run.log(line)
     run.stage("ledger", f"parameters and shapes -> {out / 'ledger.txt'}")
-    scored, results, choice = _measure(run, methods, ranked)
-    settings = run_settings(s, methods, inputs, fingerprint, choice.pick, run.seconds, scored)
+    results = _measure(run, methods, ranked)
+    choice = results.curves.choice
+    settings = run_settings(s, methods, inputs, fingerprint, choice.pick, run.seconds, results.scored)
     if not is_main():
         return None
     run.stage("report", f"the head anatomy, then the report -> {out}")
     report = report_stage(run, results, settings, out)
     run.progress.remove(every_rank=True)  # the report is written: no process' units are needed any more
-    return {"report": report, "out": out, "best": choice.pick, "choice": choice, "baseline": results.baseline,
-            "table": summary_table(results.curves, bpb_factor(results.baseline)),
+    baseline = results.curves.baseline
+    return {"report": report, "out": out, "best": choice.pick, "choice": choice, "baseline": baseline,
+            "table": summary_table(results.curves.table, bpb_factor(baseline)),
             "seconds": time.perf_counter() - t_start}

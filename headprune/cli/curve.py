@@ -65,17 +65,18 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from headprune.cli.sweeps import finish_sweep, sweep_progress, sweep_settings, table_output
     from headprune.data.tokens import token_digest
-    from headprune.io.work.files import read_scores
     from headprune.pruning.gates import GATE
     from headprune.pruning.selection import check_scores_match
     from headprune.schema import RANDOM, SCORES_DIGEST, parse_fractions
+    from headprune.scoring.result import load_scores
     from headprune.table_checks import scores_digest
 
     check_gate_args(args, "--gate-steps", "--gate-lr")
     out = table_output(args)
     fractions = parse_fractions(args.fractions)
     model = load_from_args(args)
-    scores = read_scores(args.scores)
+    saved = load_scores(args.scores)
+    scores = saved.table
     check_scores_match(scores, model, args.scores)
     methods = curve_methods(args, scores)
     learned = GATE in methods
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
         _print_estimate(args, model, variants, fractions, ids, score_ids, w)
     progress = sweep_progress(args, out, settings)
     streams = Streams(ids, score_ids, train_ids, w)
-    curves, fill_data = _measure(args, model, scores, variants, fractions, streams, progress)
+    curves, fill_data = _measure(args, model, saved, variants, fractions, streams, progress)
     curves = curves.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them (report checks)
     if not finish_sweep(progress, curves, out):
         return
@@ -155,20 +156,26 @@ class Streams:
     w: Any
 
 
-def _measure(args: argparse.Namespace, model, scores, variants, fractions, streams: Streams, progress):
+def _measure(args: argparse.Namespace, model, saved, variants, fractions, streams: Streams, progress):
     """(curves, where the fills were fitted): compensation fills and learned gate sets fitted on the score data
-    (resumable), every variant's curve, and with ``--recover`` each point's fine-tuned curve."""
+    (resumable; the head means saved with the scores ``saved`` where they were measured on the same tokens), every
+    variant's curve, and with ``--recover`` each point's fine-tuned curve."""
     ids, score_ids, train_ids, w = streams.ids, streams.score_ids, streams.train_ids, streams.w
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GATE, gate_head_sets
     from headprune.pruning.options import CurveOptions, RecoveryData
     from headprune.pruning.recovered_curves import recovered_curves
+    from headprune.scoring.result import saved_means
     from headprune.stages.compensation import compensation_stage
 
     compensate, learned = args.compensate != "none", any(m == GATE for m, _ in variants)
     fill_data = fill_source(args, score_ids if compensate else None)
+    means = saved_means(saved, score_ids, w) if compensate else None
+    if means is not None and not args.quiet:
+        print(f"head means: read from beside {args.scores}, measured on the same tokens and windows")
     compensation = compensation_stage(model, score_ids, w, kinds=(args.compensate,) if compensate else (),
-                                      fill_data=fill_data, progress=progress, quiet=args.quiet)
+                                      means=means, fill_data=fill_data, progress=progress, quiet=args.quiet)
+    scores = saved.table
     head_sets = None
     if learned:  # one set of gates learned per fraction, each training resumable from its checkpoints
         assert score_ids is not None

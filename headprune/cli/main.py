@@ -13,11 +13,11 @@ import importlib
 import sys
 from types import ModuleType
 
-from headprune import __version__
 from headprune.cli.inputs import check_inputs
 from headprune.cli.options import DESCRIPTION, EPILOG, HelpFormatter, check_counts
 from headprune.cli.workers import launch, resolve_workers
 from headprune.errors import HeadpruneError, os_error_line
+from headprune.version import __version__
 
 #: command name -> module of headprune.cli, in the order ``headprune --help`` lists them
 COMMANDS = {"info": "info", "eval": "eval", "score": "score", "curve": "curve", "learn-gates": "learn_gates",

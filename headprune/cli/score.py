@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> None:
         table, extra = score_groups(model, ids, scored.table, w, args.ablation_rows or 8, args.bootstrap, args.seed)
     if not finish_sweep(progress, table, out):
         return
+    if args.unit == "head":  # the head means and the meta beside the table, for curve and prune to reuse
+        from headprune.scoring.result import save_beside
+
+        save_beside(scored, out)
     if extra:
         from headprune.io.work.files import write_json
 

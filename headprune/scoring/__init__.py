@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import pandas as pd
@@ -43,6 +43,7 @@ from headprune.scoring.context import ContextScores
 from headprune.scoring.gradients import GradientScores
 from headprune.scoring.optimal import STEPS, OptimalFit, fit_layer, fit_set
 from headprune.scoring.resample import RESAMPLE_DRAWS, ResampleScores
+from headprune.scoring.result import HeadScores, measured_on
 from headprune.scoring.weights import WeightScores
 
 #: family name -> its scorer, in the order they run (activations before ablation: abl_mean uses mean_z; the
@@ -54,28 +55,6 @@ FAMILY_SCORERS: dict[str, Family] = {f.name: f for f in (WeightScores(), Activat
 assert {name: f.methods for name, f in FAMILY_SCORERS.items() if f.methods} == {
     family: methods for family, methods in METHOD_FAMILIES.items() if family != LEARNED}, \
     "the scorers' methods disagree with schema.METHOD_TABLE"
-
-
-@dataclass
-class HeadScores:
-    """The result of :func:`score_heads`."""
-
-    table: pd.DataFrame  # layer, head, head_id, model_fingerprint, one column per method
-    means: dict[Head, torch.Tensor] | None = None  # z̄ [d_head] per head, where a data family ran
-    baseline: dict | None = None  # {tokens, nll} of the unablated model, where ablation ran
-    seconds: dict[str, float] = field(default_factory=dict)  # per family
-    optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
-    tokens: int | None = None  # token ids read, where a data method ran
-
-    def _repr_html_(self) -> str:  # Jupyter's view: the key numbers and the top heads
-        from headprune.display import scores_html
-
-        return scores_html(self)
-
-    def __repr__(self) -> str:  # print(scored), or a console: the same summary as text
-        from headprune.display import scores_text
-
-        return scores_text(self)
 
 
 def _bar(show: bool, desc: str) -> Callable[[Iterable], Iterable]:
@@ -144,7 +123,9 @@ def score_heads(
     baseline = None
     if side.baseline_nll is not None:
         baseline = {"tokens": side.baseline_tokens, "nll": side.baseline_nll}
-    return HeadScores(table, means, baseline, seconds, optimal, len(ids) if ids is not None and needs_data else None)
+    read = ids if ids is not None and needs_data else None
+    return HeadScores(table, means, baseline, seconds, optimal, len(read) if read is not None else None,
+                      measured_on(read, windowing) if read is not None else None)
 
 
 def _checked_methods(model: HeadModel, ids: torch.Tensor | None, methods: str | Sequence[str],

@@ -32,6 +32,8 @@ def compensation_stage(model: HeadModel, score_ids: Tensor | None, windowing: Wi
 
     if means is None:
         means = head_means(model, score_ids, windowing, progress=progress, show_progress=not quiet)
+    else:  # read from a file (on the CPU, in the dtype they were saved in) or handed over by the scoring stage
+        means = {h: m.to(model.device, model.dtype) for h, m in means.items()}
     optimal = (partial(joint_constants, model, score_ids, windowing=windowing, means=means, show_progress=False)
                if "optimal" in kinds else None)
     return Compensation(means=means, optimal=optimal, fill_data=fill_data)

@@ -9,7 +9,6 @@ from typing import Any
 
 from torch import Tensor
 
-from headprune import __version__
 from headprune.data.tokens import corpus_ids, token_digest
 from headprune.errors import HeadpruneError
 from headprune.io.read.fingerprint import model_fingerprint
@@ -19,6 +18,7 @@ from headprune.models.base import HeadModel
 from headprune.perplexity import Windowing
 from headprune.runtime import configure_allocator
 from headprune.stages.settings import RunSettings, run_plan, settings_fields
+from headprune.version import __version__
 
 
 @dataclass

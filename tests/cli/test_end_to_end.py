@@ -61,8 +61,9 @@ class _Images(HTMLParser):
 
 def test_run_writes_every_report_file(run_dir):
     names = {p.name for p in run_dir.iterdir()}
-    for name in ["scores.parquet", "scores.csv", "curves.parquet", "curves.csv", "summary.md", "report.html",
-                 "curves.png", "rank_correlation.png", "predictiveness.csv", "ledger.txt"]:
+    for name in ["scores.parquet", "scores.csv", "scores.means.safetensors", "scores.meta.json", "curves.parquet",
+                 "curves.csv", "summary.md", "report.html", "curves.png", "rank_correlation.png", "predictiveness.csv",
+                 "ledger.txt"]:
         assert name in names
     assert {"heatmaps.png", "scatters.png", "pruning_order.png"} <= names
     assert not [n for n in names if n.endswith(".tmp")]
@@ -90,11 +91,19 @@ def test_run_tables(run_dir):
     assert "validation split" in summary and "test split" in summary
     assert isinstance(baseline["bytes"], int) and baseline["bytes"] >= baseline["tokens"]
     assert f"{baseline['nll'] * baseline['tokens'] / (math.log(2) * baseline['bytes']):.4g} bits/byte" in summary
+    # the stages' results read back whole from the report folder
+    from headprune.scoring.result import load_scores
+    from headprune.stages.curves import load_curves
+
+    saved = load_scores(run_dir / "scores.parquet")
+    assert set(saved.means) == set(zip(scores["layer"], scores["head"], strict=True))
+    assert saved.measured_on["seq_len"] == json.loads((run_dir / "settings.json").read_text())["seq_len"]
+    loaded = load_curves(run_dir)
+    assert loaded.baseline == baseline and loaded.choice.pick in summary
 
 
 def test_scored_bytes_count_only_the_scored_tokens():
-    from headprune.perplexity import Windowing
-    from headprune.pipeline import scored_bytes
+    from headprune.perplexity import Windowing, scored_bytes
 
     class Fake:
         def decode(self, ids):
