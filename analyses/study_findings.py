@@ -3,10 +3,10 @@
 so ``python -m analyses.real_model RUN --render-only`` re-renders study.md from committed tables in seconds.
 
 What a sentence may claim is what its table measured: a fraction is the share a prune actually removed (a unit
-compared at 30% only where it removed within :data:`UNIT_TOL` of 30%); a break point is located between two grid
-points; a random band comes with its seed count and range; a layer's share is a sum of single ablations; a
-distillation result says what it was measured on and what it lacks; a serving difference is a speed-up only where
-the slowest–fastest ranges separate.
+compared at 30% only where it removed within :data:`UNIT_TOL` of 30%); a break point is located between two
+measured points (:mod:`headprune.report.breaks`); a random band comes with its seed count and range; a layer's share
+is a sum of single ablations; a distillation result says what it was measured on and what it lacks; a serving
+difference is a speed-up only where the slowest–fastest ranges separate.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-BREAK_NATS = 0.1  # a curve "breaks" where ΔNLL first exceeds this (perplexity +10.5%)
+from headprune.report.breaks import BREAK_NATS, find_break
+
 PERFORMS = 0.8  # a task is performed when at least this share of clean prompts ranks the answer above the wrong token
 TOP = 5
 UNIT_TOL = 0.05  # a unit's prune answers "at f" when the share of heads it removed is within this of f
@@ -75,28 +76,12 @@ def role_sentences(scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFra
     return out
 
 
-def breakpoint(curves: pd.DataFrame, method: str) -> float | None:
-    """The smallest fraction at which ``method``'s uncompensated ΔNLL exceeds :data:`BREAK_NATS` (None: never)."""
-    c = curves[(curves["method"] == method) & (curves["compensation"] == "none")].sort_values("fraction")
-    over = c[c["delta_nll"] > BREAK_NATS]
-    return float(over["fraction"].iloc[0]) if len(over) else None
-
-
-def break_between(curves: pd.DataFrame, method: str) -> tuple[float, float] | None:
-    """(the grid point before the break, the break): the curve crosses :data:`BREAK_NATS` somewhere between the two
-    (None: never); the grid locates it no finer."""
-    b = breakpoint(curves, method)
-    if b is None:
-        return None
-    c = curves[(curves["method"] == method) & (curves["compensation"] == "none") & (curves["fraction"] < b)]
-    return (float(c["fraction"].max()) if len(c) else 0.0), b
-
-
 def _between(curves: pd.DataFrame, method: str) -> str:
-    found = break_between(curves, method)
+    found = find_break(curves, method)
     if found is None:
         return f"not up to {float(curves['fraction'].max()):.0%}"
-    return f"between {found[0]:.0%} and {found[1]:.0%} of heads"
+    share = lambda f: f"{f:.1%}".replace(".0%", "%")  # 10%, 12.5%
+    return f"between {share(found.before)} and {share(found.after)} of heads"
 
 
 def _row(frame: pd.DataFrame, method: str, f: float) -> pd.Series:
@@ -120,7 +105,8 @@ def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str, n_head
     where both tables have them: each unit's own share removed is said, and a unit whose prune removed a share far
     from the fraction is not compared there."""
     out = [(f"Where pruning breaks (ΔNLL first above {BREAK_NATS} nats/token, perplexity "
-            f"+{math.expm1(BREAK_NATS):.1%}; located to the curves' grid only): {best} {_between(curves, best)}, "
+            f"+{math.expm1(BREAK_NATS):.1%}; located between two measured points, random's on the grid): "
+            f"{best} {_between(curves, best)}, "
             f"random {_between(curves, 'random')}.")]
     group_random = sorted(m for m in units["method"].unique() if m.startswith("group:random"))
     uniform = sorted(m for m in units["method"].unique() if m.startswith("uniform:"))

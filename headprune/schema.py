@@ -196,10 +196,11 @@ FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' 
 TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 # The fractions and random-baseline seeds of every curve (`run` and `curve`): 0, 0.1, ..., 0.8 (0.9 left out: with
-# 16 rankings and 5 random seeds it adds 21 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back).
-# At 10 seeds, random pruned sets were 80 of the run's 200 distinct curve models; 5 still give its mean ± std band.
+# 16 rankings and 10 random seeds it adds 26 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back).
+# `run` then locates its pick's break between grid points (report.breaks). 10 random seeds: 80 of the about 200
+# distinct pruned models a default run evaluates, for a band whose spread is itself measured on 10 draws.
 DEFAULT_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(9))
-DEFAULT_SEEDS = 5
+DEFAULT_SEEDS = 10
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
+from headprune.report.breaks import break_sentence
 from headprune.report.choice import choice_sentences, choose, layer_choice
 from headprune.report.findings import (
     BEATS,
@@ -236,7 +237,8 @@ def change(ppl: float, base: float) -> str:
 
 def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
     """Perplexity unpruned → pruned at 30% and 50% by the best ranking (and best @layer one), next to random; then
-    how each was chosen (:func:`.choice.choice_sentences`)."""
+    how each was chosen (:func:`.choice.choice_sentences`) and where the best ranking breaks
+    (:func:`.breaks.break_sentence`)."""
     try:
         choice = choose(curves)
     except HeadpruneError:
@@ -263,7 +265,8 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
         sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
     chosen = [choice, *([layer] if len(rankings) > 1 and layer is not None else [])]
     sentences += choice_sentences(chosen, curves, FINDING_FRACTIONS)
-    return " ".join(sentences)
+    where = break_sentence(curves, best)
+    return " ".join([*sentences, *([where] if where else [])])
 
 
 QUESTIONS = ("Which heads matter?", "Which cheap score to trust?", "What does pruning cost?")

@@ -98,11 +98,16 @@ def jsonable(settings) -> dict:
 
 def methods_by_curves(curves: pd.DataFrame, column: str = "delta_nll") -> list[str]:
     """The non-random methods, best first: by mean ``column`` (ΔNLL on every window, or on one half:
-    :mod:`.choice`) over fractions in (0, 0.5], compensation none, its finite points (ties: alphabetically).
-    Methods without such points are left out."""
+    :mod:`.choice`) over fractions in (0, 0.5], compensation none, its finite points (ties: alphabetically), at the
+    fractions every such method measured (a curve refined between grid points, :func:`refine_points`, is compared
+    on the shared grid only; where the methods share none, on each one's own points). Methods without such points
+    are left out."""
     curves = check_curves(curves)
     sel = curves[(curves["method"] != RANDOM) & (curves["compensation"] == "none") & (curves["fraction"] > 0)
                  & (curves["fraction"] <= BEST_MAX_FRACTION + FRACTION_TOL)]
+    shared = sel.groupby("fraction")["method"].nunique() == sel["method"].nunique()
+    if shared.any():
+        sel = sel[sel["fraction"].isin(shared.index[shared])]
     means = sel.groupby("method")[column].mean().dropna()
     return sorted(means.index, key=lambda m: (means[m], m))
 

@@ -1,5 +1,6 @@
-"""The curves stage: every ranking's pruning curve on the test split, the best ranking chosen held out, that ranking
-again with its heads' fills (mean, and optimal where asked); its result saved and loaded as one folder.
+"""The curves stage: every ranking's pruning curve on the test split, the best ranking chosen held out, its break
+located between the grid's points, that ranking again with its heads' fills (mean, and optimal where asked); its
+result saved and loaded as one folder.
 
 A saved :class:`CurveResult` is ``curves.parquet`` and ``curves.csv`` (one row per ranking, compensation and
 fraction: :data:`~headprune.schema.CURVE_COLUMNS`) and ``baseline.json`` (the unpruned model on the same tokens:
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +24,10 @@ from headprune.io.work.files import read_table, write_json, write_table
 from headprune.io.work.progress import Progress
 from headprune.perplexity import scored_bytes
 from headprune.pruning.curves import pruning_curves
+from headprune.pruning.gates import GATE
 from headprune.pruning.options import CurveOptions, Selection
+from headprune.pruning.selection import ranking_heads
+from headprune.report.breaks import next_fraction
 from headprune.report.choice import Choice, choose
 from headprune.report.tables import baseline_from_curves, check_baseline
 from headprune.scoring import HeadScores
@@ -68,6 +73,17 @@ def load_curves(folder: str | os.PathLike) -> CurveResult:
     return CurveResult(table, check_baseline(baseline), choose(table))
 
 
+def refine_break(curves: pd.DataFrame, method: str, measure: Callable[[float], pd.DataFrame],
+                 heads_at: Callable[[float], int]) -> pd.DataFrame:
+    """``curves`` with ``method`` measured again (``measure(f)``: its uncompensated row at ``f``) at the midpoints
+    :func:`~headprune.report.breaks.next_fraction` asks for, until its break is located to
+    :data:`~headprune.report.breaks.REFINE_STEP` (about 2 points from a 10% grid). The choice stays made on the grid
+    every ranking shares (:func:`~headprune.report.tables.methods_by_curves`)."""
+    while (f := next_fraction(curves, method, heads_at)) is not None:
+        curves = pd.concat([curves, measure(f).query("fraction > 0")], ignore_index=True)
+    return curves
+
+
 def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings: list[str],
                 head_sets: dict | None, progress: Progress, quiet: bool) -> CurveResult:
     """Every ranking uncompensated, then the best one (:func:`~headprune.report.choice.choose`'s pick) with mean
@@ -80,14 +96,18 @@ def curve_stage(s: RunSettings, inputs: RunInputs, scored: HeadScores, rankings:
     options = CurveOptions(fractions=tuple(s.fractions), seeds=s.seeds, bootstrap=s.bootstrap,
                            selection=Selection(seed=s.seed), windowing=windowing, head_sets=head_sets)
 
-    def curves_of(variants: list[tuple[str, str]]) -> pd.DataFrame:
-        return pruning_curves(model, inputs.eval_ids, scored.table, variants, options=options,
-                              compensation=compensation, progress=progress, show_progress=not quiet)
+    def curves_of(variants: list[tuple[str, str]], fractions: tuple[float, ...] = options.fractions) -> pd.DataFrame:
+        return pruning_curves(model, inputs.eval_ids, scored.table, variants,
+                              options=replace(options, fractions=fractions), compensation=compensation,
+                              progress=progress, show_progress=not quiet)
 
     curves = curves_of([(m, "none") for m in rankings])
+    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(inputs.tokenizer, inputs.eval_ids, windowing)}
     choice = choose(curves)
+    if choice.pick != GATE:  # a learned set exists at the grid's fractions only
+        curves = refine_break(curves, choice.pick, lambda f: curves_of([(choice.pick, "none")], (f,)),
+                              lambda f: len(ranking_heads(scored.table, choice.pick, f, options.selection)))
     t0 = time.perf_counter()
     compensated = curves_of([(choice.pick, "mean")] + ([(choice.pick, "optimal")] if s.optimal else []))
-    baseline = curves.attrs["baseline"] | {"bytes": scored_bytes(inputs.tokenizer, inputs.eval_ids, windowing)}
     return CurveResult(pd.concat([curves, compensated], ignore_index=True), baseline, choice,
                        time.perf_counter() - t0)

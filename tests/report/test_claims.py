@@ -69,7 +69,7 @@ CHOICE = re.compile(rf"(?:(?P<plain>{NAMES}) (?:was|were) chosen on the curves t
                     r"half's choice\."
                     r"|(?P<even>[\w@]+) was chosen on the even windows \(lowest mean ΔNLL up to 50%\), but the odd "
                     r"windows chose (?P<odd>[\w@]+): the choice is not stable at this budget\.(?: Held out, ΔNLL "
-                    rf"\(nats/token\) (?P<held>.*?)\.)?)(?= {NAMES} (?:was|were)|$)")
+                    rf"\(nats/token\) (?P<held>.*?)\.)?)(?= {NAMES} (?:was|were)| [\w@]+ (?:breaks|does not break)|$)")
 HELD = re.compile(r"at (\d+)%, ([\w@]+) ([+-][\d.]+) on the odd windows and ([\w@]+) ([+-][\d.]+) on the even ones")
 SHARE = re.compile(r"Layer (\d+) holds (\d+)% of abl_zero summed over all (\d+) heads \(([\d.]+) of ([\d.]+) "
                    r"nats/token; single ablations summed")
@@ -150,6 +150,41 @@ def check_cost(text: str, curves: pd.DataFrame, base: float) -> None:
         else:
             expected["split"].append((even, odd))
     assert said == expected, text
+    check_break(text, curves, picks[0][0])
+
+
+BREAK_SAID = re.compile(
+    r"([\w@]+) (?:breaks \(ΔNLL above 0\.1 nats/token, perplexity \+10\.5%\) between ([\d.]+)% and ([\d.]+)% of heads "
+    r"removed \((\d+) and (\d+) heads\)(?:; with each point's 95% interval, between ([\d.]+)% and (?:([\d.]+)%|past "
+    r"([\d.]+)% \(no point is surely above the line\)))?|does not break \(ΔNLL above 0\.1 nats/token, perplexity "
+    r"\+10\.5%\) up to ([\d.]+)% of heads removed)\.")
+
+
+def check_break(text: str, curves: pd.DataFrame, pick: str) -> None:
+    """The break sentence, recomputed from the pick's uncompensated points: the first above 0.1 nats/token, the
+    point before it (0: unpruned), and with intervals the last point surely at or below the line before the break
+    and the first surely above it from the break on."""
+    said = BREAK_SAID.search(text)
+    assert said and said[1] == pick, text
+    c = curves[(curves["method"] == pick) & (curves["compensation"] == "none")].sort_values("fraction")
+    pct = lambda f: f"{100 * float(f):.1f}"
+    above = c[c["delta_nll"] > 0.1]
+    if above.empty:
+        assert said[9] == pct(c["fraction"].max()), text
+        return
+    first = above.iloc[0]
+    prior = c[c["fraction"] < first["fraction"]]
+    before = (prior["fraction"].iloc[-1], prior["heads_pruned"].iloc[-1]) if len(prior) else (0.0, 0)
+    assert said.group(2, 3, 4, 5) == (pct(before[0]), pct(first["fraction"]), str(int(before[1])),
+                                      str(int(first["heads_pruned"]))), text
+    if "delta_nll_ci_hi" not in c or c["delta_nll_ci_hi"].isna().all():
+        assert said[6] is None, text
+        return
+    sure_below = prior[prior["delta_nll_ci_hi"] <= 0.1]["fraction"]
+    assert said[6] == pct(sure_below.iloc[-1] if len(sure_below) else 0.0), text
+    sure_above = c[(c["fraction"] >= first["fraction"]) & (c["delta_nll_ci_lo"] > 0.1)]["fraction"]
+    assert (said[7], said[8]) == ((pct(sure_above.iloc[0]), None) if len(sure_above)
+                                  else (None, pct(c["fraction"].max()))), text
 
 
 def choice_truth(curves: pd.DataFrame, layer: bool) -> tuple[str, str | None, str | None] | None:
@@ -160,6 +195,9 @@ def choice_truth(curves: pd.DataFrame, layer: bool) -> tuple[str, str | None, st
                  & (curves["fraction"] <= 0.5 + 1e-9) & (curves["method"].str.endswith("@layer") | (not layer))]
     if sel.empty:
         return None
+    counts = sel.groupby("fraction")["method"].nunique()  # compared at the fractions every ranking measured
+    shared = counts.index[counts == sel["method"].nunique()]
+    sel = sel[sel["fraction"].isin(shared)] if len(shared) else sel
     merit = {c: sel.groupby("method")[c].mean().dropna() for c in ("delta_nll", "delta_nll_even", "delta_nll_odd")
              if c in sel}
     lowest = lambda m: min(m.index, key=lambda x: (m[x], x))
@@ -320,7 +358,32 @@ def random_tables(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         spread = 0.01 if seed % 3 == 1 else 1.5
         for half in ("delta_nll_even", "delta_nll_odd"):
             curves[half] = curves["delta_nll"] + rng.normal(0, spread, len(curves)) * curves["fraction"]
+    if seed % 4 < 2:  # each point's 95% interval, some wide enough to straddle the break line
+        width = rng.uniform(0, 0.15, len(curves)) * (curves["fraction"] > 0)
+        curves["delta_nll_ci_lo"], curves["delta_nll_ci_hi"] = curves["delta_nll"] - width, curves["delta_nll"] + width
+    if seed % 2 == 0:
+        curves = refined(curves, rng, n)
     return scores, curves
+
+
+def refined(curves: pd.DataFrame, rng, n: int) -> pd.DataFrame:
+    """The pick measured between grid points (as run refines its break), and the runner-up too with ΔNLL 0 there: a
+    choice that read points off the shared grid would pick it instead."""
+    order = [m for m in curves[curves["fraction"].between(0.01, 0.5)].groupby("method")["delta_nll"].mean()
+             .sort_values().index if m != "random" and not m.endswith("@layer")]
+    extra = []
+    for m, scale in ((order[0], None), (order[1], 0.0)):
+        c = curves[(curves["method"] == m)].set_index("fraction")
+        for f in (0.05, 0.15, 0.25):
+            row = c.loc[round(f - 0.05, 2)].copy()
+            mid = (c.loc[round(f - 0.05, 2), "delta_nll"] + c.loc[round(f + 0.05, 2), "delta_nll"]) / 2
+            delta = mid + rng.normal(0, 0.02) if scale is None else scale
+            row[["delta_nll", "heads_pruned"]] = delta, round(f * n)
+            for col in ("delta_nll_even", "delta_nll_odd", "delta_nll_ci_lo", "delta_nll_ci_hi"):
+                if col in row:
+                    row[col] = delta + (row[col] - c.loc[round(f - 0.05, 2), "delta_nll"])
+            extra.append(row.to_frame().T.assign(fraction=f))
+    return pd.concat([curves, *extra], ignore_index=True).astype(curves.dtypes.to_dict())
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -351,7 +414,7 @@ UNIT = re.compile(r"(by KV group \(joint abl_zero\)|uniform by [\w@]+) ([+-][\d.
 ABSENT = re.compile(r"(uniform by [\w@]+|by KV group \(joint abl_zero\)): no loadable prune within (\d+)% of (\d+)% "
                     r"\(the nearest removes (\d+) heads, (\d+)%\)")
 GROUPS = re.compile(r"random groups ([+-][\d.]+) \(mean of (\d+) seeds, range ([+-][\d.]+) to ([+-][\d.]+)\)")
-BREAK = re.compile(r"([\w@]+) between (\d+)% and (\d+)% of heads")
+BREAK = re.compile(r"([\w@]+) between ([\d.]+)% and ([\d.]+)% of heads")
 
 
 def unit_row(units: pd.DataFrame, label: str, f: float) -> pd.Series:
@@ -383,10 +446,11 @@ def check_breaks(sentence: str, curves: pd.DataFrame) -> None:
     assert found, sentence
     for method, lo, hi in found:
         c = curves[(curves["method"] == method) & (curves["compensation"] == "none")].sort_values("fraction")
-        grid = [round(float(x) * 100) for x in c["fraction"]]
-        assert int(lo) in grid and int(hi) in grid and grid.index(int(hi)) == grid.index(int(lo)) + 1, sentence
+        grid = [round(100 * float(x), 1) for x in c["fraction"]]  # the measured points, in order
+        lo, hi = float(lo), float(hi)
+        assert lo in grid and hi in grid and grid.index(hi) == grid.index(lo) + 1, sentence
         delta = dict(zip(grid, c["delta_nll"], strict=True))
-        assert all(delta[g] <= 0.1 for g in grid if g <= int(lo)) and delta[int(hi)] > 0.1, sentence
+        assert all(delta[g] <= 0.1 for g in grid[:grid.index(lo) + 1]) and delta[hi] > 0.1, sentence
 
 
 def check_serving(sentence: str, serving: pd.DataFrame) -> None:

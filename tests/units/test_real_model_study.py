@@ -11,8 +11,6 @@ import pytest
 
 from analyses.real_model import ranking_key
 from analyses.study_findings import (
-    break_between,
-    breakpoint,
     curve_sentences,
     findings,
     recovery_sentence,
@@ -30,13 +28,12 @@ def _curve(method: str, fractions, deltas, heads) -> list[dict]:
             for f, d, h in zip(fractions, deltas, heads)]
 
 
-def test_breakpoint_is_the_first_fraction_above_a_tenth_of_a_nat():
-    curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.3, 0.5], [0.0, 0.05, 0.1000001, 0.4], [0, 1, 3, 5])
+def test_the_break_sentence_names_the_measured_points_around_it():
+    curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.125, 0.2, 0.5], [0.0, 0.05, 0.09, 0.1000001, 0.4], [0, 1, 2, 3, 5])
                           + _curve("random", [0.0, 0.1, 0.3, 0.5], [0.0, 0.09, 0.1, 0.1], [0, 1, 3, 5]))
-    assert breakpoint(curves, "grad") == 0.3
-    assert breakpoint(curves, "random") is None  # 0.1 is not above 0.1
-    assert break_between(curves, "grad") == (0.1, 0.3)  # located no finer than the grid
-    assert break_between(curves, "random") is None
+    units = pd.DataFrame(columns=["method", "fraction"])
+    said = curve_sentences(curves, units, "grad", 10)[0]
+    assert "grad between 12.5% and 20% of heads, random not up to 50%." in said  # 0.1 is not above 0.1
 
 
 def test_roles_rank_against_the_ablation_cost_on_both_corpora():
