@@ -23,7 +23,7 @@ _EXPORTS = {
     "load_texts": "headprune.data.sources",
     "corpus_ids": "headprune.data.tokens",
     "from_hf": "headprune.io.read.in_memory",
-    "to_hf": "headprune.io.read.in_memory",
+    "to_hf": "headprune.io.write.in_memory",
     "export_native": "headprune.io.write.export",
     "export_hf": "headprune.io.write.export",
     "export_gguf": "headprune.io.write.gguf",
@@ -84,11 +84,12 @@ if TYPE_CHECKING:
     from headprune.data.sources import load_texts
     from headprune.data.tokens import corpus_ids, tokens
     from headprune.errors import HeadpruneError
-    from headprune.io.read.in_memory import from_hf, to_hf
+    from headprune.io.read.in_memory import from_hf
     from headprune.io.read.loading import load_model
     from headprune.io.read.tokenizer import model_tokenizer
     from headprune.io.write.export import export_hf, export_native
     from headprune.io.write.gguf import export_gguf
+    from headprune.io.write.in_memory import to_hf
     from headprune.perplexity import evaluate
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.gates import GateOptions, learn_gates

@@ -265,8 +265,8 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
         sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
     chosen = [choice, *([layer] if len(rankings) > 1 and layer is not None else [])]
     sentences += choice_sentences(chosen, curves, FINDING_FRACTIONS)
-    where = break_sentence(curves, best)
-    return " ".join([*sentences, *([where] if where else [])])
+    located = break_sentence(curves, best)
+    return " ".join([*sentences, *([located] if located else [])])
 
 
 QUESTIONS = ("Which heads matter?", "Which cheap score to trust?", "What does pruning cost?")

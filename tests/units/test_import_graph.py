@@ -1,79 +1,17 @@
-"""No import circles among headprune's modules, counting every import: module level, inside functions (lazy) and
-under ``TYPE_CHECKING``. A package's ``__init__`` is a module like the others; ``from pkg import name`` counts as
-importing ``pkg.name`` where that is a module, else ``pkg``."""
+"""No import circles among headprune's modules, and no import running back up between its rooms (top-level modules
+and folders, io/ split in three), counting every import: module level, inside functions (lazy) and under
+``TYPE_CHECKING``. The graph is ``scripts/layers.py``'s, the command that prints the floors."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import headprune
-
-ROOT = Path(headprune.__file__).parent
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            graph[name] |= {t for t in targets if t in modules and t != name}
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+from scripts.layers import back_up, cycles, floors, import_graph, room_graph, room_of
 
 
 def test_the_graph_sees_lazy_and_type_checking_imports():
     graph = import_graph()
     assert "headprune.models.base" in graph["headprune.models.gpt2"]  # a module-level import
-    assert "headprune.io.write.export" in graph["headprune.io.read.in_memory"]  # one inside a function
+    assert "headprune.display" in graph["headprune.scoring.result"]  # one inside a method
+    assert "headprune.stages.curves" in graph["headprune"]  # one under TYPE_CHECKING
 
 
 def test_no_import_circles():
@@ -84,3 +22,23 @@ def test_a_planted_circle_is_found():
     graph = import_graph()
     graph["headprune.models.base"].add("headprune.models.gpt2")
     assert ["headprune.models.base", "headprune.models.gpt2"] in cycles(graph)
+
+
+def test_rooms_are_folders_and_io_is_three():
+    assert [room_of(m) for m in ("headprune.scoring.weights", "headprune.io.read.gguf", "headprune.io.work.files",
+                                 "headprune.errors", "headprune")] == ["scoring", "io/read", "io/work", "errors",
+                                                                       "__init__"]
+
+
+def test_no_import_runs_back_up_between_rooms():
+    rooms = room_graph(import_graph())
+    assert back_up(rooms) == []
+    floor = floors(rooms)
+    assert all(floor[b] < floor[a] for a, targets in rooms.items() for b in targets)  # every arrow points down
+
+
+def test_a_planted_import_back_up_is_found():
+    graph = import_graph()
+    graph["headprune.models.base"].add("headprune.scoring.weights")  # models would import from a room above it
+    found = back_up(room_graph(graph))
+    assert ("models", "scoring") in found and ("scoring", "models") in found

@@ -29,7 +29,8 @@ def _curve(method: str, fractions, deltas, heads) -> list[dict]:
 
 
 def test_the_break_sentence_names_the_measured_points_around_it():
-    curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.125, 0.2, 0.5], [0.0, 0.05, 0.09, 0.1000001, 0.4], [0, 1, 2, 3, 5])
+    curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.125, 0.2, 0.5], [0.0, 0.05, 0.09, 0.1000001, 0.4],
+                                 [0, 1, 2, 3, 5])
                           + _curve("random", [0.0, 0.1, 0.3, 0.5], [0.0, 0.09, 0.1, 0.1], [0, 1, 3, 5]))
     units = pd.DataFrame(columns=["method", "fraction"])
     said = curve_sentences(curves, units, "grad", 10)[0]

@@ -1,15 +1,14 @@
-"""Models already in memory: a transformers model in (:func:`from_hf`), a transformers model out (:func:`to_hf`).
+"""A transformers model already in memory, read as a headprune model (:func:`from_hf`; the way back is
+:func:`headprune.io.write.in_memory.to_hf`).
 
 ``from_hf`` reads the model the way :func:`headprune.io.read.loading.load_model` reads its saved copy: the config
 through its family's ``read_config`` on ``config.to_dict()``, the weights renamed by the family's ``our_key``, so
-scoring the two gives the same numbers. ``to_hf`` is what ``export_hf`` writes, loaded back by transformers (a
-pruned model at its original shapes with the removed heads zeroed where the family cannot hold fewer).
+scoring the two gives the same numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -116,19 +115,3 @@ def _assign(model_class: type[HeadModel], cfg: Any, state: dict[str, Tensor],
         copies[key] = torch.zeros(expected[key], device=first.device, dtype=first.dtype)
     model.load_state_dict(copies, assign=True)
     return model
-
-
-def to_hf(model: HeadModel) -> PreTrainedModel:
-    """A transformers ``*ForCausalLM`` (eval mode, on the model's device and dtype) computing what ``model``
-    computes: :func:`headprune.io.write.export.export_hf` loaded back (a mean or optimal compensation is in b_O)."""
-    from transformers import AutoModelForCausalLM
-
-    from headprune.io.write.export import export_hf
-
-    if not isinstance(model, HeadModel):
-        raise HeadpruneError(f"to_hf converts a headprune model; got {type(model).__name__}")
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = export_hf(model, Path(tmp) / "model", dtype=model.dtype)
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=model.dtype)
-    hf.to(model.device)  # type: ignore[arg-type]  # transformers types .to() for its own arguments
-    return hf.eval()
