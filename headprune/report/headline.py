@@ -12,7 +12,8 @@
    the mean − 1 std), within, or worse.
 3. **What does pruning cost?** Perplexity unpruned → after pruning the best ranking's :data:`FINDING_FRACTIONS`
    of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's; then how each
-   was chosen, held out or not (:func:`.choice.choice_sentences`).
+   was chosen, held out or not (:func:`.choice.choice_sentences`), and where the best ranking breaks, between
+   which measured points and within what interval (:func:`.breaks.break_sentence`).
 
 A sentence whose numbers are missing is left out.
 """

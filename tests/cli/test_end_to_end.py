@@ -100,6 +100,19 @@ def test_run_tables(run_dir):
     assert saved.measured_on["seq_len"] == json.loads((run_dir / "settings.json").read_text())["seq_len"]
     loaded = load_curves(run_dir)
     assert loaded.baseline == baseline and loaded.choice.pick in summary
+    # the pick's break located: no midpoint of its bracket left that removes a head count neither end removes
+    from headprune.pruning.selection import ranking_heads
+    from headprune.report.breaks import find_break, next_fraction
+
+    pick = loaded.choice.pick
+    heads_at = lambda f: len(ranking_heads(scores, pick, f))
+    assert next_fraction(curves, pick, heads_at) is None
+    grid = {0.0, 0.25, 0.5, 0.75}
+    assert set(curves[curves.method != pick].fraction) <= grid  # only the pick is measured between grid points
+    mine = curves[(curves.method == pick) & (curves.compensation == "none")]
+    on_grid = find_break(mine[mine.fraction.isin(grid)], pick)
+    for f in set(mine.fraction) - grid:  # each inside the bracket the grid left
+        assert on_grid is not None and on_grid.before < f < on_grid.after
 
 
 def test_scored_bytes_count_only_the_scored_tokens():
