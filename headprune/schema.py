@@ -24,7 +24,10 @@ DEFAULT_MAX_TOKENS = 8192
 #: Random subsets of the heads an approximation leaves unverified, patched together to bound what they hide.
 DEFAULT_BOUND_SUBSETS = 64
 # headprune verify (headprune.scoring.verified): the ablations it verifies, its subsets and their inclusion probability
-VERIFIABLE, VERIFY_SUBSETS, VERIFY_INCLUSION = ("abl_zero", "abl_mean"), 32, 0.25
+VERIFIABLE, VERIFY_SUBSETS, VERIFY_INCLUSION = ("abl_zero", "abl_mean", "ctx_stream"), 32, 0.25
+RANKABLE = ("abl_zero", "abl_mean")  # headprune rank's ablations (per query head)
+VERIFY_ESTIMATES = {"ctx_stream": "ctx_gate"}  # the estimate verify computes for a method (others: taylor)
+KV_SCORES = ("ctx_stream", "ctx_gate")  # one value per KV head, repeated on each of its query heads
 VERIFY_ROUNDS = 2  # rounds of exact ablation: the estimate's top K, then the K the bound leaves most open
 #: headprune rank (headprune.scoring.adaptive): the sets of K heads it certifies
 ADAPTIVE_TARGETS = {"top": "the K heads with the largest |ΔNLL|",

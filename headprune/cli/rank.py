@@ -17,7 +17,7 @@ from headprune.cli.options import (
     add_seed_arg,
     add_workers_arg,
 )
-from headprune.schema import ADAPTIVE_TARGETS, VERIFIABLE
+from headprune.schema import ADAPTIVE_TARGETS, RANKABLE
 
 HELP = "exact ablation ranking that measures undecided heads on more windows"
 PARAMS = {"rows": "ablation_rows"}  # library parameters, as this command's options
@@ -27,7 +27,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     add_workers_arg(p)
     add_data_args(p, "validation")
-    add_method_arg(p, "the ablation measured", VERIFIABLE)
+    add_method_arg(p, "the ablation measured", RANKABLE)
     p.add_argument("--top", type=int, default=None, help="K, the size of the answer (default 10%% of the heads)")
     p.add_argument("--target", choices=tuple(ADAPTIVE_TARGETS), default="top",
                    help="; ".join(f"{k}: {v}" for k, v in ADAPTIVE_TARGETS.items()))

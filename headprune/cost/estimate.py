@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from headprune.cost.flops import ablation_fe, methods_fe, verify_fe
 from headprune.cost.rate import Pace
 from headprune.models.base import HeadModel
-from headprune.schema import METHOD_SPECS, VERIFIABLE, VERIFY_SUBSETS
+from headprune.schema import METHOD_SPECS, RANKABLE, VERIFY_SUBSETS
 
 #: Estimated time beyond which a command names the option that makes it cheaper.
 WARN_SECONDS = 600.0
@@ -96,7 +96,7 @@ def hint_lines(model: HeadModel, estimate: Estimate, methods: list[str], tokens:
     if hint is None:
         return []
     lines = [hint]
-    verifiable = [m for m in methods if m in VERIFIABLE]
+    verifiable = [m for m in methods if m in RANKABLE]
     if verifiable:
         from headprune.scoring.verified import Verification
 
@@ -125,11 +125,11 @@ def estimate_curves(model: HeadModel, points: int, tokens: int, seq_len: int, pa
     return Estimate(f"for {points} pruned models on {tokens:,} tokens", seconds)
 
 
-def estimate_verify(model: HeadModel, seq_len: int, tokens: int, verified: int, subsets: int, pace: Pace,
-                    estimate: bool = True, rounds: int = 2) -> tuple[Estimate, Estimate]:
-    """(verifying, the exact sweep of every head) on ``tokens``: both with the estimate's own pass where
-    ``estimate`` is computed here (it orders the table either way)."""
-    fe = verify_fe(model, seq_len, verified, subsets, estimate, rounds)
+def estimate_verify(model: HeadModel, seq_len: int, tokens: int, pace: Pace, fe: dict[str, float]
+                    ) -> tuple[Estimate, Estimate]:
+    """(verifying, the exact sweep of every unit) on ``tokens``, from their forward-equivalents ``fe``
+    (:func:`~headprune.cost.flops.verify_fe`): both with the estimate's own pass where it is computed here (it
+    orders the table either way)."""
     what = f"on {tokens:,} tokens"
     return (Estimate(what, {"verify": pace.seconds(model, seq_len, tokens, fe["total"])}),
             Estimate(what, {"sweep": pace.seconds(model, seq_len, tokens, fe["sweep"] + fe["estimate"])}))

@@ -48,17 +48,20 @@ def ablation_fe(model: HeadModel, seq_len: int, kv: bool = False) -> float:
     return 1.0 + per_head / forward_flops(model, seq_len)
 
 
-def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estimate: bool = True,
-              rounds: int = VERIFY_ROUNDS) -> dict[str, float]:
+def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estimate: str | None = "taylor",
+              rounds: int = VERIFY_ROUNDS, method: str = "abl_zero") -> dict[str, float]:
     """Forward-equivalents of :func:`headprune.scoring.verified.verify_ranking` (``total``), beside the exact
     sweep's (``sweep``) and the estimate's own pass (``estimate``, counted in ``total``, 0 where not computed): the
-    estimate (``taylor``: a forward and a backward), the baseline forward (again for each later round's cached
-    residual stream), the ``verified`` heads of each round at the sweep's mean cost per head, and a forward per
-    subset (its lowest layer is nearly always early)."""
-    sweep = ablation_fe(model, seq_len)
-    per_head = (sweep - 1.0) / len(model.head_ids)
-    estimate_fe = (METHOD_SPECS["taylor"].shared_fe or 0.0) if estimate else 0.0
-    total = estimate_fe + rounds * (1.0 + verified * per_head) + subsets
+    ``estimate`` computed here (taylor: a forward and a backward; None: read from a table), the baseline forward
+    (again for each later round's cached residual stream), the ``verified`` units of each round at the sweep's mean
+    cost per unit (a query head, or for ``ctx_stream`` a KV head), and a forward per subset (its lowest layer is
+    nearly always early)."""
+    kv = METHOD_SPECS[method].kv_sweep
+    sweep = ablation_fe(model, seq_len, kv)
+    units = sum(model.h[layer].attn.n_kv_heads for layer in range(model.cfg.n_layers)) if kv else len(model.head_ids)
+    per_unit = (sweep - 1.0) / units
+    estimate_fe = (METHOD_SPECS[estimate].shared_fe or 0.0) if estimate is not None else 0.0
+    total = estimate_fe + rounds * (1.0 + verified * per_unit) + subsets
     return {"total": total, "sweep": sweep, "estimate": estimate_fe}
 
 

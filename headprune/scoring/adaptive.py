@@ -41,7 +41,7 @@ from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.heads import head_id
 from headprune.perplexity import Batch, Windowing
-from headprune.schema import VERIFIABLE
+from headprune.schema import RANKABLE
 from headprune.scoring.adaptive_stats import (
     TARGETS,
     Decision,
@@ -52,7 +52,7 @@ from headprune.scoring.adaptive_stats import (
     window_schedule,
 )
 from headprune.scoring.base import rows_per_forward
-from headprune.scoring.set_sweep import SetSweep
+from headprune.scoring.set_sweep import Intervention, SetSweep
 from headprune.scoring.verified_stats import DEFAULT_LEVEL
 
 
@@ -257,21 +257,21 @@ def adaptive_ranking(
     show_progress: bool = True,
 ) -> AdaptiveRanking:
     """The adaptive exact ranking of ``method`` on ``ids``: see the module docstring."""
-    if method not in VERIFIABLE:
-        raise HeadpruneError(f"cannot rank {method!r} adaptively: give one of {', '.join(VERIFIABLE)}", "method")
+    if method not in RANKABLE:
+        raise HeadpruneError(f"cannot rank {method!r} adaptively: give one of {', '.join(RANKABLE)}", "method")
     model.require_heads(f"ranking by {method}")
     check_ids(ids, model.cfg.vocab_size, "adaptive_ranking")
     windowing = windowing or Windowing.for_model(model)
     windows = _ordered_windows(windowing.batches(ids), options.seed)
     k, schedule = options.check(len(model.head_ids), len(windows))
-    if fills is None:
-        from headprune.scoring.verified import ablation_fills
+    from headprune.scoring.verified import intervention
 
-        fills = ablation_fills(model, method, ids, windowing, progress, show_progress)
+    how = (intervention(model, method, ids, windowing, (0, 0), progress, show_progress) if fills is None
+           else Intervention(fills))
 
     def measure(active: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray, list[float]]:
         prefix = f"adaptive/{method}/s{options.seed}/w{start}-{end}"
-        sweep = SetSweep(model, method, _rebatch(windows[start:end], windowing.batch_size), fills,
+        sweep = SetSweep(model, method, _rebatch(windows[start:end], windowing.batch_size), how,
                          rows_per_forward(model, options.rows), progress or NoProgress(), show_progress, prefix)
         tag = f"{prefix}/h{_digest(active)}"
         changes = sweep.measure_windows({tag: [[model.head_ids[n]] for n in active]},

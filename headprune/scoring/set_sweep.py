@@ -1,10 +1,12 @@
-"""Head sets ablated together, measured on the corpus: each set's NLL sum per window from batched ablated copies run
-from the set's lowest layer on a cached residual stream (:func:`ablated_sums`), and the resumable sweep of many sets
-that :func:`~.verified.verify_ranking` measures its verified heads and random subsets with (:class:`SetSweep`)."""
+"""Head sets ablated together (or KV head sets made streaming together: :class:`Intervention`), measured on the
+corpus: each set's NLL sum per window from batched copies run from the set's lowest layer on a cached residual stream
+(:func:`ablated_sums`), and the resumable sweep of many sets that :func:`~.verified.verify_ranking` measures its
+verified heads and random subsets with (:class:`SetSweep`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -17,10 +19,45 @@ from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
 from headprune.models.interventions import Head, mask_gates
 from headprune.models.nll import unembed_nll
+from headprune.models.streaming import Streaming, streaming
 from headprune.perplexity import Batch, window_sums
 from headprune.scoring.ablation import batch_caches
 
 CHUNK = 8  # head sets per resumable unit
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """What a head set's heads undergo together: ablation, the set's query heads' z zeroed (``fills`` None, or
+    None for a layer) or replaced by ``fills`` (per layer [n_heads_l, d_head]); or, with ``stream`` = (sink,
+    recent), the set naming KV heads (layer, KV head index), each of them streaming
+    (:mod:`headprune.models.streaming`: every query head reading it sees only the first ``sink`` tokens and the last
+    ``recent``)."""
+
+    fills: list[Tensor | None] | None = None
+    stream: tuple[int, int] | None = None
+
+    def run(self, model: HeadModel, resid: Tensor, start: int, keep: list[Tensor], b: int) -> Tensor:
+        """``resid`` (c·b, T, d) run from layer ``start``, copy j with what ``keep[l][j]`` (1 kept, 0 intervened
+        on; per query head) leaves of layer l."""
+        rows = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
+        if self.stream is None:
+            return model.run_blocks(resid, start=start, gates=rows, fills=self.fills)
+        sink, recent = self.stream
+        layers = {layer: Streaming(alpha.float(), sink, recent) for layer, alpha in enumerate(rows)
+                  if alpha is not None}
+        with streaming(model, layers):
+            return model.run_blocks(resid, start=start)
+
+    def keep(self, model: HeadModel, heads: list[Head]) -> list[Tensor]:
+        """Per layer [h_l] bool: the query heads the set leaves alone (streaming: those not reading its KV heads)."""
+        if self.stream is None:
+            return mask_gates(model, heads)
+        return [torch.tensor([(layer, kv) not in heads for kv in model.h[layer].attn.kv_positions])
+                for layer in range(model.cfg.n_layers)]
+
+
+ZERO = Intervention()  # zero ablation: no fills at any layer
 
 
 @torch.no_grad()
@@ -29,11 +66,11 @@ def ablated_sums(
     batch: Batch,
     resid_pre: dict[int, Tensor],  # (b, T, d) entering each layer, from cache_batch
     sets: list[list[Head]],
-    fills: list[Tensor | None],  # per layer [n_heads_l, d_head], None for zero ablation
+    how: Intervention = ZERO,
     rows: int = 8,
 ) -> list[list[float]]:
-    """NLL sum of each window of ``batch`` with each head set ablated together: [len(sets)][b]. Sets run as
-    batched copies, each from the lowest layer of its chunk (pass sets sorted by their lowest layer)."""
+    """NLL sum of each window of ``batch`` with each head set intervened on together (``how``): [len(sets)][b].
+    Sets run as batched copies, each from the lowest layer of its chunk (pass sets sorted by their lowest layer)."""
     b = batch.tokens.shape[0]
     tokens, mask = batch.tokens.to(model.device), batch.mask.to(model.device)
     copies = max(1, rows // b)
@@ -41,9 +78,8 @@ def ablated_sums(
     for first in range(0, len(sets), copies):
         chunk = sets[first : first + copies]
         start = min((layer for heads in chunk for layer, _ in heads), default=0)  # an empty set: the baseline
-        keep = [torch.stack(layer) for layer in zip(*(mask_gates(model, heads) for heads in chunk))]  # [c, h_l]
-        gates = [k.to(model.device).repeat_interleave(b, dim=0) if not bool(k.all()) else None for k in keep]
-        resid = model.run_blocks(resid_pre[start].repeat(len(chunk), 1, 1), start=start, gates=gates, fills=fills)
+        keep = [torch.stack(layer) for layer in zip(*(how.keep(model, heads) for heads in chunk))]  # [c, h_l]
+        resid = how.run(model, resid_pre[start].repeat(len(chunk), 1, 1), start, keep, b)
         for copy in resid.split(b):
             sums.append(window_sums(unembed_nll(model, copy, tokens), mask))
     return sums
@@ -59,9 +95,9 @@ class SetSweep:
     batch's baseline. Units are keyed under ``prefix`` (default ``verify/{method}``): sweeps of other batches that
     share a progress file need their own."""
 
-    def __init__(self, model: HeadModel, method: str, batches: list[Batch], fills: list[Tensor | None], rows: int,
+    def __init__(self, model: HeadModel, method: str, batches: list[Batch], how: Intervention, rows: int,
                  progress: Progress | NoProgress, show_progress: bool, prefix: str | None = None):
-        self.model, self.method, self.batches, self.fills, self.rows = model, method, batches, fills, rows
+        self.model, self.method, self.batches, self.how, self.rows = model, method, batches, how, rows
         self.progress, self.show_progress = progress, show_progress
         self.prefix = prefix or f"verify/{method}"
         self.cache = batch_caches(model, batches)
@@ -78,7 +114,7 @@ class SetSweep:
             if not self.bases:
                 units.append((f"{self.prefix}/b{kb}/base", partial(lambda kb: self.cache(kb)[1], kb)))
             units += [(f"{tag}/b{kb}/{c}", partial(lambda kb, part: ablated_sums(
-                self.model, self.batches[kb], self.cache(kb)[0], part, self.fills, self.rows), kb, part))
+                self.model, self.batches[kb], self.cache(kb)[0], part, self.how, self.rows), kb, part))
                       for tag, chunks in parts.items() for c, part in enumerate(chunks)]
         return units
 

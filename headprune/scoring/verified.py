@@ -22,6 +22,9 @@ estimate −∂L/∂g_n of zero ablation: AtP on the head's output, one forward 
    heads with the largest |ΔL({n})|; with t the K-th largest, at most m = #{n∈U: u(n) ≥ t} unverified heads can
    belong to the true top K by |ΔL|, so the recall of the true top K is at least (K − m)/K.
 
+For ``ctx_stream`` the units are the KV heads (:func:`verify_units`) and a set's KV heads are made streaming
+instead of ablated (:class:`~.set_sweep.Intervention`); its default estimate is ``ctx_gate``.
+
 Cost: the estimate (taylor: a forward and a backward, about two forwards), K/2 forward-equivalents per round on
 average for V and R forwards for the subsets, against H/2 for the exact sweep of every head. Ablating many heads at
 once is not additive, so p is small (each subset ablates about p·|U| heads), and each head sits in exactly
@@ -44,12 +47,13 @@ from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
 from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
-from headprune.models.heads import head_id
+from headprune.models.heads import group_id, head_id
 from headprune.models.interventions import Head, fill_tensors
+from headprune.models.streaming import DEFAULT_RECENT, DEFAULT_SINK, check_streaming
 from headprune.perplexity import Windowing
-from headprune.schema import VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
+from headprune.schema import KV_SCORES, METHOD_SPECS, VERIFIABLE, VERIFY_INCLUSION, VERIFY_ROUNDS, VERIFY_SUBSETS
 from headprune.scoring.base import rows_per_forward
-from headprune.scoring.set_sweep import SetSweep
+from headprune.scoring.set_sweep import Intervention, SetSweep
 from headprune.scoring.verified_stats import DEFAULT_LEVEL, certified_recall, corrected_estimates, draw_subsets
 
 
@@ -68,6 +72,7 @@ class Verification:
     seed: int = 0
     rows: int | None = None
     rounds: int = VERIFY_ROUNDS
+    stream: tuple[int, int] = (DEFAULT_SINK, DEFAULT_RECENT)  # ctx_stream's streaming KV heads: (sink, recent)
 
     def check(self, n_heads: int | None = None) -> int:
         """The number of verified heads, after checking every field (the count against a model of ``n_heads``
@@ -102,7 +107,7 @@ class VerifiedRanking:
     """What :func:`verify_ranking` gives: per head its estimate, exact ΔL where verified, the subsampling estimate
     and upper bound where not; the bound and the recall it certifies."""
 
-    method: str  # the ablation verified (abl_zero or abl_mean)
+    method: str  # the ablation verified (abl_zero or abl_mean), or ctx_stream (KV heads made streaming)
     estimate: str  # the name of the estimate that chose the first round's heads
     # head_id, layer, head, estimate, round (0: unverified), verified, top (the claimed top K), exact, and for every
     # head the first round left: sub_estimate, se, upper
@@ -164,24 +169,49 @@ def _estimate_vector(estimate: Tensor | Iterable[float], n_heads: int) -> tuple[
 
 
 def _ranking_table(heads: list[Head], e: Tensor, round_of: np.ndarray, exact: np.ndarray,
-                   upper: np.ndarray) -> pd.DataFrame:
-    """The per-head table of a ranking (:class:`VerifiedRanking`), ``top`` False and no subsampling estimate yet."""
-    return pd.DataFrame({"head_id": [head_id(*h) for h in heads], "layer": [l for l, _ in heads],
+                   upper: np.ndarray, kv: bool = False) -> pd.DataFrame:
+    """The per-unit table of a ranking (:class:`VerifiedRanking`; ``kv``: the units are KV heads, named L{l}G{g},
+    their index in ``head``), ``top`` False and no subsampling estimate yet."""
+    return pd.DataFrame({"head_id": [(group_id if kv else head_id)(*h) for h in heads], "layer": [l for l, _ in heads],
                          "head": [h for _, h in heads], "estimate": e.numpy(), "round": round_of,
                          "verified": round_of > 0, "top": False, "exact": exact, "sub_estimate": np.nan,
                          "se": np.nan, "upper": upper})
 
 
-def ablation_fills(model: HeadModel, method: str, ids: Tensor, windowing: Windowing,
-                   progress: Progress | NoProgress | None, show_progress: bool) -> list[Tensor | None]:
-    """Per layer what an ablated head's z becomes: None (zero) for abl_zero, z̄ for abl_mean (each head's mean
-    output, measured on ``ids``)."""
+def verify_units(model: HeadModel, method: str) -> list[Head]:
+    """What ``method`` is verified over: query heads (layer, head), or for ``ctx_stream`` (a KV head's need for the
+    whole context) the KV heads (layer, KV head)."""
+    if not METHOD_SPECS[method].kv_sweep:
+        return model.head_ids
+    return [(layer, kv) for layer in range(model.cfg.n_layers) for kv in range(model.h[layer].attn.n_kv_heads)]
+
+
+def unit_values(model: HeadModel, method: str, per_head: np.ndarray, estimate: str | None = None) -> np.ndarray:
+    """``per_head`` (one value per query head, ``model.head_ids`` order) per unit of :func:`verify_units`: as given
+    for query heads; per KV head the value its query heads share where ``estimate`` is a KV head's score
+    (:data:`~headprune.schema.KV_SCORES`), else their sum (an additive estimate of the whole group)."""
+    if not METHOD_SPECS[method].kv_sweep:
+        return per_head
+    group = [(layer, model.h[layer].attn.kv_positions[i]) for layer in range(model.cfg.n_layers)
+             for i in range(model.h[layer].attn.n_heads)]  # each query head's KV head, in model.head_ids order
+    units = verify_units(model, method)
+    rows = [[i for i, g in enumerate(group) if g == unit] for unit in units]
+    return np.array([per_head[r[0]] if estimate in KV_SCORES else per_head[r].sum() for r in rows])
+
+
+def intervention(model: HeadModel, method: str, ids: Tensor, windowing: Windowing, stream: tuple[int, int],
+                 progress: Progress | NoProgress | None, show_progress: bool) -> Intervention:
+    """What a verified set undergoes: zero ablation (abl_zero), z̄ fills (abl_mean: each head's mean output,
+    measured on ``ids``), or its KV heads streaming (ctx_stream, ``stream`` = (sink, recent))."""
+    if METHOD_SPECS[method].kv_sweep:
+        check_streaming(*stream, windowing.seq_len)
+        return Intervention([None] * model.cfg.n_layers, stream)
     if method != "abl_mean":
-        return [None] * model.cfg.n_layers
+        return Intervention([None] * model.cfg.n_layers)
     from headprune.scoring import head_means
 
-    return list(fill_tensors(model, head_means(model, ids, windowing, progress=progress,
-                                                show_progress=show_progress)))
+    return Intervention(list(fill_tensors(model, head_means(model, ids, windowing, progress=progress,
+                                                             show_progress=show_progress))))
 
 
 def _heads_tag(prefix: str, kind: str, chosen: np.ndarray) -> str:
@@ -208,16 +238,16 @@ def verify_ranking(
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
     model.require_heads(f"verifying {method}")
     check_ids(ids, model.cfg.vocab_size, "verify_ranking")
-    heads = model.head_ids
+    heads = verify_units(model, method)
     e, estimate_name = _estimate_vector(estimate, len(heads))
     k = verification.check(len(heads))
     windowing = windowing or Windowing.for_model(model)
-    fills = ablation_fills(model, method, ids, windowing, progress, show_progress)
+    how = intervention(model, method, ids, windowing, verification.stream, progress, show_progress)
     order = np.argsort(-e.abs().numpy(), kind="stable")
     first, rest = np.sort(order[:k]), np.sort(order[k:])  # head order
     masks = draw_subsets(len(rest), verification.subsets, verification.inclusion, verification.seed)  # [R, |U|]
 
-    sweep = SetSweep(model, method, windowing.batches(ids), fills, rows_per_forward(model, verification.rows),
+    sweep = SetSweep(model, method, windowing.batches(ids), how, rows_per_forward(model, verification.rows),
                      progress or NoProgress(), show_progress)
 
     heads_tag = partial(_heads_tag, f"verify/{method}/{estimate_name}")
@@ -240,7 +270,7 @@ def verify_ranking(
 
     verified = round_of > 0
     top = np.flatnonzero(verified)[np.argsort(-np.abs(exact[verified]), kind="stable")[:k]]
-    table = _ranking_table(heads, e, round_of, exact, upper_all)
+    table = _ranking_table(heads, e, round_of, exact, upper_all, METHOD_SPECS[method].kv_sweep)
     table.loc[top, "top"] = True
     table.loc[rest, "sub_estimate"], table.loc[rest, "se"] = est, se
     unverified = upper_all[~verified]
@@ -267,17 +297,19 @@ def exact_ranking(
 
     if method not in VERIFIABLE:
         raise HeadpruneError(f"cannot verify {method!r}: give one of {', '.join(VERIFIABLE)}", "method")
-    heads = model.head_ids
+    heads = verify_units(model, method)
     e, estimate_name = _estimate_vector(estimate, len(heads))
     k = Verification().check(len(heads)) if verification.verified is None else verification.verified  # default 10%
     if not 0 < k <= len(heads):
         raise HeadpruneError(f"verified {k} of {len(heads)} heads: give 1 to {len(heads)}", "verified")
-    scored = score_heads(model, ids, [method], windowing=windowing,
-                         options=ScoringOptions(bootstrap=0, ablation_rows=verification.rows), progress=progress,
-                         show_progress=show_progress)
-    exact = scored.table[method].to_numpy(dtype=float)  # model.head_ids order
+    sink, recent = verification.stream
+    scored = score_heads(model, ids, [method], windowing=windowing, progress=progress, show_progress=show_progress,
+                         options=ScoringOptions(bootstrap=0, ablation_rows=verification.rows, stream_sink=sink,
+                                                stream_recent=recent))
+    exact = unit_values(model, method, scored.table[method].to_numpy(dtype=float), method)  # per unit
     top = np.argsort(-np.abs(exact), kind="stable")[:k]
-    table = _ranking_table(heads, e, np.ones(len(heads), dtype=int), exact, np.full(len(heads), np.nan))
+    table = _ranking_table(heads, e, np.ones(len(heads), dtype=int), exact, np.full(len(heads), np.nan),
+                           METHOD_SPECS[method].kv_sweep)
     table.loc[top, "top"] = True
     baseline = scored.baseline or {}
     return VerifiedRanking(method, estimate_name, table, 0.0, float(np.abs(exact[top]).min()), 1.0,

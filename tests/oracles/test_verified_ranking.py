@@ -45,7 +45,7 @@ def test_head_sets_ablated_together_equal_transformers(model, ids, tiny_dir):
     batch = WINDOWS.batches(ids)[0]
     sets = [[(0, 1)], [(1, 0), (2, 3)], [(0, 2), (1, 1), (1, 3), (2, 0)], [(2, 2)]]  # lowest layer first
     resid_pre, _ = cache_batch(model, batch)
-    got = ablated_sums(model, batch, resid_pre, sets, [None] * 3, rows=4)  # two sets per forward
+    got = ablated_sums(model, batch, resid_pre, sets, rows=4)  # two sets per forward, zero ablation
     for heads, sums in zip(sets, got, strict=True):
         np.testing.assert_allclose(sums, hf_zeroed_sums(hf, batch.tokens, batch.mask, heads), rtol=2e-6, atol=0)
 
@@ -103,7 +103,7 @@ def test_subset_changes_feed_the_estimates(model, ids, scored):
     for batch in WINDOWS.batches(ids):
         resid_pre, base_sums = cache_batch(model, batch)
         for i, heads_i in enumerate(sets):  # one set per forward, in the drawn order
-            total[i] += sum(ablated_sums(model, batch, resid_pre, [heads_i], [None] * 3, rows=1)[0])
+            total[i] += sum(ablated_sums(model, batch, resid_pre, [heads_i], rows=1)[0])
         base += sum(base_sums)
         n += int(batch.mask.sum())
     changes = (total - base) / n

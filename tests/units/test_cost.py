@@ -212,10 +212,10 @@ def test_curve_patch_verify_and_run_estimates_by_hand(tiny_dir):
     assert patching_fe(model, 12, 2, 0, 0, by_position=True) == pytest.approx(2 + 2 * (sweep - 1) * 12)
     patching = estimate_patching(model, 32, 12, 1, 2, 64, pace)
     assert patching.total == pytest.approx(patching_fe(model, 12, 1, 2, 64) * forward_flops(model, 12) * 384 / 2e9)
-    verifying, exact = estimate_verify(model, T, N, 2, 16, pace)
+    verifying, exact = estimate_verify(model, T, N, pace, verify_fe(model, T, 2, 16))
     assert verifying.total == pytest.approx(verify_fe(model, T, 2, 16)["total"] * per_fe)
     assert exact.total == pytest.approx((ablation_fe(model, T) + 2) * per_fe)  # the sweep and taylor's pass
-    assert estimate_verify(model, T, N, 2, 16, pace, estimate=False)[1].total == pytest.approx(
+    assert estimate_verify(model, T, N, pace, verify_fe(model, T, 2, 16, estimate=None))[1].total == pytest.approx(
         ablation_fe(model, T) * per_fe)
     run = estimate_run(model, RUN_PLAN, N, T, pace)
     assert run.seconds == pytest.approx(run_seconds(model, RUN_PLAN, N, T, 2e9))
