@@ -18,6 +18,7 @@ from scipy.stats import spearmanr
 
 from headprune.bootstrap import interval
 from headprune.io.work.files import read_table, write_text
+from headprune.models.heads import group_id
 from headprune.stages.context import ContextResult, load_context
 
 TOP = 5  # KV heads named as the ones that need the context most
@@ -37,7 +38,7 @@ def kv_table(run: Path, result: ContextResult) -> pd.DataFrame:
     agg = {c: "max" for c in ("ctx_stream", "ctx_stream_ci_lo", "ctx_stream_ci_hi", "ctx_gate", "ctx_retrieval",
                               "induction", "abl_zero")}
     table = joined.groupby(["layer", "kv"], as_index=False).agg(agg)
-    table["kv_id"] = [f"L{layer}K{kv}" for layer, kv in zip(table.layer, table.kv)]
+    table["kv_id"] = [group_id(layer, kv) for layer, kv in zip(table.layer, table.kv)]
     return table
 
 
