@@ -24,9 +24,10 @@
   serving_llama_cpp.csv, its uniform and uneven prunes run by llama.cpp (:mod:`.serving_gguf_section`);
 - ``settings.json``, ``baseline.json``: the run's settings and unpruned baseline, so the report can be rebuilt;
 - ``summary.md``: the first screen (which heads matter, which cheap score to trust, what pruning costs in
-  perplexity: :mod:`.headline`), the findings (3-5 sentences from the numbers: \
+  perplexity: :mod:`.headline`), the findings (3-6 sentences from the numbers: \
 the layer that matters most, the scores that beat
-  the random band at 30% and 50%, the scores that rank heads inversely, what mean and optimal compensation buy), the
+  the random band at 30% and 50%, where the best ranking breaks, the scores that rank heads inversely, what mean and
+  optimal compensation buy), the
   perplexity (and bits per byte where the baseline has ``bytes``) at 10/30/50% pruned, top-10 heads by
   ``abl_zero``, heads removed per layer, predictiveness, then settings and timings;
 - ``report.html``: one self-contained page with all of the above (pictures as data: URIs, inline CSS and a few

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.report.findings import names
+from headprune.report.numbers import names
 from headprune.report.tables import methods_by_curves, read_at
 from headprune.schema import CURVE_HALVES, LAYER_NORMALIZED
 

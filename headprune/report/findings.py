@@ -17,6 +17,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from headprune.errors import HeadpruneError
+from headprune.report.breaks import break_sentence
+from headprune.report.choice import choose
+from headprune.report.numbers import names
 from headprune.report.tables import FRACTION_TOL, nearest_row
 from headprune.schema import DESCRIPTIVE, RANDOM, TRUTH
 
@@ -26,11 +30,6 @@ INVERSE_DETAIL = 2  # more inverse scores than this: one range of ρ and of ROC-
 
 def nats(value: float) -> str:
     return f"{value:.3f}"
-
-
-def names(items: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def layer_totals(scores: pd.DataFrame) -> pd.Series:
@@ -200,5 +199,13 @@ def compensation_sentences(curves: pd.DataFrame) -> list[str]:
 def findings(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame) -> list[str]:
     """The headline sentences, in order (validated tables; ``pred`` from :func:`predictiveness`)."""
     sentences = [layer_sentence(scores), *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
-                 inverse_sentence(pred), *compensation_sentences(curves)]
+                 pick_break(curves), inverse_sentence(pred), *compensation_sentences(curves)]
     return [s for s in sentences if s]
+
+
+def pick_break(curves: pd.DataFrame) -> str | None:
+    """Where the ranking the run prunes by (:func:`.choice.choose`'s pick) breaks (:func:`.breaks.break_sentence`)."""
+    try:
+        return break_sentence(curves, choose(curves).pick)
+    except HeadpruneError:  # no ranking to choose
+        return None

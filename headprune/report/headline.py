@@ -12,8 +12,7 @@
    the mean − 1 std), within, or worse.
 3. **What does pruning cost?** Perplexity unpruned → after pruning the best ranking's :data:`FINDING_FRACTIONS`
    of heads (and the best ``@layer`` ranking's), relative change ppl / ppl₀ − 1, next to random's; then how each
-   was chosen, held out or not (:func:`.choice.choice_sentences`), and where the best ranking breaks, between
-   which measured points and within what interval (:func:`.breaks.break_sentence`).
+   was chosen, held out or not (:func:`.choice.choice_sentences`).
 
 A sentence whose numbers are missing is left out.
 """
@@ -26,7 +25,6 @@ from typing import NamedTuple
 import pandas as pd
 
 from headprune.errors import HeadpruneError
-from headprune.report.breaks import break_sentence
 from headprune.report.choice import choice_sentences, choose, layer_choice
 from headprune.report.findings import (
     BEATS,
@@ -34,10 +32,10 @@ from headprune.report.findings import (
     WITHIN,
     WORSE,
     layer_totals,
-    names,
     span,
     verdict,
 )
+from headprune.report.numbers import names
 from headprune.report.tables import FRACTION_TOL, read_at, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
@@ -266,8 +264,7 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
         sentences.append(f"Pruning {where} of heads: {'; '.join(parts)}.")
     chosen = [choice, *([layer] if len(rankings) > 1 and layer is not None else [])]
     sentences += choice_sentences(chosen, curves, FINDING_FRACTIONS)
-    located = break_sentence(curves, best)
-    return " ".join([*sentences, *([located] if located else [])])
+    return " ".join(sentences)
 
 
 QUESTIONS = ("Which heads matter?", "Which cheap score to trust?", "What does pruning cost?")

@@ -67,3 +67,8 @@ def format_table(df: pd.DataFrame) -> pd.DataFrame:
         else:
             out[name] = [cell_text(v) for v in col]
     return pd.DataFrame(out, columns=df.columns, index=df.index)
+
+
+def names(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``: the names a sentence lists."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

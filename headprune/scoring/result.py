@@ -32,6 +32,7 @@ from headprune.io.work.files import read_scores, write_bytes, write_json, write_
 from headprune.models.heads import head_id, parse_head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
+from headprune.schema import HEAD_COLUMNS
 from headprune.table_checks import check_scores
 
 MEANS, META = ".means.safetensors", ".meta.json"
@@ -102,8 +103,9 @@ def save_beside(scored: HeadScores, table: str | os.PathLike) -> None:
 
 
 def load_scores(table: str | os.PathLike) -> HeadScores:
-    """The :class:`HeadScores` saved at ``table`` (the table alone where nothing was saved beside it)."""
-    scores = check_scores(read_scores(table))
+    """The :class:`HeadScores` saved at ``table`` (the table alone where nothing was saved beside it). A table
+    written by hand needs only ``layer, head`` and a method column; ``head_id`` is checked where present."""
+    scores = check_scores(read_scores(table), HEAD_COLUMNS)
     heads = set(zip(scores["layer"].astype(int), scores["head"].astype(int), strict=True))
     per_kind = _read_vectors(beside(table, MEANS), heads)
     meta = _read_meta(beside(table, META))

@@ -64,6 +64,17 @@ def test_a_table_saved_alone_reads_back_without_means(scored, tmp_path):
     assert load_scores(path).baseline is None  # the table alone, as an older version saved it
 
 
+def test_a_table_written_by_hand_needs_only_layer_head_and_a_method(scored, tmp_path):
+    model, _, _, result = scored
+    path = tmp_path / "hand.csv"
+    result.table[["layer", "head", "wo_fro"]].to_csv(path, index=False)
+    loaded = load_scores(path)
+    assert loaded.table["wo_fro"].tolist() == result.table["wo_fro"].tolist() and loaded.means is None
+    result.table.assign(head_id="L0H0")[["layer", "head", "head_id", "wo_fro"]].to_csv(path, index=False)
+    with pytest.raises(HeadpruneError, match="head_id 'L0H0' does not match its layer and head"):
+        load_scores(path)
+
+
 def test_bad_saved_means_are_one_clear_error(scored, tmp_path):
     result = scored[-1]
     path = result.save(tmp_path / "s.parquet")

@@ -41,7 +41,7 @@ def test_study_sentences(folder):
     text = (folder / "context" / "study.md").read_text()
     kv = kv_heads(folder)
     # the 5 KV heads that cost most, with their ctx_stream and interval
-    named = re.findall(r"- L(\d+)K(\d+): ctx_stream ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] nats/token; "
+    named = re.findall(r"- L(\d+)G(\d+): ctx_stream ([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\] nats/token; "
                        r"induction rank (\d+), abl_zero rank (\d+) of (\d+)", text)
     top = kv.sort_values("ctx_stream", ascending=False).head(5)
     assert [(int(a), int(b)) for a, b, *_ in named] == list(zip(top.layer, top.kv))

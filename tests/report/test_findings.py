@@ -47,7 +47,7 @@ def nearest(fractions, target):
 def test_findings_sentences_match_numbers_computed_here():
     scores, curves = scores_frame(), curves_frame()
     sentences = findings(scores, curves, predictiveness(scores))
-    assert 3 <= len(sentences) <= 5
+    assert 3 <= len(sentences) <= 6
 
     totals = {}
     for layer, value in zip(scores["layer"], scores["abl_zero"]):
@@ -70,18 +70,21 @@ def test_findings_sentences_match_numbers_computed_here():
         assert sentence.endswith("ov_spec is worse than random.")  # wo_fro sits inside the band
         assert "wo_fro" not in sentence
 
+    # the pick, taylor (slope 1, the lowest), has ΔNLL = f: 1/12 at or below 0.1 nats/token, 0.25 above it
+    assert sentences[3] == ("taylor breaks (ΔNLL above 0.1 nats/token, perplexity +10.5%) between 8.3% and 25.0% of "
+                            "heads removed (1 and 3 heads).")
     rho = stats.spearmanr(scores["ov_spec"], scores["abl_zero"]).statistic
     assert rho < 0
-    assert sentences[3].startswith(f"ov_spec (ρ {rho:.2f}, ROC-AUC 0.00) ranks heads inversely to abl_zero")
+    assert sentences[4].startswith(f"ov_spec (ρ {rho:.2f}, ROC-AUC 0.00) ranks heads inversely to abl_zero")
     for other in ("wo_fro", "taylor", "abl_mean"):
-        assert other not in sentences[3]
+        assert other not in sentences[4]
 
     parts = [f"at {t:.0%} {nearest(FRACTIONS, t):.3f}" for t in (0.3, 0.5)]
     plain = [SLOPES["taylor"] * nearest(FRACTIONS, t) for t in (0.3, 0.5)]
     comp = [0.4 * nearest(FRACTIONS, t) for t in (0.3, 0.5)]
     assert parts  # the fractions are read at the nearest point
     for a, b, t in zip(plain, comp, (0.3, 0.5)):
-        assert f"at {t:.0%} {a:.3f} → {b:.3f} nats/token (saves {a - b:.3f})" in sentences[4]
+        assert f"at {t:.0%} {a:.3f} → {b:.3f} nats/token (saves {a - b:.3f})" in sentences[5]
 
 
 def test_optimal_compensation_gets_its_own_sentence_after_mean():
@@ -102,10 +105,13 @@ def test_optimal_compensation_gets_its_own_sentence_after_mean():
 def test_findings_without_truth_random_or_compensation_leave_sentences_out():
     scores = check_scores(make_scores(methods=["wo_fro", "taylor"]).fillna(0.1))
     curves = check_curves(pd.DataFrame([curve_row("taylor", "none", f, f) for f in FRACTIONS]))
-    assert findings(scores, curves, predictiveness(scores)) == []
+    # ΔNLL = f: 1/12 is at or below 0.1 nats/token, 0.25 above it
+    assert findings(scores, curves, predictiveness(scores)) == [
+        ("taylor breaks (ΔNLL above 0.1 nats/token, perplexity +10.5%) between 8.3% and 25.0% of heads removed (1 and "
+         "3 heads).")]
     curves = check_curves(make_curves())
     assert [s[:20] for s in findings(scores, curves, predictiveness(scores))] == [
-        "At 30% of heads prun", "At 50% of heads prun", "Mean compensation (t"]
+        "At 30% of heads prun", "At 50% of heads prun", "taylor breaks (ΔNLL ", "Mean compensation (t"]
 
 
 def test_pruning_order_is_the_ascending_score_order():
