@@ -190,12 +190,10 @@ def open_study(run: Path) -> Study:
     """The run's settings and its inputs as its own stage loads them, its scores and the study's progress file."""
     from headprune.io.work.progress import Progress
     from headprune.scoring.result import load_scores
-    from headprune.stages.inputs import load_inputs
-    from headprune.stages.settings import saved_settings
+    from headprune.stages.inputs import reload_inputs
 
-    record = json.loads((run / "settings.json").read_text())
-    s = saved_settings(record)
-    study = Study(run, record, s, load_inputs(s), load_scores(run / "scores.parquet").table)
+    record, s, inputs = reload_inputs(run)
+    study = Study(run, record, s, inputs, load_scores(run / "scores.parquet").table)
     study.progress = Progress(run / ".study-progress.jsonl", study.base)
     return study
 

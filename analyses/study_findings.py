@@ -4,9 +4,10 @@ so ``python -m analyses.real_model RUN --render-only`` re-renders study.md from 
 
 What a sentence may claim is what its table measured: a fraction is the share a prune actually removed (a unit
 compared at 30% only where it removed within :data:`UNIT_TOL` of 30%); a break point is located between two
-measured points (:mod:`headprune.report.breaks`); a random band comes with its seed count and range; a layer's share
-is a sum of single ablations; a distillation result says what it was measured on and what it lacks; a serving
-difference is a speed-up only where the slowest–fastest ranges separate.
+measured points (:mod:`headprune.report.breaks`); a random band comes with its seed count and range; a layer's cost
+is its heads removed together (chosen on validation, reported on test: :mod:`headprune.report.layers`), or, for a run
+without that table, a sum of single ablations said to be one; a distillation result says what it was measured on
+and what it lacks; a serving difference is a speed-up only where the slowest–fastest ranges separate.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from headprune.report.breaks import BREAK_NATS, find_break
+from headprune.report.layers import layer_finding, read_layers
 
 PERFORMS = 0.8  # a task is performed when at least this share of clean prompts ranks the answer above the wrong token
 TOP = 5
@@ -214,13 +216,17 @@ def findings(run: Path) -> list[str]:
     first = int(layer_total.idxmax())
     rest = layer_total.drop(first)
     top = scores.nlargest(TOP, "abl_zero")
-    out = ["Which heads matter (zero-ablation on prose, 95% interval over windows): "
-           + _heads(f"{r.head_id} {r.abl_zero:.3f} [{r.abl_zero_ci_lo:.3f}, {r.abl_zero_ci_hi:.3f}]"
-                    for r in top.itertuples())
-           + f"; layer {first} holds {layer_total[first] / layer_total.sum():.0%} of the total "
-             f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token, a sum of single ablations: the "
-             "layer's heads were not removed together); the second-largest layer is "
-             f"{int(rest.idxmax())} ({rest.max():.3f})."]
+    heads = ("Which heads matter (zero-ablation on prose, 95% interval over windows): "
+             + _heads(f"{r.head_id} {r.abl_zero:.3f} [{r.abl_zero_ci_lo:.3f}, {r.abl_zero_ci_hi:.3f}]"
+                      for r in top.itertuples()))
+    layers = read_layers(run)
+    if layers is not None:  # the run removed each layer's heads together: the library's sentence on it
+        out = [heads + ".", layer_finding(layers, scores)]
+    else:
+        out = [heads + f"; layer {first} holds {layer_total[first] / layer_total.sum():.0%} of the total "
+               f"({layer_total[first]:.3f} of {layer_total.sum():.3f} nats/token, a sum of single ablations: the "
+               "layer's heads were not removed together); the second-largest layer is "
+               f"{int(rest.idxmax())} ({rest.max():.3f})."]
     out += role_sentences(scores, pd.read_csv(run / "study_code_scores.csv"), pd.read_csv(run / "anatomy.csv"))
     cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")].sort_values(
         "spearman_rho", ascending=False)

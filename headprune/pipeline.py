@@ -48,12 +48,12 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
     return patch_stage(model, pairs, options, task=s.patch_task, progress=progress, quiet=quiet)[1]
 
 
-STAGE_ORDER = ("scoring", "curves", "compensated_curves", "patching", "gates")  # as settings list their seconds
+STAGE_ORDER = ("scoring", "layers", "curves", "compensated_curves", "patching", "gates")  # as settings list seconds
 
 
 def stage_names(s: RunSettings) -> list[str]:
     """The stages of a run with ``s``, in order: each gets one numbered line (:func:`stage_line`)."""
-    return ["ledger", "scoring", *(["gates"] if s.learn_gates else []), "pruning curves",
+    return ["ledger", "scoring", "layers", *(["gates"] if s.learn_gates else []), "pruning curves",
             *(["patching"] if s.patch_task != "none" else []), "report"]
 
 
@@ -100,6 +100,7 @@ class RunResults:
     """What the measuring stages found, for the report."""
 
     scored: HeadScores
+    layers: Any  # each layer's heads removed together, on both splits (headprune.stages.layers)
     curves: CurveResult
     patching: Any  # the PatchingReport, None without a patching task
 
@@ -128,7 +129,8 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     table = curves.table.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
     extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
-                           serving_llama_cpp=serving.llama_cpp, context=read_context_section(out))
+                           serving_llama_cpp=serving.llama_cpp, context=read_context_section(out),
+                           layers=results.layers)
     save_beside(results.scored, out / "scores.parquet")  # the means and the meta; the report writes the table
     report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
@@ -151,6 +153,19 @@ def _scoring(run: Run, methods: list[str]) -> HeadScores:
     return scored
 
 
+def _layers(run: Run):
+    """Each layer's heads removed together, on the validation split (where the layer that matters most is chosen)
+    and on the test split (where its cost is reported)."""
+    from headprune.stages.layers import layer_stage
+
+    inputs = run.inputs
+    run.stage("layers", f"each of {inputs.model.cfg.n_layers} layers' heads zero-ablated together, on both splits")
+    t0 = time.perf_counter()
+    layers = layer_stage(inputs, run.s, run.progress, run.quiet)
+    run.seconds["layers"] = time.perf_counter() - t0
+    return layers
+
+
 def _gates(run: Run) -> dict | None:
     """With ``learn_gates``: one head set per fraction, learned on the scoring split."""
     s = run.s
@@ -169,6 +184,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> RunResults:
     """The measuring stages in order: scoring (and gates), the curves, the patching study."""
     s, inputs = run.s, run.inputs
     scored = _scoring(run, methods)
+    layers = _layers(run)
     head_sets = _gates(run)
     rankings = rankings_of(s, ranked)
     run.stage("pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
@@ -185,7 +201,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> RunResults:
     patching = _patching(inputs.model, s, inputs.patch_pairs, run.progress, run.quiet)
     if patching is not None:
         run.seconds["patching"] = time.perf_counter() - t0
-    return RunResults(scored, curves, patching)
+    return RunResults(scored, layers, curves, patching)
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:

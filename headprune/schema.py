@@ -198,6 +198,11 @@ FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' 
 # kept as text when read from csv (a hex id may look numeric)
 TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")
 CURVE_INTS = ("heads_pruned", "params", "n_seeds")
+#: Each layer's heads removed together (headprune.scoring.layers; run's layers.csv, one row per split and layer):
+#: ΔNLL and its share of the layers' total, each with its 95% interval over resampled windows
+LAYER_SCORE = "abl_layer"
+LAYER_COLUMNS = ("split", "layer", "n_heads", LAYER_SCORE, f"{LAYER_SCORE}_ci_lo", f"{LAYER_SCORE}_ci_hi", "share",
+                 "share_ci_lo", "share_ci_hi", "windows", "tokens")
 # The fractions and random-baseline seeds of every curve (`run` and `curve`): 0, 0.1, ..., 0.8 (0.9 left out: with
 # 16 rankings and 10 random seeds it adds 26 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back).
 # `run` then locates its pick's break between grid points (report.breaks). 10 random seeds: 80 of the about 200

@@ -25,19 +25,28 @@ from headprune.cost.estimate import (
     duration,
     estimate_context,
     estimate_curves,
+    estimate_layers,
     estimate_patching,
     estimate_scoring,
     estimate_verify,
     patching_fe,
     scoring_lines,
 )
-from headprune.cost.flops import ablation_fe, block_flops, forward_flops, head_flops, methods_fe, verify_fe
+from headprune.cost.flops import (
+    ablation_fe,
+    block_flops,
+    forward_flops,
+    head_flops,
+    layers_fe,
+    methods_fe,
+    verify_fe,
+)
 from headprune.cost.rate import CALIBRATION_REPEATS, Pace, measured_rate
 
 __all__ = ["CALIBRATION_REPEATS", "ESTIMATE_SPREAD", "MIN_SEQ_LEN", "MIN_WINDOWS", "REFERENCE_RATE",
            "RUN_BUDGET_SECONDS", "WARN_SECONDS", "Budget", "Estimate", "Pace", "RunPlan", "ablation_fe",
-           "block_flops", "cheaper_hint", "duration", "estimate_context", "estimate_curves", "estimate_patching",
-           "estimate_run",
-           "estimate_scoring", "estimate_verify", "fixed_seconds", "forward_flops", "head_flops", "measured_rate",
-           "methods_fe", "patching_fe", "patching_seconds", "run_budget", "run_fe", "run_lines", "run_seconds",
-           "scoring_lines", "verify_fe"]
+           "block_flops", "cheaper_hint", "duration", "estimate_context", "estimate_curves", "estimate_layers",
+           "estimate_patching",
+           "estimate_run", "estimate_scoring", "estimate_verify", "fixed_seconds", "forward_flops", "head_flops",
+           "layers_fe", "measured_rate", "methods_fe", "patching_fe", "patching_seconds", "run_budget", "run_fe",
+           "run_lines", "run_seconds", "scoring_lines", "verify_fe"]

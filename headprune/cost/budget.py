@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headprune.cost.estimate import Estimate, duration, estimate_scoring, hint_lines, patching_fe
-from headprune.cost.flops import forward_flops, methods_fe
+from headprune.cost.flops import forward_flops, layers_fe, methods_fe
 from headprune.cost.rate import Pace
 from headprune.models.base import HeadModel
 
@@ -42,10 +42,12 @@ class RunPlan:
 
 def run_fe(model: HeadModel, plan: RunPlan, seq_len: int) -> dict[str, float]:
     """Forward-equivalents per stage, per token of a split (scoring: the validation split, curves: the test split):
-    the scores (:func:`methods_fe`), and for the curves one evaluation per ranking, random seed and fraction above 0,
-    plus the baseline and the best ranking's mean-compensated curve."""
+    the scores (:func:`methods_fe`), each layer's heads removed together on both splits (:func:`layers_fe`), and for
+    the curves one evaluation per ranking, random seed and fraction above 0, plus the baseline and the best ranking's
+    mean-compensated curve."""
     steps = sum(1 for f in plan.fractions if f > 0)
     return {"scoring": sum(methods_fe(model, plan.methods, seq_len).values()),
+            "layers": 2.0 * layers_fe(model, seq_len),
             "curves": 1.0 + (plan.rankings + plan.seeds + 1) * steps}
 
 

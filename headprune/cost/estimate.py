@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headprune.cost.flops import ablation_fe, methods_fe, verify_fe
+from headprune.cost.flops import ablation_fe, layers_fe, methods_fe, verify_fe
 from headprune.cost.rate import Pace
 from headprune.models.base import HeadModel
 from headprune.schema import METHOD_SPECS, RANKABLE, VERIFY_SUBSETS
@@ -123,6 +123,12 @@ def estimate_curves(model: HeadModel, points: int, tokens: int, seq_len: int, pa
     if fill_tokens:
         seconds["fills"] = pace.seconds(model, seq_len, fill_tokens)
     return Estimate(f"for {points} pruned models on {tokens:,} tokens", seconds)
+
+
+def estimate_layers(model: HeadModel, tokens: int, seq_len: int, pace: Pace) -> Estimate:
+    """Wall seconds of each layer's heads removed together (:func:`~.flops.layers_fe`) on ``tokens`` tokens."""
+    seconds = pace.seconds(model, seq_len, tokens, layers_fe(model, seq_len))
+    return Estimate(f"on {tokens:,} tokens", {"layers": seconds})
 
 
 def estimate_verify(model: HeadModel, seq_len: int, tokens: int, pace: Pace, fe: dict[str, float]

@@ -48,6 +48,14 @@ def ablation_fe(model: HeadModel, seq_len: int, kv: bool = False) -> float:
     return 1.0 + per_head / forward_flops(model, seq_len)
 
 
+def layers_fe(model: HeadModel, seq_len: int) -> float:
+    """Forward-equivalents of :func:`headprune.scoring.layers.layer_ablation`: the shared baseline forward, then
+    each layer with heads rerunning layers l..L−1 and the LM head once (all its heads zeroed together)."""
+    blocks, u = block_flops(model, seq_len), head_flops(model)
+    rerun = sum(sum(blocks[layer:]) + u for layer, blk in enumerate(model.h) if blk.attn.n_heads)
+    return 1.0 + rerun / forward_flops(model, seq_len)
+
+
 def verify_fe(model: HeadModel, seq_len: int, verified: int, subsets: int, estimate: str | None = "taylor",
               rounds: int = VERIFY_ROUNDS, method: str = "abl_zero") -> dict[str, float]:
     """Forward-equivalents of :func:`headprune.scoring.verified.verify_ranking` (``total``), beside the exact

@@ -67,6 +67,8 @@ from headprune.report.anatomy import (
 )
 from headprune.report.choice import best_method
 from headprune.report.context_section import read_context_section
+from headprune.report.layers import LAYERS_FILE, check_layers, read_layers
+from headprune.report.layers_section import layers_section
 from headprune.report.page import render_html
 from headprune.report.patching_section import (
     PATCH_TABLE,
@@ -105,6 +107,7 @@ class ReportSections:
     serving: pd.DataFrame | None = None
     serving_llama_cpp: pd.DataFrame | None = None  # the prunes run by llama.cpp (:mod:`.serving_gguf_section`)
     context: Section | None = None  # read from the run's context/ folder (:mod:`.context_section`)
+    layers: pd.DataFrame | None = None  # each layer's heads removed together (:mod:`.layers`, layers.csv)
 
 
 NO_SECTIONS = ReportSections()
@@ -121,7 +124,8 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     curves, recovered = split_recovered(full)  # curve --recover: the recovered points get their own section
     settings, baseline = jsonable(settings), check_baseline(baseline)
     check_together(scores, curves, baseline)
-    content = make_content(scores, curves, settings, baseline)
+    layers = check_layers(extra.layers) if extra.layers is not None else None
+    content = make_content(scores, curves, settings, baseline, layers)
     if scale not in SCALES:
         raise HeadpruneError(f"scale {scale!r} must be one of {', '.join(SCALES)}", "scale")
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
@@ -145,6 +149,9 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     for pic in pictures:
         _write_picture(out, pic)
     secs = sections(content, pictures)
+    if extra.layers is not None:  # after the findings' tables, before the anatomy
+        write_table(extra.layers, out / LAYERS_FILE)
+        secs = before_pictures(secs, layers_section(check_layers(extra.layers), scores))
     if anatomy is not None:
         write_anatomy_files(out, anatomy)
         section, anatomy_pictures = anatomy_parts(anatomy, scores)
@@ -209,5 +216,5 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
                            serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
-                           context=read_context_section(folder))
+                           context=read_context_section(folder), layers=read_layers(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale)

@@ -1,6 +1,8 @@
 """The report's headline: three to five sentences computed from the tables, shown before anything else.
 
-1. which layer matters most (``abl_zero`` summed over each layer's heads);
+1. which layer matters most: its heads removed together, chosen on the validation split and measured on the test
+   split with intervals (:mod:`.layers_section`), or, where the run did not remove layers whole, ``abl_zero`` summed
+   over each layer's heads (said to be a sum);
 2. at 30% and at 50% of heads pruned: which scores beat the random band (ΔNLL below the random mean minus one
    standard deviation over seeds) and by how much, which are worse than it;
 3. which scores rank heads inversely to ``abl_zero`` (the 95% interval of Spearman ρ below 0 or of the ROC-AUC
@@ -20,6 +22,7 @@ import pandas as pd
 from headprune.errors import HeadpruneError
 from headprune.report.breaks import break_sentence
 from headprune.report.choice import choose
+from headprune.report.layers import layer_finding
 from headprune.report.numbers import names
 from headprune.report.tables import FRACTION_TOL, nearest_row
 from headprune.schema import DESCRIPTIVE, RANDOM, TRUTH
@@ -196,9 +199,13 @@ def compensation_sentences(curves: pd.DataFrame) -> list[str]:
     return out
 
 
-def findings(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame) -> list[str]:
-    """The headline sentences, in order (validated tables; ``pred`` from :func:`predictiveness`)."""
-    sentences = [layer_sentence(scores), *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
+def findings(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame, layers: pd.DataFrame | None = None
+             ) -> list[str]:
+    """The headline sentences, in order (validated tables; ``pred`` from :func:`predictiveness`; ``layers`` the
+    checked layers table, where the run removed each layer's heads together: the layer sentence then says what that
+    cost, else what the single ablations sum to)."""
+    first = layer_finding(layers, scores) if layers is not None else layer_sentence(scores)
+    sentences = [first, *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
                  pick_break(curves), inverse_sentence(pred), *compensation_sentences(curves)]
     return [s for s in sentences if s]
 

@@ -35,6 +35,7 @@ from headprune.report.findings import (
     span,
     verdict,
 )
+from headprune.report.layers import layer_answer
 from headprune.report.numbers import names
 from headprune.report.tables import FRACTION_TOL, read_at, top_heads
 from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
@@ -68,15 +69,18 @@ def rho_text(r: Rho) -> str:
     return text if math.isnan(r.lo) or math.isnan(r.hi) else text + f" (95% interval {r.lo:.2f} to {r.hi:.2f})"
 
 
-def heads_answer(scores: pd.DataFrame) -> str | None:
-    """Which heads matter: the top heads by abl_zero and the share of the total their leading layer holds."""
+def heads_answer(scores: pd.DataFrame, layers: pd.DataFrame | None = None) -> str | None:
+    """Which heads matter: the top heads by abl_zero, then the layer whose heads removed together cost most
+    (:func:`.layers.layer_answer`, with ``layers``) or else the share of the summed abl_zero its leading layer holds."""
     top = top_heads(scores, NAMED_HEADS)
     if top.empty:
         return None
-    totals = layer_totals(scores)
-    total, n = float(totals.sum()), int(scores[TRUTH].notna().sum())
     text = (f"The heads that matter most by {TRUTH} (the NLL increase when the head alone is zero-ablated): "
             f"{names(list(top['head_id']))}.")
+    if layers is not None:
+        return f"{text} {layer_answer(layers)}"
+    totals = layer_totals(scores)
+    total, n = float(totals.sum()), int(scores[TRUTH].notna().sum())
     layer, value = int(totals.index[0]), float(totals.iloc[0])
     if total > 0 and (totals >= 0).all():
         text += (f" Layer {layer} holds {value / total:.0%} of {TRUTH} summed over all {n} heads ({value:.3f} of "
@@ -270,8 +274,9 @@ def cost_answer(curves: pd.DataFrame, baseline: dict) -> str | None:
 QUESTIONS = ("Which heads matter?", "Which cheap score to trust?", "What does pruning cost?")
 
 
-def answers(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame, baseline: dict
-            ) -> list[tuple[str, str]]:
-    """(question, answer) for each of :data:`QUESTIONS` whose numbers are there."""
-    found = (heads_answer(scores), trust_answer(pred, curves), cost_answer(curves, baseline))
+def answers(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame, baseline: dict,
+            layers: pd.DataFrame | None = None) -> list[tuple[str, str]]:
+    """(question, answer) for each of :data:`QUESTIONS` whose numbers are there (``layers``: the checked layers
+    table, where the run has one)."""
+    found = (heads_answer(scores, layers), trust_answer(pred, curves), cost_answer(curves, baseline))
     return [(q, a) for q, a in zip(QUESTIONS, found) if a]

@@ -149,7 +149,9 @@ def number(value) -> str:
     return str(value)
 
 
-def make_content(scores, curves, settings, baseline) -> Content:
+def make_content(scores, curves, settings, baseline, layers: pd.DataFrame | None = None) -> Content:
+    """What both pages say, from the checked tables (``layers``: each layer's heads removed together, where the run
+    measured that)."""
     try:
         choice: Choice | None = choose(curves)
     except HeadpruneError:
@@ -157,7 +159,7 @@ def make_content(scores, curves, settings, baseline) -> Content:
     pred = predictiveness(scores)
     content = Content(scores, curves, settings, baseline, choice, summary_table(curves, bpb_factor(baseline)),
                       fraction_note(curves), pred, top_heads(scores), layer_counts(scores),
-                      findings(scores, curves, pred), answers(scores, curves, pred, baseline))
+                      findings(scores, curves, pred, layers), answers(scores, curves, pred, baseline, layers))
     score_data, eval_data = _setting(settings, SCORE_DATA_KEYS), _setting(settings, EVAL_DATA_KEYS)
     content.facts = [
         ("Model", f"{settings.get('model', 'not recorded')} (fingerprint {scores['model_fingerprint'].iloc[0]})"

@@ -3,8 +3,10 @@ budget a real model's run picks and the patching task's pairs (built before anyt
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -17,7 +19,7 @@ from headprune.io.read.tokenizer import model_tokenizer
 from headprune.models.base import HeadModel
 from headprune.perplexity import Windowing
 from headprune.runtime import configure_allocator
-from headprune.stages.settings import RunSettings, run_plan, settings_fields
+from headprune.stages.settings import RunSettings, run_plan, saved_settings, settings_fields
 from headprune.version import __version__
 
 
@@ -103,3 +105,19 @@ def load_inputs(s: RunSettings) -> RunInputs:
     score_ids = corpus_ids(s.score_data, "validation", tokenizer, s.max_tokens)
     return RunInputs(model, windowing, tokenizer, eval_ids, score_ids, t_load,
                      time.perf_counter() - t_start - t_load, budget, patch_pairs, patch_note)
+
+
+def reload_inputs(folder: str | Path) -> tuple[dict, RunSettings, RunInputs]:
+    """A finished run's settings.json record, its :class:`RunSettings` and its inputs as its own stages loaded them
+    (the same model, windows and token streams: :func:`saved_settings`), for a stage run later on its folder."""
+    path = Path(folder) / "settings.json"
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HeadpruneError(f"{folder} holds no settings.json: not the output folder of headprune run") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise HeadpruneError(f"cannot read {path} ({type(err).__name__}); run headprune run again") from None
+    if not isinstance(record, dict):
+        raise HeadpruneError(f"{path} must hold a JSON object: not the settings of headprune run")
+    s = saved_settings(record)
+    return record, s, load_inputs(s)

@@ -41,16 +41,16 @@ def test_run_removes_progress_after_exit_0(tiny_dir, corpus, tmp_path):
     # every stage on a numbered line of its own, after a line that shows empty (a cleared bar's residue at most)
     lines = done.stderr.splitlines()
     found = [(i, m) for i, line in enumerate(lines) if (m := STAGE.match(line))]
-    names = ["ledger", "scoring", "pruning curves", "patching", "report"]
-    assert [(int(m[1]), int(m[2]), m[3]) for _, m in found] == [(k + 1, 5, n) for k, n in enumerate(names)], found
+    names = ["ledger", "scoring", "layers", "pruning curves", "patching", "report"]
+    assert [(int(m[1]), int(m[2]), m[3]) for _, m in found] == [(k + 1, 6, n) for k, n in enumerate(names)], found
     assert all(lines[i - 1].split("\r")[-1].strip() == "" for i, _ in found)
-    assert "the induction task, 4 clean/corrupt prompt pairs" in lines[found[3][0]]
+    assert "the induction task, 4 clean/corrupt prompt pairs" in lines[found[4][0]]
 
 
 def test_the_stages_follow_the_settings():
     assert stage_names(RunSettings(model="m", learn_gates=True, patch_task="none")) == [
-        "ledger", "scoring", "gates", "pruning curves", "report"]
-    assert stage_line(stage_names(RunSettings(model="m")), "patching", "x") == "\n[4/5] patching: x"
+        "ledger", "scoring", "layers", "gates", "pruning curves", "report"]
+    assert stage_line(stage_names(RunSettings(model="m")), "patching", "x") == "\n[5/6] patching: x"
 
 
 def test_bar_label_names_the_compensations():

@@ -65,7 +65,7 @@ def test_a_table_saved_alone_reads_back_without_means(scored, tmp_path):
 
 
 def test_a_table_written_by_hand_needs_only_layer_head_and_a_method(scored, tmp_path):
-    model, _, _, result = scored
+    *_, result = scored
     path = tmp_path / "hand.csv"
     result.table[["layer", "head", "wo_fro"]].to_csv(path, index=False)
     loaded = load_scores(path)

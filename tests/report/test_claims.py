@@ -16,6 +16,7 @@ import pytest
 
 from headprune.report.findings import findings
 from headprune.report.headline import answers
+from headprune.report.layers import check_layers, joint_vs_sum
 from headprune.report.tables import predictiveness
 from headprune.schema import is_cheap
 
@@ -217,6 +218,82 @@ def check_share(text: str, scores: pd.DataFrame) -> None:
     assert (m[4], m[5]) == (f"{sums[layer]:.3f}", f"{sums.sum():.3f}")
 
 
+NUM = r"([+-]?\d+\.\d{3})"
+INTERVAL = rf"(?: \(95% interval {NUM} to {NUM}\))?"
+SHARE_SAID = r"(?:, (\d+)% of the layers' total(?: \(95% interval (-?\d+)% to (\d+)%\))?)?"
+LAYER_ANSWER = re.compile(rf"Layer (\d+)'s heads removed together cost most: {NUM} nats/token{INTERVAL} on test, "
+                          r"chosen on validation\.")
+LAYER_FINDING = re.compile(
+    rf"^Layer (\d+) matters most \(largest NLL increase with all of a layer's heads zero-ablated together on the "
+    rf"validation split\): removing its (\d+) heads changes the test NLL by {NUM} nats/token{INTERVAL}{SHARE_SAID}"
+    rf"(?:; its heads' single abl_zero ablations sum to {NUM} \(validation split, a sum of singles\))?"
+    rf"(?:; next is layer (\d+): {NUM} nats/token{INTERVAL})?\.$")
+
+
+def layer_truth(layers: pd.DataFrame) -> tuple[list[int], pd.DataFrame]:
+    """The layers by validation ΔNLL, largest first (ties: smaller layer), and the test rows by layer."""
+    val = layers[layers["split"] == "validation"]
+    order = sorted(val["layer"], key=lambda la: (-float(val.loc[val["layer"] == la, "abl_layer"].iloc[0]), la))
+    return [int(la) for la in order], layers[layers["split"] == "test"].set_index("layer")
+
+
+def said_numbers(row: pd.Series, value: str, lo: str | None, hi: str | None) -> None:
+    assert value == f"{row['abl_layer']:+.3f}"
+    if np.isnan(row["abl_layer_ci_lo"]):
+        assert lo is None
+    else:
+        assert (lo, hi) == (f"{row['abl_layer_ci_lo']:.3f}", f"{row['abl_layer_ci_hi']:.3f}")
+
+
+def said_share(row: pd.Series, share: str | None, lo: str | None, hi: str | None) -> None:
+    if np.isnan(row["share"]):
+        assert share is None
+        return
+    assert share == str(round(row["share"] * 100))
+    if not np.isnan(row["share_ci_lo"]):
+        assert (lo, hi) == (str(round(row["share_ci_lo"] * 100)), str(round(row["share_ci_hi"] * 100)))
+
+
+def check_layer_answer(text: str, layers: pd.DataFrame) -> None:
+    """The first screen's layer sentence: the layer chosen on validation, its test ΔNLL as in the table."""
+    m = LAYER_ANSWER.search(text)
+    assert m, text
+    order, test = layer_truth(layers)
+    assert int(m[1]) == order[0]
+    said_numbers(test.loc[order[0]], m[2], m[3], m[4])
+
+
+JOINT_VS_SUM = re.compile(r"On the validation split, removing a layer's heads together costs more than their single "
+                          r"abl_zero ablations summed in (\d+) of (\d+) layers and less in (\d+) \(")
+
+
+def check_joint_vs_sum(md: str, layers: pd.DataFrame, scores: pd.DataFrame) -> None:
+    """The section's count of layers whose joint interval lies above / below the sum of their singles."""
+    m = JOINT_VS_SUM.search(md)
+    assert m, "no joint-against-sum sentence"
+    val = layers[layers["split"] == "validation"]
+    sums = scores.groupby("layer")["abl_zero"].sum().reindex(val["layer"]).to_numpy()
+    assert (int(m[1]), int(m[2]), int(m[3])) == (int((val["abl_layer_ci_lo"].to_numpy() > sums).sum()), len(val),
+                                                 int((val["abl_layer_ci_hi"].to_numpy() < sums).sum()))
+
+
+def check_layer_finding(sentence: str, layers: pd.DataFrame, scores: pd.DataFrame) -> None:
+    """The findings' layer sentence: chosen layer, head count, test ΔNLL and share, the sum of its singles (a sum, on
+    validation), the runner-up on validation with its test ΔNLL."""
+    m = LAYER_FINDING.match(sentence)
+    assert m, sentence
+    order, test = layer_truth(layers)
+    top = order[0]
+    assert (int(m[1]), int(m[2])) == (top, int(test.loc[top, "n_heads"]))
+    said_numbers(test.loc[top], m[3], m[4], m[5])
+    said_share(test.loc[top], m[6], m[7], m[8])
+    if "abl_zero" in scores.columns:
+        assert m[9] == f"{scores.loc[scores['layer'] == top, 'abl_zero'].sum():.3f}"
+    if len(order) > 1:
+        assert int(m[10]) == order[1]
+        said_numbers(test.loc[order[1]], m[11], m[12], m[13])
+
+
 FLIP_WORDS = {"rank heads like abl_zero across layers but not within a layer": (1, 0),
               "rank heads like abl_zero across layers but inversely within a layer": (1, -1),
               "rank heads like abl_zero within a layer but not across layers": (0, 1),
@@ -268,10 +345,14 @@ def check_inverse_within(sentence: str, pred: pd.DataFrame) -> None:
     assert set(split_names(m[1]) if m else []) == across, sentence
 
 
-def check_all(found: list[str], said: dict[str, str], scores, curves, base: float, pred=None) -> int:
-    """Every claim of every kind checked; returns how many sentences were."""
+def check_all(found: list[str], said: dict[str, str], scores, curves, base: float, pred=None, layers=None) -> int:
+    """Every claim of every kind checked; returns how many sentences were (``layers``: the layers table, where the
+    summary reports layers removed whole)."""
     n = 0
     for sentence in found:
+        if sentence.startswith("Layer ") and layers is not None:
+            check_layer_finding(sentence, layers, scores)
+            n += 1
         if sentence.startswith("At "):
             check_random(sentence, curves)
             n += 1
@@ -289,7 +370,10 @@ def check_all(found: list[str], said: dict[str, str], scores, curves, base: floa
     if "What does pruning cost?" in said:
         check_cost(said["What does pruning cost?"], curves, base)
         n += 1
-    if "holds" in said.get("Which heads matter?", ""):
+    if layers is not None:
+        check_layer_answer(said["Which heads matter?"], layers)
+        n += 1
+    elif "holds" in said.get("Which heads matter?", ""):
         check_share(said["Which heads matter?"], scores)
         n += 1
     return n
@@ -309,7 +393,10 @@ def test_committed_summaries_say_what_their_tables_say(folder):
     base = json.loads((folder / "baseline.json").read_text())["ppl"]
     found, said = summary_claims((folder / "summary.md").read_text())
     pred = pd.read_csv(folder / "predictiveness.csv")
-    assert check_all(found, said, scores, curves, base, pred) >= 3
+    layers = pd.read_csv(folder / "layers.csv") if (folder / "layers.csv").is_file() else None
+    assert check_all(found, said, scores, curves, base, pred, layers) >= 3 + (layers is not None) * 2
+    if layers is not None:
+        check_joint_vs_sum((folder / "summary.md").read_text(), layers, scores)
 
 
 def test_smollm2_layer_normalised_sentence_says_the_spec_rankings_are_not_worse_at_50_percent():
@@ -368,6 +455,25 @@ def random_tables(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     return scores, curves
 
 
+def random_layers(seed: int, n_layers: int = 4, heads: int = 6) -> pd.DataFrame:
+    """A layers table: each split's joint ΔNLL per layer (sometimes negative, so the share can be undefined), with
+    intervals on odd seeds, ties between layers on seeds divisible by 3."""
+    rng = np.random.default_rng(1000 + seed)
+    rows = []
+    for split in ("validation", "test"):
+        delta = rng.normal(0.1, 0.15, n_layers) if seed % 5 else rng.uniform(0.01, 0.3, n_layers)  # all positive
+        if seed % 3 == 0:
+            delta[1] = delta[2] = delta.max()  # a tie: the smaller layer is chosen
+        total = delta.sum()
+        for layer, d in enumerate(delta):
+            width = rng.uniform(0.001, 0.05) if seed % 2 else np.nan
+            share = d / total if (delta >= 0).all() else np.nan
+            rows.append({"split": split, "layer": layer, "n_heads": heads, "abl_layer": d, "abl_layer_ci_lo": d - width,
+                         "abl_layer_ci_hi": d + width, "share": share, "share_ci_lo": share - width,
+                         "share_ci_hi": share + width, "windows": 8, "tokens": 1016})
+    return pd.DataFrame(rows)
+
+
 def refined(curves: pd.DataFrame, rng, n: int) -> pd.DataFrame:
     """The pick measured between grid points (as run refines its break), and the runner-up too with ΔNLL 0 there: a
     choice that read points off the shared grid would pick it instead."""
@@ -393,11 +499,14 @@ def test_randomised_tables_every_claim_recomputed(seed):
     scores, curves = random_tables(seed)
     curves["ppl"] = np.exp(3.0 + curves["delta_nll"])
     pred = predictiveness(scores)
-    said = dict(answers(scores, curves, pred, {"ppl": math.exp(3.0), "nll": 3.0, "tokens": 1000}))
-    found = findings(scores, curves, pred)
+    layers = check_layers(random_layers(seed)) if seed % 4 < 3 else None  # without: the sum of singles is said
+    said = dict(answers(scores, curves, pred, {"ppl": math.exp(3.0), "nll": 3.0, "tokens": 1000}, layers))
+    found = findings(scores, curves, pred, layers)
     assert "What does pruning cost?" in said  # so check_all reads the choice sentences
     assert any(BREAK_SAID.match(sentence) for sentence in found)  # so check_all reads the break sentence
-    assert check_all(found, said, scores, curves, math.exp(3.0), pred) >= 4
+    assert check_all(found, said, scores, curves, math.exp(3.0), pred, layers) >= 4 + (layers is not None) * 2
+    if layers is not None and layers["abl_layer_ci_lo"].notna().all():
+        check_joint_vs_sum(joint_vs_sum(layers, scores), layers, scores)
 
 
 def test_randomised_tables_reach_every_kind_of_choice():
@@ -481,10 +590,13 @@ def test_committed_studies_say_what_their_tables_say(folder):
     for line in at:
         check_study_units(line, units, len(scores))
     check_breaks(next(line for line in lines if line.startswith("Where pruning breaks")), curves)
-    sums = scores.groupby("layer")["abl_zero"].sum()
-    top = int(sums.idxmax())
-    assert (f"layer {top} holds {sums[top] / sums.sum():.0%} of the total ({sums[top]:.3f} of {sums.sum():.3f} "
-            "nats/token, a sum of single ablations") in lines[0]
+    if (folder / "layers.csv").is_file():  # each layer's heads removed together: the second line says it
+        check_layer_finding(lines[1], pd.read_csv(folder / "layers.csv"), scores)
+    else:
+        sums = scores.groupby("layer")["abl_zero"].sum()
+        top = int(sums.idxmax())
+        assert (f"layer {top} holds {sums[top] / sums.sum():.0%} of the total ({sums[top]:.3f} of {sums.sum():.3f} "
+                "nats/token, a sum of single ablations") in lines[0]
     cheap = next(line for line in lines if line.startswith("Cheap scores against zero-ablation"))
     pred = pd.read_csv(folder / "predictiveness.csv")
     rows = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")]

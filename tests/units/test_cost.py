@@ -17,6 +17,7 @@ from headprune.cost import (
     cheaper_hint,
     estimate_scoring,
     forward_flops,
+    head_flops,
     methods_fe,
     run_budget,
     run_fe,
@@ -108,13 +109,19 @@ def test_run_stages_by_hand(tiny_dir):
     fe = run_fe(model, RUN_PLAN, 64)
     assert fe["curves"] == 1 + (16 + 5 + 1) * 8
     assert fe["scoring"] == pytest.approx(sum(methods_fe(model, RUN_PLAN.methods, 64).values()), rel=1e-12)
+    # each layer's heads removed together on both splits: the baseline, then layer l reruns layers l..L-1 and the
+    # LM head; the tiny GPT-2's blocks all cost the same, c, and its LM head u
+    c, u, n_layers = block_flops(model, 64)[0], head_flops(model), model.cfg.n_layers
+    reruns = sum((n_layers - layer) * c + u for layer in range(n_layers))
+    assert fe["layers"] == pytest.approx(2 * (1 + reruns / (n_layers * c + u)), rel=1e-12)
     seconds = run_seconds(model, RUN_PLAN, 1000, 64, rate=1e9)
     assert seconds["curves"] == pytest.approx(fe["curves"] * forward_flops(model, 64) * 1000 / 1e9, rel=1e-12)
 
 
 def test_run_budget_keeps_the_shipped_models_default_and_cuts_smollm2s():
     """The shipped model's run fits: 8,192 tokens in its 256-token windows (the committed report's budget).
-    SmolLM2's does not: the budget is the largest whole number of windows within the target, with 8 windows."""
+    SmolLM2's does not even in its shortest window: the budget is raised to the floor of MIN_WINDOWS windows of 128
+    (its run then overruns the target a little: the layers removed whole on both splits tipped it over)."""
     shipped = load_model("stdlib-gpt2-mini")
     kept = run_budget(shipped, RUN_PLAN, 8192, None)
     assert (kept.tokens, kept.seq_len) == (8192, 256) and sum(kept.seconds.values()) <= RUN_BUDGET_SECONDS
@@ -122,8 +129,9 @@ def test_run_budget_keeps_the_shipped_models_default_and_cuts_smollm2s():
     smol = _smollm2_shapes()
     cut = run_budget(smol, RUN_PLAN, 8192, None)
     assert (cut.tokens, cut.seq_len) == (1024, 128)  # the number --max-tokens' help gives
-    assert sum(cut.seconds.values()) <= RUN_BUDGET_SECONDS < sum(
+    assert cut.tokens == MIN_WINDOWS * cut.seq_len and RUN_BUDGET_SECONDS < sum(cut.seconds.values()) < sum(
         run_seconds(smol, RUN_PLAN, cut.tokens + cut.seq_len, cut.seq_len, REFERENCE_RATE).values())
+    assert sum(cut.seconds.values()) - cut.seconds["layers"] <= RUN_BUDGET_SECONDS
     assert cut.default_seconds == pytest.approx(sum(run_seconds(smol, RUN_PLAN, 8192, 1024, REFERENCE_RATE).values()))
     assert "1,024 tokens per split in windows of 128" in cut.line(8192)
     given = run_budget(smol, RUN_PLAN, 8192, 512)  # a given window is kept, the tokens fill whole windows of it

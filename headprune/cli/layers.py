@@ -1,0 +1,48 @@
+"""``headprune layers``: each layer's heads removed together on a finished run's own tokens and windows (its
+settings.json), written as the run folder's ``layers.csv``, and the report re-rendered with it: ``run``'s layers
+stage, for a run folder written before that stage existed."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.options import add_run_flags
+from headprune.errors import HeadpruneError
+
+HELP = "each layer's heads removed together, on a finished run's tokens; its report re-rendered"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_run_flags(p, "a finished headprune run's folder (settings.json, scores and curves): layers.csv is written "
+                     "there and the report re-rendered")
+
+
+def run(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from headprune.cost import Pace, estimate_layers
+    from headprune.io.work.files import check_writable, write_table
+    from headprune.io.work.progress import Progress
+    from headprune.report import rebuild_report
+    from headprune.report.layers import LAYERS_FILE
+    from headprune.stages.inputs import reload_inputs
+    from headprune.stages.layers import layer_stage
+
+    out = Path(args.out)
+    for name in ("scores.parquet", "curves.parquet"):
+        if not (out / name).is_file():
+            raise HeadpruneError(f"{out} holds no {name}: not the output folder of headprune run")
+    check_writable(out)
+    record, s, inputs = reload_inputs(out)
+    tokens = len(inputs.score_ids) + len(inputs.eval_ids)
+    if not args.quiet:
+        pace = Pace.here(inputs.model, inputs.windowing.seq_len)
+        print(f"{inputs.model.cfg.n_layers} layers on both splits of {s.model}: "
+              + estimate_layers(inputs.model, tokens, inputs.windowing.seq_len, pace).line())
+    progress = Progress(out / ".layers-progress.jsonl", {"stage": "layers", "settings": record},
+                        overwrite=args.overwrite)
+    layers = layer_stage(inputs, s, progress, args.quiet)
+    write_table(layers, out / LAYERS_FILE)
+    report = rebuild_report(out / "scores.parquet", out / "curves.parquet", out)
+    progress.remove()
+    print(f"layers -> {out / LAYERS_FILE}; report -> {report}")
