@@ -18,8 +18,10 @@ It reads the run's settings (model, token budget, windows, seed) and tables, and
 
 Each part is written as it finishes and skipped when its table is already there with the same settings, so a
 killed study resumes (the code sweep also per layer, through its progress file). ``study.md``'s sentences are
-computed from the tables by :func:`analyses.study_findings.findings` (tested against tables built by hand);
-``--render-only`` re-renders study.md from the committed tables without loading the model.
+computed from the tables by :func:`analyses.study_findings.findings` (tested against tables built by hand), and
+its last section rates each headline finding certified, contested or refuted from its table's intervals
+(:mod:`analyses.study_status`); ``--render-only`` re-renders study.md from the committed tables without loading the
+model.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import pandas as pd
 from analyses.common import save
 from analyses.study_figure import plot_study
 from analyses.study_findings import PERFORMS, findings
+from analyses.study_status import status_section
 from headprune.io.work.files import write_text
 
 UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
@@ -291,7 +294,7 @@ def write_study(run: Path) -> list[str]:
                + f"Computed by `python -m analyses.real_model {run}` from the tables in this folder (re-rendered "
                f"from them alone by `python -m analyses.real_model {run} --render-only`); the figure is "
                "study.png.\n\n![Pruning by unit; ablation cost on prose vs code](study.png)\n\n"
-               + "\n".join(f"- {line}" for line in lines) + "\n")
+               + "\n".join(f"- {line}" for line in lines) + "\n\n" + status_section(run))
     return lines
 
 

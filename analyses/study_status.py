@@ -1,0 +1,181 @@
+"""The study's last section, "What holds at this budget": each headline finding of the run and the study rated from
+the 95% intervals in its own table. Certified: the intervals separate the way the finding says (more tokens would
+not change it, at that confidence); contested: they overlap (more tokens could go either way); refuted: they
+separate the other way. Every rule reads one table; nothing here loads a model.
+
+- the costliest head: certified where its abl_zero interval lies above every other head's;
+- the top 5 heads: certified where each of them lies above every head outside them;
+- which heads help at all: certified where every head's interval excludes 0;
+- the layer that matters most (chosen on validation): on the test split, certified where its interval lies above every
+  other layer's, refuted where another layer's lies above its own;
+- the best cheap score: certified where its Spearman ρ interval lies above 0;
+- the best ranking's choice: certified where the even and the odd windows choose it alike;
+- the best ranking against random at 30% and 50%: certified where its ΔNLL interval lies below random's (over
+  seeds and windows), refuted where above;
+- where the best ranking breaks: certified where the points' intervals locate it between the same two points as
+  the values do;
+- distillation: contested while it has no control run and one seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from headprune.report.breaks import find_break
+from headprune.report.choice import choose
+from headprune.report.layers import CHOSEN_ON, REPORTED_ON, read_layers
+from headprune.report.tables import nearest_row
+
+CERTIFIED, CONTESTED, REFUTED = "certified", "contested", "refuted"
+TOP = 5
+TARGETS = (0.3, 0.5)
+
+
+@dataclass(frozen=True)
+class Status:
+    finding: str
+    evidence: str
+    status: str
+
+
+def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
+    return f"{value:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
+
+
+def _heads(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def top_head(scores: pd.DataFrame) -> Status:
+    ranked = scores.sort_values("abl_zero", ascending=False, kind="stable")
+    top, rest = ranked.iloc[0], ranked.iloc[1:]
+    overlap = rest[rest["abl_zero_ci_hi"] >= top["abl_zero_ci_lo"]]
+    evidence = f"{top['head_id']} {_interval(top['abl_zero'], top['abl_zero_ci_lo'], top['abl_zero_ci_hi'])}"
+    evidence += (f"; its interval overlaps {len(overlap)} other heads' ({_heads(list(overlap['head_id']))})"
+                 if len(overlap) else "; above every other head's interval")
+    return Status(f"{top['head_id']} is the costliest head to zero-ablate", evidence,
+                  CONTESTED if len(overlap) else CERTIFIED)
+
+
+def top_five(scores: pd.DataFrame) -> Status:
+    ranked = scores.sort_values("abl_zero", ascending=False, kind="stable")
+    inside, outside = ranked.iloc[:TOP], ranked.iloc[TOP:]
+    ceiling = float(outside["abl_zero_ci_hi"].max())
+    sure = list(inside.loc[inside["abl_zero_ci_lo"] > ceiling, "head_id"])
+    named = f" ({_heads(sure, TOP)})" if sure else ""
+    return Status(f"the top {TOP} heads by abl_zero are {_heads(list(inside['head_id']), TOP)}",
+                  f"certified members: {len(sure)} of {TOP}{named}, whose interval lies above every interval outside "
+                  f"the top {TOP} (the highest upper end outside: {ceiling:.3f})",
+                  CERTIFIED if len(sure) == TOP else CONTESTED)
+
+
+def signs(scores: pd.DataFrame) -> Status:
+    helps = int((scores["abl_zero_ci_lo"] > 0).sum())
+    hurts = int((scores["abl_zero_ci_hi"] < 0).sum())
+    open_ = len(scores) - helps - hurts
+    width = float((scores["abl_zero_ci_hi"] - scores["abl_zero_ci_lo"]).median())
+    size = float(scores["abl_zero"].abs().median())
+    evidence = (f"{helps} of {len(scores)} heads help, {hurts} hurt, {open_} have an interval that includes 0 "
+                f"(median interval width {width:.3f} against a median absolute abl_zero of {size:.3f})")
+    return Status("which heads help (zero-ablating them raises the NLL)",
+                  evidence + (": their order among themselves is noise at this budget" if open_ else ""),
+                  CONTESTED if open_ else CERTIFIED)
+
+
+def top_layer(layers: pd.DataFrame) -> Status:
+    val = layers[layers["split"] == CHOSEN_ON].sort_values(["abl_layer", "layer"], ascending=[False, True])
+    layer = int(val["layer"].iloc[0])
+    test = layers[layers["split"] == REPORTED_ON].set_index("layer")
+    row, others = test.loc[layer], test.drop(layer)
+    value = _interval(row["abl_layer"], row["abl_layer_ci_lo"], row["abl_layer_ci_hi"], "+")
+    evidence = (f"layer {layer} (chosen on {CHOSEN_ON}) {value} on {REPORTED_ON}; the highest other upper end: layer "
+                f"{int(others['abl_layer_ci_hi'].idxmax())} {others['abl_layer_ci_hi'].max():+.3f}")
+    if (others["abl_layer_ci_lo"] > row["abl_layer_ci_hi"]).any():
+        status = REFUTED
+    else:
+        status = CERTIFIED if row["abl_layer_ci_lo"] > others["abl_layer_ci_hi"].max() else CONTESTED
+    return Status(f"layer {layer}'s heads, removed together, cost most", evidence, status)
+
+
+def best_cheap(pred: pd.DataFrame) -> Status:
+    cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")]
+    best = cheap.sort_values("spearman_rho", ascending=False, kind="stable").iloc[0]
+    return Status(f"{best['method']}, the best cheap score, ranks heads like abl_zero",
+                  f"Spearman ρ {_interval(best['spearman_rho'], best['spearman_ci_lo'], best['spearman_ci_hi'], '+')} "
+                  f"over {int(best['n'])} heads", CERTIFIED if best["spearman_ci_lo"] > 0 else CONTESTED)
+
+
+def choice(curves: pd.DataFrame) -> Status:
+    picked = choose(curves)
+    if not picked.held_out:
+        return Status(f"{picked.pick} is the best ranking", "no held-out choice (no even/odd halves)", CONTESTED)
+    evidence = (f"the even windows choose {picked.on_even}, the odd ones {picked.on_odd}"
+                + (" alike" if picked.agree else ""))
+    return Status(f"{picked.pick} is the best ranking", evidence, CERTIFIED if picked.agree else CONTESTED)
+
+
+def _uncompensated(curves: pd.DataFrame, method: str) -> pd.DataFrame:
+    return curves[(curves["method"] == method) & (curves["compensation"] == "none")]
+
+
+def versus_random(curves: pd.DataFrame, target: float) -> Status:
+    pick = choose(curves).pick
+    mine, rand = (nearest_row(_uncompensated(curves, m), target) for m in (pick, "random"))
+    ours, theirs = (_interval(r["delta_nll"], r["delta_nll_ci_lo"], r["delta_nll_ci_hi"]) for r in (mine, rand))
+    evidence = (f"ΔNLL {ours} at {mine['fraction']:.1%}; random {theirs} (over {int(rand['n_seeds'])} seeds and the "
+                "windows)")
+    if mine["delta_nll_ci_hi"] < rand["delta_nll_ci_lo"]:
+        status = CERTIFIED
+    else:
+        status = REFUTED if mine["delta_nll_ci_lo"] > rand["delta_nll_ci_hi"] else CONTESTED
+    return Status(f"{pick} prunes {target:.0%} of heads better than random", evidence, status)
+
+
+def breaks(curves: pd.DataFrame) -> Status | None:
+    pick = choose(curves).pick
+    found = find_break(curves, pick)
+    if found is None:
+        return None
+    where = f"between {found.before:.1%} and {found.after:.1%} of heads"
+    if found.hi is None:
+        return Status(f"{pick} breaks {where}", "no point's interval lies wholly above 0.1 nats/token", CONTESTED)
+    sure = f"{(found.lo or 0.0):.1%} to {found.hi:.1%}"
+    same = (found.lo or 0.0, found.hi) == (found.before, found.after)
+    return Status(f"{pick} breaks {where}", f"with each point's 95% interval: {sure}",
+                  CERTIFIED if same else CONTESTED)
+
+
+def distillation(recovery: pd.DataFrame) -> Status:
+    shares = ", ".join(f"{r.gap_recovered:.0%} at {r.fraction:.0%}" for r in recovery.itertuples())
+    return Status("distillation wins back most of the gap", f"{shares}; one seed, no control run (a random prune or "
+                  "the unpruned model trained the same way), measured on the corpus it trained on", CONTESTED)
+
+
+def statuses(run: Path) -> list[Status]:
+    """Every rated finding of the run folder ``run``, in the study's order."""
+    scores, curves = pd.read_csv(run / "scores.csv"), pd.read_csv(run / "curves.csv")
+    layers = read_layers(run)
+    rows = [top_head(scores), top_five(scores), signs(scores)]
+    rows += [top_layer(layers)] if layers is not None else []
+    rows += [best_cheap(pd.read_csv(run / "predictiveness.csv")), choice(curves)]
+    rows += [versus_random(curves, t) for t in TARGETS]
+    rows += [s for s in (breaks(curves),) if s is not None]
+    rows.append(distillation(pd.read_csv(run / "study_recovery.csv")))
+    return rows
+
+
+def status_section(run: Path) -> str:
+    """The markdown section: a line on the rules, then one table row per finding."""
+    rows = statuses(run)
+    counts = {s: sum(r.status == s for r in rows) for s in (CERTIFIED, CONTESTED, REFUTED)}
+    rules = ("Each finding rated from the 95% intervals in its own table (the rules: `analyses/study_status.py`): "
+             "certified where they separate as the finding says, contested where they overlap, refuted where they "
+             f"separate the other way. Here {counts[CERTIFIED]} certified, {counts[CONTESTED]} contested, "
+             f"{counts[REFUTED]} refuted.")
+    lines = ["## What holds at this budget", "", rules, "", "| finding | evidence | status |", "|---|---|---|"]
+    lines += [f"| {r.finding} | {r.evidence} | {r.status} |" for r in rows]
+    return "\n".join(lines) + "\n"
