@@ -33,6 +33,7 @@ _EXPORTS = {
     "head_means": "headprune.scoring",
     "load_scores": "headprune.scoring.result",
     "load_curves": "headprune.stages.curves",
+    "layer_ablation": "headprune.scoring.layers",
     "joint_constants": "headprune.scoring",
     "prune_model": "headprune.pruning.prune",
     "pruning_curves": "headprune.pruning.curves",
@@ -65,6 +66,7 @@ __all__ = [  # the names of _EXPORTS (tests/oracles/test_python_api.py checks th
     "head_anatomy",
     "head_means",
     "joint_constants",
+    "layer_ablation",
     "learn_gates",
     "load_curves",
     "load_model",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     from headprune.pruning.options import Compensation, CurveOptions, Selection
     from headprune.pruning.prune import prune_model
     from headprune.scoring import ScoringOptions, head_means, joint_constants, score_heads
+    from headprune.scoring.layers import layer_ablation
     from headprune.scoring.result import load_scores
     from headprune.stages.curves import load_curves
 

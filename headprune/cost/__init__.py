@@ -46,7 +46,7 @@ from headprune.cost.rate import CALIBRATION_REPEATS, Pace, measured_rate
 __all__ = ["CALIBRATION_REPEATS", "ESTIMATE_SPREAD", "MIN_SEQ_LEN", "MIN_WINDOWS", "REFERENCE_RATE",
            "RUN_BUDGET_SECONDS", "WARN_SECONDS", "Budget", "Estimate", "Pace", "RunPlan", "ablation_fe",
            "block_flops", "cheaper_hint", "duration", "estimate_context", "estimate_curves", "estimate_layers",
-           "estimate_patching",
-           "estimate_run", "estimate_scoring", "estimate_verify", "fixed_seconds", "forward_flops", "head_flops",
+           "estimate_patching", "estimate_run", "estimate_scoring", "estimate_verify", "fixed_seconds", "forward_flops",
+           "head_flops",
            "layers_fe", "measured_rate", "methods_fe", "patching_fe", "patching_seconds", "run_budget", "run_fe",
            "run_lines", "run_seconds", "scoring_lines", "verify_fe"]

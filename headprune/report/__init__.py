@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -124,8 +124,9 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     curves, recovered = split_recovered(full)  # curve --recover: the recovered points get their own section
     settings, baseline = jsonable(settings), check_baseline(baseline)
     check_together(scores, curves, baseline)
-    layers = check_layers(extra.layers) if extra.layers is not None else None
-    content = make_content(scores, curves, settings, baseline, layers)
+    if extra.layers is not None:
+        extra = replace(extra, layers=check_layers(extra.layers))
+    content = make_content(scores, curves, settings, baseline, extra.layers)
     if scale not in SCALES:
         raise HeadpruneError(f"scale {scale!r} must be one of {', '.join(SCALES)}", "scale")
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
@@ -151,7 +152,7 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     secs = sections(content, pictures)
     if extra.layers is not None:  # after the findings' tables, before the anatomy
         write_table(extra.layers, out / LAYERS_FILE)
-        secs = before_pictures(secs, layers_section(check_layers(extra.layers), scores))
+        secs = before_pictures(secs, layers_section(extra.layers, scores))
     if anatomy is not None:
         write_anatomy_files(out, anatomy)
         section, anatomy_pictures = anatomy_parts(anatomy, scores)
