@@ -9,7 +9,7 @@ import argparse
 from headprune.cli.options import add_run_flags
 from headprune.errors import HeadpruneError
 
-HELP = "each layer's heads removed together, on a finished run's tokens; its report re-rendered"
+HELP = "remove each layer's heads together, for a finished run's folder"
 
 
 def configure(p: argparse.ArgumentParser) -> None:

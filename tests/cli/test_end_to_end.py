@@ -209,7 +209,7 @@ def test_run_is_resumable_without_recompute(run_dir, tiny_dir, corpus, capsys, m
     tables = {name: (out / name).read_bytes() for name in ["scores.csv", "curves.csv", "baseline.json"]}
     units = _unit_keys(progress)
     assert {u.split("/")[0] for u in units} == {"weights", "act", "grad", "base", "abl_zero", "abl_mean",
-                                                "curve", "patch_z"}
+                                                "abl_layer", "curve", "patch_z"}
     args = _run_args(tiny_dir, corpus, out)
 
     calls, computed = _count_work(monkeypatch)

@@ -111,9 +111,16 @@ def test_sigkill_run_after_fixed_units_then_resume_gives_identical_tables(tiny_d
     whole, out = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(_run_cmd(tiny_dir, corpus, whole), env=_env(tmp_path), check=True, capture_output=True, timeout=300)
     progress = out / ".progress.jsonl"
-    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, 37], tmp_path)
-    # the first kill lands in the activations, the second (after the ablation) in the curves
-    assert [u.split("/")[0][:3] for u in (done[1], done[8], done[38])] == ["act", "abl", "cur"]
+    order = _units(whole / ".progress.jsonl")
+    layers = next(i for i, u in enumerate(order) if u.startswith("abl_layer/"))
+    curves = next(i for i, u in enumerate(order) if u.startswith("curve/"))
+    assert layers < curves
+    # the first kill lands in the activations, the second in the layers removed whole, the third in the curves
+    done = _kill_and_resume(_run_cmd(tiny_dir, corpus, out), progress, [2, layers - 1, curves - layers + 1],
+                            tmp_path)
+    assert [u.split("/")[0][:3] for u in (done[1], done[8], done[layers], done[curves + 1])] == [
+        "act", "abl", "abl", "cur"]
+    assert done[layers].startswith("abl_layer/")
     for name in ["scores.csv", "curves.csv", "baseline.json", "predictiveness.csv"]:
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
     # the same units, each once, as the uninterrupted run's
