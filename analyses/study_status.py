@@ -3,17 +3,18 @@ the 95% intervals in its own table. Certified: the intervals separate the way th
 not change it, at that confidence); contested: they overlap (more tokens could go either way); refuted: they
 separate the other way. Every rule reads one table; nothing here loads a model.
 
+- any finding whose table has no intervals: contested;
 - the costliest head: certified where its abl_zero interval lies above every other head's;
 - the top 5 heads: certified where each of them lies above every head outside them;
-- which heads help at all: certified where every head's interval excludes 0;
-- the layer that matters most (chosen on validation): on the test split, certified where its interval lies above every
-  other layer's, refuted where another layer's lies above its own;
-- the best cheap score: certified where its Spearman ρ interval lies above 0;
+- which heads help at all: certified where every head's interval excludes 0 (their sign is decided);
+- the layer that matters most (chosen on validation; a model of more than one layer): on the test split, certified
+  where its interval lies above every other layer's, refuted where another layer's lies above its own;
+- the best cheap score: certified where its Spearman ρ interval lies above 0, refuted where below;
 - the best ranking's choice: certified where the even and the odd windows choose it alike;
 - the best ranking against random at 30% and 50%: certified where its ΔNLL interval lies below random's (over
   seeds and windows), refuted where above;
 - where the best ranking breaks: certified where the points' intervals locate it between the same two points as
-  the values do;
+  the values do (no intervals, or none wholly above the line: contested);
 - distillation: contested while it has no control run and one seed.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headprune.report.breaks import find_break
+from headprune.report.breaks import BREAK_NATS, find_break
 from headprune.report.choice import choose
 from headprune.report.layers import CHOSEN_ON, REPORTED_ON, read_layers
 from headprune.report.tables import nearest_row
@@ -45,6 +46,11 @@ def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
     return f"{value:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
 
 
+def _unmeasured(*frames: pd.DataFrame) -> bool:
+    """Whether any interval column of ``frames`` is empty (a run with --bootstrap 0): nothing can be certified."""
+    return any(f.isna().any().any() for f in frames)
+
+
 def _heads(names: list[str], most: int = 4) -> str:
     shown = ", ".join(names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
@@ -53,6 +59,8 @@ def _heads(names: list[str], most: int = 4) -> str:
 def top_head(scores: pd.DataFrame) -> Status:
     ranked = scores.sort_values("abl_zero", ascending=False, kind="stable")
     top, rest = ranked.iloc[0], ranked.iloc[1:]
+    if _unmeasured(ranked[["abl_zero_ci_lo", "abl_zero_ci_hi"]]):
+        return Status(f"{top['head_id']} is the costliest head to zero-ablate", "no intervals", CONTESTED)
     overlap = rest[rest["abl_zero_ci_hi"] >= top["abl_zero_ci_lo"]]
     evidence = f"{top['head_id']} {_interval(top['abl_zero'], top['abl_zero_ci_lo'], top['abl_zero_ci_hi'])}"
     evidence += (f"; its interval overlaps {len(overlap)} other heads' ({_heads(list(overlap['head_id']))})"
@@ -64,16 +72,21 @@ def top_head(scores: pd.DataFrame) -> Status:
 def top_five(scores: pd.DataFrame) -> Status:
     ranked = scores.sort_values("abl_zero", ascending=False, kind="stable")
     inside, outside = ranked.iloc[:TOP], ranked.iloc[TOP:]
+    finding = f"the top {TOP} heads by abl_zero are {_heads(list(inside['head_id']), TOP)}"
+    if _unmeasured(ranked[["abl_zero_ci_lo", "abl_zero_ci_hi"]]) or outside.empty:
+        return Status(finding, "no intervals, or no head outside them", CONTESTED)
     ceiling = float(outside["abl_zero_ci_hi"].max())
     sure = list(inside.loc[inside["abl_zero_ci_lo"] > ceiling, "head_id"])
     named = f" ({_heads(sure, TOP)})" if sure else ""
-    return Status(f"the top {TOP} heads by abl_zero are {_heads(list(inside['head_id']), TOP)}",
+    return Status(finding,
                   f"certified members: {len(sure)} of {TOP}{named}, whose interval lies above every interval outside "
                   f"the top {TOP} (the highest upper end outside: {ceiling:.3f})",
                   CERTIFIED if len(sure) == TOP else CONTESTED)
 
 
 def signs(scores: pd.DataFrame) -> Status:
+    if _unmeasured(scores[["abl_zero_ci_lo", "abl_zero_ci_hi"]]):
+        return Status("which heads help (zero-ablating them raises the NLL)", "no intervals", CONTESTED)
     helps = int((scores["abl_zero_ci_lo"] > 0).sum())
     hurts = int((scores["abl_zero_ci_hi"] < 0).sum())
     open_ = len(scores) - helps - hurts
@@ -82,15 +95,19 @@ def signs(scores: pd.DataFrame) -> Status:
     evidence = (f"{helps} of {len(scores)} heads help, {hurts} hurt, {open_} have an interval that includes 0 "
                 f"(median interval width {width:.3f} against a median absolute abl_zero of {size:.3f})")
     return Status("which heads help (zero-ablating them raises the NLL)",
-                  evidence + (": their order among themselves is noise at this budget" if open_ else ""),
+                  evidence + (": their sign is open at this budget" if open_ else ""),
                   CONTESTED if open_ else CERTIFIED)
 
 
-def top_layer(layers: pd.DataFrame) -> Status:
+def top_layer(layers: pd.DataFrame) -> Status | None:
     val = layers[layers["split"] == CHOSEN_ON].sort_values(["abl_layer", "layer"], ascending=[False, True])
     layer = int(val["layer"].iloc[0])
     test = layers[layers["split"] == REPORTED_ON].set_index("layer")
     row, others = test.loc[layer], test.drop(layer)
+    if others.empty:
+        return None  # one layer: nothing to compare it with
+    if _unmeasured(test[["abl_layer_ci_lo", "abl_layer_ci_hi"]]):
+        return Status(f"layer {layer}'s heads, removed together, cost most", "no intervals", CONTESTED)
     value = _interval(row["abl_layer"], row["abl_layer_ci_lo"], row["abl_layer_ci_hi"], "+")
     evidence = (f"layer {layer} (chosen on {CHOSEN_ON}) {value} on {REPORTED_ON}; the highest other upper end: layer "
                 f"{int(others['abl_layer_ci_hi'].idxmax())} {others['abl_layer_ci_hi'].max():+.3f}")
@@ -104,9 +121,15 @@ def top_layer(layers: pd.DataFrame) -> Status:
 def best_cheap(pred: pd.DataFrame) -> Status:
     cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")]
     best = cheap.sort_values("spearman_rho", ascending=False, kind="stable").iloc[0]
-    return Status(f"{best['method']}, the best cheap score, ranks heads like abl_zero",
-                  f"Spearman ρ {_interval(best['spearman_rho'], best['spearman_ci_lo'], best['spearman_ci_hi'], '+')} "
-                  f"over {int(best['n'])} heads", CERTIFIED if best["spearman_ci_lo"] > 0 else CONTESTED)
+    finding = f"{best['method']}, the best cheap score, ranks heads like abl_zero"
+    if _unmeasured(cheap[["spearman_ci_lo", "spearman_ci_hi"]].iloc[:1]):
+        return Status(finding, f"Spearman ρ {best['spearman_rho']:+.3f}, no interval", CONTESTED)
+    if best["spearman_ci_lo"] > 0:
+        status = CERTIFIED
+    else:
+        status = REFUTED if best["spearman_ci_hi"] < 0 else CONTESTED
+    rho = _interval(best["spearman_rho"], best["spearman_ci_lo"], best["spearman_ci_hi"], "+")
+    return Status(finding, f"Spearman ρ {rho} over {int(best['n'])} heads", status)
 
 
 def choice(curves: pd.DataFrame) -> Status:
@@ -125,6 +148,8 @@ def _uncompensated(curves: pd.DataFrame, method: str) -> pd.DataFrame:
 def versus_random(curves: pd.DataFrame, target: float) -> Status:
     pick = choose(curves).pick
     mine, rand = (nearest_row(_uncompensated(curves, m), target) for m in (pick, "random"))
+    if _unmeasured(pd.DataFrame([mine, rand])[["delta_nll_ci_lo", "delta_nll_ci_hi"]]):
+        return Status(f"{pick} prunes {target:.0%} of heads better than random", "no intervals", CONTESTED)
     ours, theirs = (_interval(r["delta_nll"], r["delta_nll_ci_lo"], r["delta_nll_ci_hi"]) for r in (mine, rand))
     evidence = (f"ΔNLL {ours} at {mine['fraction']:.1%}; random {theirs} (over {int(rand['n_seeds'])} seeds and the "
                 "windows)")
@@ -142,7 +167,8 @@ def breaks(curves: pd.DataFrame) -> Status | None:
         return None
     where = f"between {found.before:.1%} and {found.after:.1%} of heads"
     if found.hi is None:
-        return Status(f"{pick} breaks {where}", "no point's interval lies wholly above 0.1 nats/token", CONTESTED)
+        return Status(f"{pick} breaks {where}", f"no point's interval lies wholly above {BREAK_NATS} nats/token (or "
+                      "the points have no intervals)", CONTESTED)
     sure = f"{(found.lo or 0.0):.1%} to {found.hi:.1%}"
     same = (found.lo or 0.0, found.hi) == (found.before, found.after)
     return Status(f"{pick} breaks {where}", f"with each point's 95% interval: {sure}",
@@ -160,7 +186,7 @@ def statuses(run: Path) -> list[Status]:
     scores, curves = pd.read_csv(run / "scores.csv"), pd.read_csv(run / "curves.csv")
     layers = read_layers(run)
     rows = [top_head(scores), top_five(scores), signs(scores)]
-    rows += [top_layer(layers)] if layers is not None else []
+    rows += [s for s in (top_layer(layers) if layers is not None else None,) if s is not None]
     rows += [best_cheap(pd.read_csv(run / "predictiveness.csv")), choice(curves)]
     rows += [versus_random(curves, t) for t in TARGETS]
     rows += [s for s in (breaks(curves),) if s is not None]

@@ -125,7 +125,7 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     settings, baseline = jsonable(settings), check_baseline(baseline)
     check_together(scores, curves, baseline)
     if extra.layers is not None:
-        extra = replace(extra, layers=check_layers(extra.layers))
+        extra = replace(extra, layers=check_layers(extra.layers, scores))
     content = make_content(scores, curves, settings, baseline, extra.layers)
     if scale not in SCALES:
         raise HeadpruneError(f"scale {scale!r} must be one of {', '.join(SCALES)}", "scale")

@@ -20,20 +20,38 @@ CHOSEN_ON, REPORTED_ON = "validation", "test"
 LO, HI = f"{LAYER_SCORE}_ci_lo", f"{LAYER_SCORE}_ci_hi"
 
 
-def check_layers(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with its columns checked (:data:`~headprune.schema.LAYER_COLUMNS`), both splits over the same
-    layers, each ΔNLL finite; HeadpruneError otherwise."""
+INTEGERS = ("layer", "n_heads", "windows", "tokens")
+
+
+def check_layers(table: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A typed copy of ``table`` (:data:`~headprune.schema.LAYER_COLUMNS`): both splits over the same layers, whole
+    non-negative layer, head, window and token counts, each ΔNLL finite, the intervals and shares numbers or empty;
+    with ``scores``, each layer's head count that of the scores table. HeadpruneError otherwise."""
     missing = [c for c in LAYER_COLUMNS if c not in table.columns]
     if missing:
         raise HeadpruneError(f"layers table lacks column(s) {', '.join(missing)}; is it headprune's layers.csv?")
-    splits = {s: set(table.loc[table["split"] == s, "layer"]) for s in (CHOSEN_ON, REPORTED_ON)}
-    if not splits[CHOSEN_ON] or splits[CHOSEN_ON] != splits[REPORTED_ON] or len(table) != 2 * len(splits[CHOSEN_ON]):
+    df = table[list(LAYER_COLUMNS)].copy()
+    for column in LAYER_COLUMNS[1:]:
+        df[column] = pd.to_numeric(df[column], errors="coerce")
+    counts = df[list(INTEGERS)].to_numpy(float)
+    if not (np.isfinite(counts).all() and (counts >= 0).all() and (counts == np.round(counts)).all()):
+        raise HeadpruneError(f"layers table needs whole numbers in {', '.join(INTEGERS)}; is it headprune's "
+                             "layers.csv?")
+    df[list(INTEGERS)] = df[list(INTEGERS)].astype(int)
+    if not np.isfinite(df[LAYER_SCORE].to_numpy(float)).all():
+        raise HeadpruneError(f"layers table has a {LAYER_SCORE} that is not a finite number")
+    splits = {s: set(df.loc[df["split"] == s, "layer"]) for s in (CHOSEN_ON, REPORTED_ON)}
+    if not splits[CHOSEN_ON] or splits[CHOSEN_ON] != splits[REPORTED_ON] or len(df) != 2 * len(splits[CHOSEN_ON]):
         raise HeadpruneError(f"layers table must hold each layer once on the {CHOSEN_ON} and once on the {REPORTED_ON} "
                              "split")
-    if not np.isfinite(table[LAYER_SCORE].to_numpy(float)).all():
-        raise HeadpruneError(f"layers table has a {LAYER_SCORE} that is not a finite number")
-    order = table["split"].map({CHOSEN_ON: 0, REPORTED_ON: 1})
-    return table.assign(_order=order).sort_values(["_order", "layer"], kind="stable").drop(columns="_order") \
+    if scores is not None:
+        heads = scores.groupby("layer").size()
+        theirs = df.drop_duplicates("layer").set_index("layer")["n_heads"]
+        if not theirs.sort_index().equals(heads.reindex(theirs.index).fillna(-1).astype(int).sort_index()):
+            raise HeadpruneError("layers table does not match the scores: its layers or head counts differ; measure "
+                                 "it again for this run (headprune layers)")
+    order = df["split"].map({CHOSEN_ON: 0, REPORTED_ON: 1})
+    return df.assign(_order=order).sort_values(["_order", "layer"], kind="stable").drop(columns="_order") \
         .reset_index(drop=True)
 
 
@@ -94,18 +112,19 @@ def delta_text(row: pd.Series) -> str:
 
 
 def layer_answer(layers: pd.DataFrame) -> str:
-    """The first screen's sentence: the chosen layer's test ΔNLL with its interval (its share: the findings)."""
+    """The first screen's sentence: the layer chosen on validation and its test ΔNLL with its interval (its share:
+    the findings)."""
     pick = pick_layer(layers)
-    return (f"Layer {pick.layer}'s heads removed together cost most: {delta_text(pick.test)} on {REPORTED_ON}, "
-            f"chosen on {CHOSEN_ON}.")
+    return (f"Removed together, layer {pick.layer}'s heads cost most on {CHOSEN_ON}; on {REPORTED_ON} "
+            f"{delta_text(pick.test)}.")
 
 
 def singles_sum(scores: pd.DataFrame, layer: int) -> float | None:
-    """abl_zero summed over ``layer``'s heads (None without abl_zero)."""
+    """abl_zero summed over ``layer``'s heads (None without abl_zero, or where a head of the layer lacks it)."""
     if TRUTH not in scores.columns:
         return None
     values = scores.loc[scores["layer"] == layer, TRUTH].to_numpy(float)
-    return float(values[np.isfinite(values)].sum())
+    return float(values.sum()) if len(values) and np.isfinite(values).all() else None
 
 
 def layer_finding(layers: pd.DataFrame, scores: pd.DataFrame) -> str:
@@ -122,7 +141,8 @@ def layer_finding(layers: pd.DataFrame, scores: pd.DataFrame) -> str:
     if total is not None:
         text += f"; its heads' single {TRUTH} ablations sum to {total:.3f} ({CHOSEN_ON} split, a sum of singles)"
     if pick.runner_up is not None and pick.runner_up_test is not None:
-        text += f"; next is layer {pick.runner_up}: {delta_text(pick.runner_up_test)}"
+        text += f"; the runner-up on {CHOSEN_ON}, layer {pick.runner_up}: {delta_text(pick.runner_up_test)} on " \
+                f"{REPORTED_ON}"
     return text + "."
 
 
@@ -131,9 +151,10 @@ def joint_vs_sum(layers: pd.DataFrame, scores: pd.DataFrame) -> str | None:
     above the sum of the layer's single abl_zero values, and in how many below (None without abl_zero or
     intervals)."""
     rows = layers[layers["split"] == CHOSEN_ON]
-    if TRUTH not in scores.columns or rows[LO].isna().any():
+    found = [singles_sum(scores, int(layer)) for layer in rows["layer"]]
+    if any(v is None for v in found) or rows[LO].isna().any():
         return None
-    sums = np.array([singles_sum(scores, int(layer)) for layer in rows["layer"]])
+    sums = np.array(found, dtype=float)
     above, below = int((rows[LO].to_numpy() > sums).sum()), int((rows[HI].to_numpy() < sums).sum())
     return (f"On the {CHOSEN_ON} split, removing a layer's heads together costs more than their single {TRUTH} "
             f"ablations summed in {above} of {len(rows)} layers and less in {below} (the joint ΔNLL's 95% interval "

@@ -35,8 +35,8 @@ def layers_view(layers: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
                          f"ΔNLL together ({REPORTED_ON})": [cell(r) for _, r in test.iterrows()],
                          f"share ({REPORTED_ON})": [_share_cell(r) for _, r in test.iterrows()]})
     if TRUTH in scores.columns:
-        view[f"sum of single {TRUTH} ({CHOSEN_ON})"] = [f"{singles_sum(scores, int(layer)):+.3f}"
-                                                        for layer in test.index]
+        sums = [singles_sum(scores, int(layer)) for layer in test.index]
+        view[f"sum of single {TRUTH} ({CHOSEN_ON})"] = ["n/a" if v is None else f"{v:+.3f}" for v in sums]
     return view
 
 
@@ -51,8 +51,8 @@ def layers_section(layers: pd.DataFrame, scores: pd.DataFrame) -> Section:
     """The section: what was measured, the table, and the finding."""
     read = [f"{split} {int(rows['tokens'].iloc[0]):,} tokens in {int(rows['windows'].iloc[0])} windows"
             for split, rows in layers.groupby("split", sort=False)]
-    lead = (f"Every head of one layer zero-ablated at once, each layer in turn ({', '.join(read)}); in brackets the "
-            "95% interval over resampled windows. "
+    brackets = "" if layers[LO].isna().all() else "; in brackets the 95% interval over resampled windows"
+    lead = (f"Every head of one layer zero-ablated at once, each layer in turn ({', '.join(read)}){brackets}. "
             "A layer's single-head ablations summed is another number: its heads can stand in for each other (the "
             "sum overstates the joint ΔNLL) or need each other (it understates it).")
     versus = joint_vs_sum(layers, scores)

@@ -8,7 +8,8 @@ over the windows w of the corpus (n_w scored tokens each), measured exactly with
 :mod:`.set_sweep` (one batched copy per layer, run from the cached residual entering it). Its 95% interval comes
 from percentile-bootstrap replicates that resample the windows (:mod:`headprune.bootstrap`); each layer's share
 abl_layer_l / Σ_k abl_layer_k (stated only where no layer's ΔNLL is negative: parts of a whole) gets its interval from
-the same replicates, so the shares are resampled jointly (a replicate whose total is not positive left out). The
+the same replicates, so the shares are resampled jointly (a replicate whose total is not positive left out; a layer
+whose own interval reaches below 0 can have a replicate share below 0, so its share interval may too). The
 sum of a layer's single-head ablations is another number: heads of one layer can stand in for each other (the sum
 overstates the joint) or need each other (it understates it).
 """

@@ -119,5 +119,8 @@ def reload_inputs(folder: str | Path) -> tuple[dict, RunSettings, RunInputs]:
         raise HeadpruneError(f"cannot read {path} ({type(err).__name__}); run headprune run again") from None
     if not isinstance(record, dict):
         raise HeadpruneError(f"{path} must hold a JSON object: not the settings of headprune run")
-    s = saved_settings(record)
+    try:
+        s = saved_settings(record)
+    except (TypeError, ValueError) as err:  # a field missing or of the wrong kind
+        raise HeadpruneError(f"{path} is not the settings of headprune run ({err})") from None
     return record, s, load_inputs(s)

@@ -68,3 +68,39 @@ def test_layers_command_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["layers", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the output folder of headprune run" in err[0]
+
+
+def test_a_folder_without_run_settings_is_one_line(run_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    for name in ("scores.parquet", "curves.parquet"):
+        shutil.copy(run_dir / name, tmp_path / name)
+    assert main(["layers", "--out", str(tmp_path)]) == 2
+    assert "holds no settings.json" in capsys.readouterr().err
+    record = json.loads((run_dir / "settings.json").read_text())
+    del record["model"]
+    (tmp_path / "settings.json").write_text(json.dumps(record))
+    assert main(["layers", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not the settings of headprune run" in err[0]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.assign(n_heads=t["n_heads"].astype(str).str.replace("4", "four")), "whole numbers"),
+    (lambda t: t.assign(n_heads=t["n_heads"] + 1), "does not match the scores"),
+    (lambda t: t.assign(abl_layer="x"), "not a finite number"),
+    (lambda t: t[t["split"] == "test"], "once on the validation and once on the test"),
+])
+def test_a_broken_layers_table_is_one_line_and_leaves_the_report(run_dir, tmp_path, capsys, change, message):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(run_dir, folder)
+    change(pd.read_csv(folder / LAYERS_FILE)).to_csv(folder / LAYERS_FILE, index=False)
+    before = (folder / "summary.md").read_bytes()
+    assert main(["report", "--scores", str(folder / "scores.csv"), "--curves", str(folder / "curves.csv"), "--out",
+                 str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert (folder / "summary.md").read_bytes() == before

@@ -221,13 +221,13 @@ def check_share(text: str, scores: pd.DataFrame) -> None:
 NUM = r"([+-]?\d+\.\d{3})"
 INTERVAL = rf"(?: \(95% interval {NUM} to {NUM}\))?"
 SHARE_SAID = r"(?:, (\d+)% of the layers' total(?: \(95% interval (-?\d+)% to (\d+)%\))?)?"
-LAYER_ANSWER = re.compile(rf"Layer (\d+)'s heads removed together cost most: {NUM} nats/token{INTERVAL} on test, "
-                          r"chosen on validation\.")
+LAYER_ANSWER = re.compile(rf"Removed together, layer (\d+)'s heads cost most on validation; on test {NUM} nats/token"
+                          rf"{INTERVAL}\.")
 LAYER_FINDING = re.compile(
     rf"^Layer (\d+) matters most \(largest NLL increase with all of a layer's heads zero-ablated together on the "
     rf"validation split\): removing its (\d+) heads changes the test NLL by {NUM} nats/token{INTERVAL}{SHARE_SAID}"
     rf"(?:; its heads' single abl_zero ablations sum to {NUM} \(validation split, a sum of singles\))?"
-    rf"(?:; next is layer (\d+): {NUM} nats/token{INTERVAL})?\.$")
+    rf"(?:; the runner-up on validation, layer (\d+): {NUM} nats/token{INTERVAL} on test)?\.$")
 
 
 def layer_truth(layers: pd.DataFrame) -> tuple[list[int], pd.DataFrame]:

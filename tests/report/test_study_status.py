@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyses.study_status import CERTIFIED, CONTESTED, REFUTED, top_head, top_layer, versus_random
+from analyses.study_status import CERTIFIED, CONTESTED, REFUTED, best_cheap, top_head, top_layer, versus_random
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = [p.parent for p in sorted((ROOT / "reports").glob("*/study.md"))
@@ -77,12 +77,32 @@ def test_every_status_is_recomputed_from_its_table(folder):
             mine, rand = (point_at(curves, m, int(target) / 100) for m in (method, "random"))
             assert status == status_of(mine["delta_nll_ci_lo"], mine["delta_nll_ci_hi"], rand["delta_nll_ci_lo"],
                                        rand["delta_nll_ci_hi"], True)
+        elif "the best cheap score" in finding:
+            pred = pd.read_csv(folder / "predictiveness.csv")
+            cheap = pred[(pred["kind"] == "importance") & ~pred["method"].str.startswith("abl_")]
+            best = cheap.loc[cheap["spearman_rho"].idxmax()]
+            assert finding.startswith(best["method"])
+            assert status == status_of(best["spearman_ci_lo"], best["spearman_ci_hi"], 0.0, 0.0, False)
+        elif finding.endswith("is the best ranking"):
+            plain = curves[(curves["compensation"] == "none") & (curves["method"] != "random")
+                           & (curves["fraction"] > 0) & (curves["fraction"] <= 0.5 + 1e-9)]
+            shared = plain.groupby("fraction")["method"].nunique()
+            grid = shared[shared == plain["method"].nunique()].index
+            halves = [plain[plain["fraction"].isin(grid)].groupby("method")[c].mean().idxmin()
+                      for c in ("delta_nll_even", "delta_nll_odd")]
+            assert finding.startswith(halves[0])
+            assert status == (CERTIFIED if halves[0] == halves[1] else CONTESTED)
+        elif " breaks between " in finding:
+            m = re.search(r"with each point's 95% interval: ([\d.]+)% to ([\d.]+)%", evidence)
+            said = re.search(r"between ([\d.]+)% and ([\d.]+)% of heads", finding)
+            assert m and said
+            assert status == (CERTIFIED if m.groups() == said.groups() else CONTESTED)
         elif finding.startswith("distillation"):
             assert status == CONTESTED and "no control run" in evidence
         else:
             continue
         checked += 1
-    assert checked >= 7
+    assert checked >= 10
 
 
 def _scores(values: list[tuple[float, float, float]]) -> pd.DataFrame:
@@ -120,3 +140,20 @@ def test_a_ranking_worse_than_random_is_refuted():
     assert versus_random(curves, 0.3).status == REFUTED
     curves.loc[2, ["delta_nll", "delta_nll_ci_lo", "delta_nll_ci_hi"]] = [0.5, 0.4, 0.6]
     assert versus_random(curves, 0.3).status == CERTIFIED
+
+
+def test_a_table_without_intervals_certifies_nothing():
+    nan = float("nan")
+    assert top_head(_scores([(0.3, nan, nan), (0.2, nan, nan)])).status == CONTESTED
+    layers = _layers([(1.0, 0.9, 1.1), (0.5, 0.4, 0.6)], chosen=0)
+    layers.loc[layers["split"] == "test", ["abl_layer_ci_lo", "abl_layer_ci_hi"]] = nan
+    assert top_layer(layers).status == CONTESTED
+    assert top_layer(_layers([(1.0, 0.9, 1.1)], chosen=0)) is None  # one layer: nothing to compare
+
+
+def test_a_cheap_score_whose_interval_lies_below_0_is_refuted():
+    def pred(lo, hi):
+        return pd.DataFrame([{"method": "wo_fro", "kind": "importance", "spearman_rho": (lo + hi) / 2, "n": 48,
+                              "spearman_ci_lo": lo, "spearman_ci_hi": hi}])
+    assert [best_cheap(pred(*i)).status for i in ((0.1, 0.5), (-0.1, 0.5), (-0.5, -0.1))] == [
+        CERTIFIED, CONTESTED, REFUTED]
