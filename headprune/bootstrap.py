@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from numbers import Integral
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from headprune.errors import HeadpruneError
 
 if TYPE_CHECKING:  # torch-free at import: ``headprune report`` uses :func:`interval` without torch
     from torch import Tensor
@@ -25,6 +28,13 @@ DEFAULT_REPLICATES = 200
 LEVEL = 0.95
 
 Replicate = Callable[["Tensor"], "Tensor"]  # counts [B, W] (float64) -> replicate scores [B, ...]
+
+
+def check_replicates(replicates: object) -> None:
+    """HeadpruneError (about ``bootstrap``) unless ``replicates`` is 0 (no intervals) or a whole number ≥ 2."""
+    whole = isinstance(replicates, Integral) and not isinstance(replicates, bool)
+    if not whole or replicates == 1 or replicates < 0:  # type: ignore[operator]
+        raise HeadpruneError(f"bootstrap {replicates!r}: give 0 (no intervals) or at least 2 replicates", "bootstrap")
 
 
 def window_counts(n_windows: int, replicates: int = DEFAULT_REPLICATES, seed: int = 0) -> Tensor:

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headprune.bootstrap import DEFAULT_REPLICATES
+from headprune.bootstrap import DEFAULT_REPLICATES, check_replicates
 from headprune.errors import HeadpruneError
 from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
@@ -74,9 +74,7 @@ class StudyOptions:
         if not self.activations and not self.approximations:
             raise HeadpruneError("nothing to compute: give activations to patch or approximations")
         whole = lambda v: isinstance(v, Integral) and not isinstance(v, bool)
-        if not whole(self.bootstrap) or self.bootstrap == 1 or self.bootstrap < 0:
-            raise HeadpruneError(f"bootstrap {self.bootstrap!r}: give 0 (no intervals) or at least 2 replicates",
-                                 "bootstrap")
+        check_replicates(self.bootstrap)
         if not whole(self.seed) or self.seed < 0:
             raise HeadpruneError(f"seed {self.seed!r} must be a whole number ≥ 0", "seed")
         if self.rows is not None and (not whole(self.rows) or self.rows < 1):

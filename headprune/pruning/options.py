@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import TYPE_CHECKING
 
-from headprune.bootstrap import DEFAULT_REPLICATES
+from headprune.bootstrap import DEFAULT_REPLICATES, check_replicates
 from headprune.errors import HeadpruneError
 from headprune.schema import COMPENSATIONS, DEFAULT_SEEDS
 
@@ -115,9 +115,7 @@ class CurveOptions:
         if not whole(self.seeds) or self.seeds < 1:
             raise HeadpruneError(f"seeds {self.seeds!r} must be a whole number ≥ 1 (random rankings per fraction)",
                                  "seeds")
-        if not whole(self.bootstrap) or self.bootstrap == 1 or self.bootstrap < 0:
-            raise HeadpruneError(f"bootstrap {self.bootstrap!r}: give 0 (no intervals) or at least 2 replicates",
-                                 "bootstrap")
+        check_replicates(self.bootstrap)
         return self
 
 

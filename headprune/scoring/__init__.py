@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, interval, window_counts
+from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, check_replicates, interval, window_counts
 from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
 from headprune.io.read.fingerprint import model_fingerprint
@@ -139,9 +139,7 @@ def _checked_methods(model: HeadModel, ids: torch.Tensor | None, methods: str | 
     model.require_heads(f"scoring ({', '.join(methods)})")
     if ids is not None:
         check_ids(ids, model.cfg.vocab_size, "score_heads")
-    if options.bootstrap == 1 or options.bootstrap < 0:
-        raise HeadpruneError(f"bootstrap {options.bootstrap}: give 0 (no intervals) or at least 2 replicates",
-                             "bootstrap")
+    check_replicates(options.bootstrap)
     return methods
 
 

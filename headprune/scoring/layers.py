@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from headprune.bootstrap import interval, window_counts
+from headprune.bootstrap import check_replicates, interval, window_counts
 from headprune.errors import HeadpruneError
 from headprune.io.work.progress import NoProgress, Progress
 from headprune.models.base import HeadModel
@@ -46,8 +46,7 @@ def layer_ablation(
     of the windows (``options.bootstrap`` of them, seeded by ``options.seed``; 0 replicates: NaN intervals), an
     ablated copy per row of ``options.ablation_rows``. Resumable units keyed under ``prefix`` in ``progress``."""
     bootstrap = options.bootstrap
-    if bootstrap == 1 or bootstrap < 0:
-        raise HeadpruneError(f"bootstrap must be 0 or at least 2 replicates, got {bootstrap}", "bootstrap")
+    check_replicates(bootstrap)
     batches = windowing.batches(ids)  # HeadpruneError where the ids make no window
     layers = [layer for layer in range(model.cfg.n_layers) if model.h[layer].attn.n_heads]
     if not layers:

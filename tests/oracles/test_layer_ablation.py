@@ -100,7 +100,7 @@ def test_bad_input_is_one_clear_error(tiny_dir):
     model = load_model(tiny_dir)
     with pytest.raises(HeadpruneError, match="at least 2 are needed"):
         layer_ablation(model, torch.arange(1), WINDOWING, show_progress=False)
-    with pytest.raises(HeadpruneError, match="bootstrap must be 0 or at least 2"):
+    with pytest.raises(HeadpruneError, match=r"bootstrap 1: give 0 \(no intervals\) or at least 2 replicates"):
         layer_ablation(model, torch.arange(SEQ * 2), WINDOWING, options=ScoringOptions(bootstrap=1),
                        show_progress=False)
     no_interval = layer_ablation(model, torch.arange(SEQ * 2), WINDOWING, options=ScoringOptions(bootstrap=0),
