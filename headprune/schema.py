@@ -203,6 +203,8 @@ CURVE_INTS = ("heads_pruned", "params", "n_seeds")
 LAYER_SCORE = "abl_layer"
 LAYER_COLUMNS = ("split", "layer", "n_heads", LAYER_SCORE, f"{LAYER_SCORE}_ci_lo", f"{LAYER_SCORE}_ci_hi", "share",
                  "share_ci_lo", "share_ci_hi", "windows", "tokens")
+LAYER_INTS = ("layer", "n_heads", "windows", "tokens")
+LAYER_SPLITS = ("validation", "test")  # the layer is chosen on the first and reported on the second
 # The fractions and random-baseline seeds of every curve (`run` and `curve`): 0, 0.1, ..., 0.8 (0.9 left out: with
 # 16 rankings and 10 random seeds it adds 26 evaluations to the whole job; `--fractions 0,0.1,...,0.9` adds it back).
 # `run` then locates its pick's break between grid points (report.breaks). 10 random seeds: 80 of the about 200

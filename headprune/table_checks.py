@@ -1,5 +1,5 @@
-"""Scores and curves tables checked on the way in (one clear HeadpruneError per defect) and typed, and the digest
-that ties curves to the scores table that ranked them. The columns themselves are :mod:`headprune.schema`'s."""
+"""Scores, curves and layers tables checked on the way in (one clear HeadpruneError per defect) and typed, and the
+digest that ties curves to the scores table that ranked them. The columns themselves are :mod:`headprune.schema`'s."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from headprune.schema import (
     FILL_COLUMN,
     HEAD_COLUMNS,
     ID_COLUMNS,
+    LAYER_COLUMNS,
+    LAYER_INTS,
+    LAYER_SCORE,
+    LAYER_SPLITS,
     RECOVER_COLUMN,
     method_columns,
     method_key,
@@ -79,6 +83,33 @@ def check_scores(scores: pd.DataFrame, required: tuple[str, ...] = ID_COLUMNS, n
     if "model_fingerprint" in df.columns and (n := df["model_fingerprint"].nunique()) > 1:
         raise HeadpruneError(f"scores table mixes {n} models (model_fingerprint); use one model at a time")
     return df.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
+
+
+def check_layers(layers: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A validated, typed copy of a layers table (:data:`~headprune.schema.LAYER_COLUMNS`), sorted by split (as
+    :data:`~headprune.schema.LAYER_SPLITS`) and layer: both splits over the same layers, whole non-negative counts,
+    each ΔNLL finite, the intervals and shares numbers or empty; with ``scores``, each layer's head count that of the
+    scores table. HeadpruneError otherwise."""
+    _require_columns(layers, LAYER_COLUMNS, "layers")
+    df = layers[list(LAYER_COLUMNS)].copy()
+    for column in LAYER_COLUMNS[1:]:
+        df[column] = _as_int(df, column, "layers") if column in LAYER_INTS else _as_float(df, column, "layers")
+    if not np.isfinite(df[LAYER_SCORE].to_numpy()).all():
+        raise HeadpruneError(f"layers column {LAYER_SCORE} must hold finite numbers")
+    chosen, reported = LAYER_SPLITS
+    splits = {s: set(df.loc[df["split"] == s, "layer"]) for s in LAYER_SPLITS}
+    if not splits[chosen] or splits[chosen] != splits[reported] or len(df) != 2 * len(splits[chosen]):
+        raise HeadpruneError(f"layers table must hold each layer once on the {chosen} and once on the {reported} "
+                             "split")
+    if scores is not None:
+        heads = scores.groupby("layer").size()
+        theirs = df.drop_duplicates("layer").set_index("layer")["n_heads"]
+        if not theirs.sort_index().equals(heads.reindex(theirs.index).fillna(-1).astype(int).sort_index()):
+            raise HeadpruneError("layers table does not match the scores: its layers or head counts differ; measure "
+                                 "it again for this run (headprune layers)")
+    order = df["split"].map({s: i for i, s in enumerate(LAYER_SPLITS)})
+    return df.assign(_order=order).sort_values(["_order", "layer"], kind="stable").drop(columns="_order") \
+        .reset_index(drop=True)
 
 
 def check_curves(curves: pd.DataFrame) -> pd.DataFrame:

@@ -67,7 +67,7 @@ from headprune.report.anatomy import (
 )
 from headprune.report.choice import best_method
 from headprune.report.context_section import read_context_section
-from headprune.report.layers import LAYERS_FILE, check_layers, read_layers
+from headprune.report.layers import LAYERS_FILE, read_layers
 from headprune.report.layers_section import layers_section
 from headprune.report.page import render_html
 from headprune.report.patching_section import (
@@ -90,7 +90,7 @@ from headprune.report.tables import (
     predictiveness,
     summary_table,
 )
-from headprune.table_checks import check_curves, check_scores
+from headprune.table_checks import check_curves, check_layers, check_scores
 
 __all__ = ["ReportSections", "baseline_from_curves", "best_method", "build_report", "markdown_table",
            "predictiveness", "rebuild_report", "summary_table"]

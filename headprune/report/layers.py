@@ -11,48 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headprune.errors import HeadpruneError
 from headprune.io.work.files import read_table
-from headprune.schema import LAYER_COLUMNS, LAYER_SCORE, TRUTH
+from headprune.schema import LAYER_SCORE, LAYER_SPLITS, TRUTH
+from headprune.table_checks import check_layers
 
 LAYERS_FILE = "layers.csv"
-CHOSEN_ON, REPORTED_ON = "validation", "test"
+CHOSEN_ON, REPORTED_ON = LAYER_SPLITS
 LO, HI = f"{LAYER_SCORE}_ci_lo", f"{LAYER_SCORE}_ci_hi"
-
-
-INTEGERS = ("layer", "n_heads", "windows", "tokens")
-
-
-def check_layers(table: pd.DataFrame, scores: pd.DataFrame | None = None) -> pd.DataFrame:
-    """A typed copy of ``table`` (:data:`~headprune.schema.LAYER_COLUMNS`): both splits over the same layers, whole
-    non-negative layer, head, window and token counts, each ΔNLL finite, the intervals and shares numbers or empty;
-    with ``scores``, each layer's head count that of the scores table. HeadpruneError otherwise."""
-    missing = [c for c in LAYER_COLUMNS if c not in table.columns]
-    if missing:
-        raise HeadpruneError(f"layers table lacks column(s) {', '.join(missing)}; is it headprune's layers.csv?")
-    df = table[list(LAYER_COLUMNS)].copy()
-    for column in LAYER_COLUMNS[1:]:
-        df[column] = pd.to_numeric(df[column], errors="coerce")
-    counts = df[list(INTEGERS)].to_numpy(float)
-    if not (np.isfinite(counts).all() and (counts >= 0).all() and (counts == np.round(counts)).all()):
-        raise HeadpruneError(f"layers table needs whole numbers in {', '.join(INTEGERS)}; is it headprune's "
-                             "layers.csv?")
-    df[list(INTEGERS)] = df[list(INTEGERS)].astype(int)
-    if not np.isfinite(df[LAYER_SCORE].to_numpy(float)).all():
-        raise HeadpruneError(f"layers table has a {LAYER_SCORE} that is not a finite number")
-    splits = {s: set(df.loc[df["split"] == s, "layer"]) for s in (CHOSEN_ON, REPORTED_ON)}
-    if not splits[CHOSEN_ON] or splits[CHOSEN_ON] != splits[REPORTED_ON] or len(df) != 2 * len(splits[CHOSEN_ON]):
-        raise HeadpruneError(f"layers table must hold each layer once on the {CHOSEN_ON} and once on the {REPORTED_ON} "
-                             "split")
-    if scores is not None:
-        heads = scores.groupby("layer").size()
-        theirs = df.drop_duplicates("layer").set_index("layer")["n_heads"]
-        if not theirs.sort_index().equals(heads.reindex(theirs.index).fillna(-1).astype(int).sort_index()):
-            raise HeadpruneError("layers table does not match the scores: its layers or head counts differ; measure "
-                                 "it again for this run (headprune layers)")
-    order = df["split"].map({CHOSEN_ON: 0, REPORTED_ON: 1})
-    return df.assign(_order=order).sort_values(["_order", "layer"], kind="stable").drop(columns="_order") \
-        .reset_index(drop=True)
 
 
 def read_layers(folder: Path) -> pd.DataFrame | None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from headprune.io.work.progress import NoProgress, Progress
-from headprune.report.layers import CHOSEN_ON, REPORTED_ON, check_layers
-from headprune.schema import LAYER_COLUMNS, LAYER_SCORE
+from headprune.schema import LAYER_COLUMNS, LAYER_SCORE, LAYER_SPLITS
 from headprune.scoring import ScoringOptions
 from headprune.scoring.layers import layer_ablation
 from headprune.stages.inputs import RunInputs
 from headprune.stages.settings import RunSettings
+from headprune.table_checks import check_layers
 
 
 def layer_stage(inputs: RunInputs, s: RunSettings, progress: Progress | NoProgress, quiet: bool = False
@@ -22,7 +22,7 @@ def layer_stage(inputs: RunInputs, s: RunSettings, progress: Progress | NoProgre
     and ablation rows; resumable units under ``abl_layer/<split>`` in ``progress``."""
     options = ScoringOptions(ablation_rows=s.ablation_rows, bootstrap=s.bootstrap, seed=s.seed)
     frames = []
-    for split, ids in ((CHOSEN_ON, inputs.score_ids), (REPORTED_ON, inputs.eval_ids)):
+    for split, ids in zip(LAYER_SPLITS, (inputs.score_ids, inputs.eval_ids), strict=True):
         table = layer_ablation(inputs.model, ids, inputs.windowing, options=options, progress=progress,
                                show_progress=not quiet, prefix=f"{LAYER_SCORE}/{split}")
         frames.append(table.assign(split=split))

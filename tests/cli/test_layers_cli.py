@@ -87,9 +87,11 @@ def test_a_folder_without_run_settings_is_one_line(run_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda t: t.assign(n_heads=t["n_heads"].astype(str).str.replace("4", "four")), "whole numbers"),
+    (lambda t: t.assign(n_heads=t["n_heads"].astype(str).str.replace("4", "four")), "column n_heads must hold numbers"),
     (lambda t: t.assign(n_heads=t["n_heads"] + 1), "does not match the scores"),
-    (lambda t: t.assign(abl_layer="x"), "not a finite number"),
+    (lambda t: t.assign(abl_layer="x"), "column abl_layer must hold numbers"),
+    (lambda t: t.assign(abl_layer=float("nan")), "column abl_layer must hold finite numbers"),
+    (lambda t: t.assign(windows=t["windows"] + 0.5), "column windows must hold integers >= 0"),
     (lambda t: t[t["split"] == "test"], "once on the validation and once on the test"),
 ])
 def test_a_broken_layers_table_is_one_line_and_leaves_the_report(run_dir, tmp_path, capsys, change, message):

@@ -16,9 +16,10 @@ import pytest
 
 from headprune.report.findings import findings
 from headprune.report.headline import answers
-from headprune.report.layers import check_layers, joint_vs_sum
+from headprune.report.layers import joint_vs_sum
 from headprune.report.tables import predictiveness
 from headprune.schema import is_cheap
+from headprune.table_checks import check_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = [p.parent for p in sorted((ROOT / "reports").glob("*/summary.md"))]
