@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from headprune.report.breaks import BREAK_NATS, find_break
+from headprune.report.breaks import BREAK_NATS, find_break, uncompensated
 from headprune.report.choice import choose
-from headprune.report.layers import CHOSEN_ON, REPORTED_ON, read_layers
+from headprune.report.layers import CHOSEN_ON, REPORTED_ON, pick_layer, read_layers
 from headprune.report.tables import nearest_row
 
 CERTIFIED, CONTESTED, REFUTED = "certified", "contested", "refuted"
@@ -44,6 +44,14 @@ class Status:
 
 def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
     return f"{value:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
+
+
+def _above(lo: float, hi: float, floor_lo: float, floor_hi: float) -> str:
+    """The claim "the interval [lo, hi] lies above [floor_lo, floor_hi]": certified where it does, refuted where it
+    lies below, else contested."""
+    if lo > floor_hi:
+        return CERTIFIED
+    return REFUTED if hi < floor_lo else CONTESTED
 
 
 def _unmeasured(*frames: pd.DataFrame) -> bool:
@@ -100,10 +108,10 @@ def signs(scores: pd.DataFrame) -> Status:
 
 
 def top_layer(layers: pd.DataFrame) -> Status | None:
-    val = layers[layers["split"] == CHOSEN_ON].sort_values(["abl_layer", "layer"], ascending=[False, True])
-    layer = int(val["layer"].iloc[0])
+    pick = pick_layer(layers)
+    layer, row = pick.layer, pick.test
     test = layers[layers["split"] == REPORTED_ON].set_index("layer")
-    row, others = test.loc[layer], test.drop(layer)
+    others = test.drop(layer)
     if others.empty:
         return None  # one layer: nothing to compare it with
     if _unmeasured(test[["abl_layer_ci_lo", "abl_layer_ci_hi"]]):
@@ -111,10 +119,8 @@ def top_layer(layers: pd.DataFrame) -> Status | None:
     value = _interval(row["abl_layer"], row["abl_layer_ci_lo"], row["abl_layer_ci_hi"], "+")
     evidence = (f"layer {layer} (chosen on {CHOSEN_ON}) {value} on {REPORTED_ON}; the highest other upper end: layer "
                 f"{int(others['abl_layer_ci_hi'].idxmax())} {others['abl_layer_ci_hi'].max():+.3f}")
-    if (others["abl_layer_ci_lo"] > row["abl_layer_ci_hi"]).any():
-        status = REFUTED
-    else:
-        status = CERTIFIED if row["abl_layer_ci_lo"] > others["abl_layer_ci_hi"].max() else CONTESTED
+    status = _above(row["abl_layer_ci_lo"], row["abl_layer_ci_hi"], others["abl_layer_ci_lo"].max(),
+                    others["abl_layer_ci_hi"].max())
     return Status(f"layer {layer}'s heads, removed together, cost most", evidence, status)
 
 
@@ -124,12 +130,9 @@ def best_cheap(pred: pd.DataFrame) -> Status:
     finding = f"{best['method']}, the best cheap score, ranks heads like abl_zero"
     if _unmeasured(cheap[["spearman_ci_lo", "spearman_ci_hi"]].iloc[:1]):
         return Status(finding, f"Spearman ρ {best['spearman_rho']:+.3f}, no interval", CONTESTED)
-    if best["spearman_ci_lo"] > 0:
-        status = CERTIFIED
-    else:
-        status = REFUTED if best["spearman_ci_hi"] < 0 else CONTESTED
     rho = _interval(best["spearman_rho"], best["spearman_ci_lo"], best["spearman_ci_hi"], "+")
-    return Status(finding, f"Spearman ρ {rho} over {int(best['n'])} heads", status)
+    return Status(finding, f"Spearman ρ {rho} over {int(best['n'])} heads",
+                  _above(best["spearman_ci_lo"], best["spearman_ci_hi"], 0.0, 0.0))
 
 
 def choice(curves: pd.DataFrame) -> Status:
@@ -141,22 +144,15 @@ def choice(curves: pd.DataFrame) -> Status:
     return Status(f"{picked.pick} is the best ranking", evidence, CERTIFIED if picked.agree else CONTESTED)
 
 
-def _uncompensated(curves: pd.DataFrame, method: str) -> pd.DataFrame:
-    return curves[(curves["method"] == method) & (curves["compensation"] == "none")]
-
-
 def versus_random(curves: pd.DataFrame, target: float) -> Status:
     pick = choose(curves).pick
-    mine, rand = (nearest_row(_uncompensated(curves, m), target) for m in (pick, "random"))
+    mine, rand = (nearest_row(uncompensated(curves, m), target) for m in (pick, "random"))
     if _unmeasured(pd.DataFrame([mine, rand])[["delta_nll_ci_lo", "delta_nll_ci_hi"]]):
         return Status(f"{pick} prunes {target:.0%} of heads better than random", "no intervals", CONTESTED)
     ours, theirs = (_interval(r["delta_nll"], r["delta_nll_ci_lo"], r["delta_nll_ci_hi"]) for r in (mine, rand))
     evidence = (f"ΔNLL {ours} at {mine['fraction']:.1%}; random {theirs} (over {int(rand['n_seeds'])} seeds and the "
                 "windows)")
-    if mine["delta_nll_ci_hi"] < rand["delta_nll_ci_lo"]:
-        status = CERTIFIED
-    else:
-        status = REFUTED if mine["delta_nll_ci_lo"] > rand["delta_nll_ci_hi"] else CONTESTED
+    status = _above(rand["delta_nll_ci_lo"], rand["delta_nll_ci_hi"], mine["delta_nll_ci_lo"], mine["delta_nll_ci_hi"])
     return Status(f"{pick} prunes {target:.0%} of heads better than random", evidence, status)
 
 
