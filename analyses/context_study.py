@@ -78,15 +78,28 @@ def study_lines(run: Path) -> list[str]:
                      f"{len(kv)} KV heads; {len(shared)} of the top {TOP} in both"
                      + (f" ({', '.join(shared)})" if shared else "") + ".")
     lines += ["", "## How much KV cache can stream\n"]
+    task = result.settings["task"]
+    if result.settings["n_prompts"]:
+        full_acc = result.curve[result.curve.n_streaming == 0].iloc[0].accuracy
+        lines.append(f"The full model gets {task} right on {full_acc:.0%} of {result.settings['n_prompts']} prompts "
+                     f"({result.settings['seq_len'] // 2:,} and {result.settings['seq_len']:,} tokens). The largest "
+                     "share of KV heads streaming, with every measure within the tolerance (perplexity and accuracy) "
+                     "and with the accuracy alone:\n")
+    elif result.settings.get("task_note"):
+        lines.append(f"The task is left out ({result.settings['task_note']}). The largest share of KV heads "
+                     "streaming within the tolerance of the perplexity:\n")
     curve, shares = result.curve, result.shares
     full = curve[curve.n_streaming == 0].iloc[0]
-    for tol in sorted(shares.tolerance.unique()):
-        rows = shares[(shares.tolerance == tol) & shares.ranking.isin(result.settings["methods"])]
+    measures = ["all", "accuracy"] if result.settings["n_prompts"] else ["all"]
+    for measure, tol in [(m, t) for m in measures for t in sorted(shares.tolerance.unique())]:
+        within = f"within {tol:.0%}" + (f" of the {task} accuracy alone" if measure == "accuracy" else "")
+        rows = shares[(shares.tolerance == tol) & (shares.measure == measure)
+                      & shares.ranking.isin(result.settings["methods"])]
         tied = rows[rows.share == rows.share.max()].merge(curve[["ranking", "n_streaming", "delta_nll"]],
                                                           on=["ranking", "n_streaming"])
         best = tied.sort_values(["delta_nll", "ranking"]).iloc[0]  # as the pattern is chosen: then the smaller ΔNLL
         if best.share == 0:
-            lines.append(f"- within {tol:.0%}: no score's order streams any share of the grid (first share "
+            lines.append(f"- {within}: no score's order streams any share of the grid (first share "
                          f"{curve.share[curve.share > 0].min():.0%}).")
             continue
         point = curve[(curve.ranking == best.ranking) & (curve.n_streaming == best.n_streaming)].iloc[0]
@@ -94,7 +107,7 @@ def study_lines(run: Path) -> list[str]:
         others = ", ".join(f"{t.ranking} [{t.share_lo:.0%}, {t.share_hi:.0%}]" for t in tied.itertuples()
                            if t.ranking != best.ranking)
         saved = 1 - point[col] / full[col]
-        lines.append(f"- within {tol:.0%}: {best.ranking} streams {best.share:.0%} [{best.share_lo:.0%}, "
+        lines.append(f"- {within}: {best.ranking} streams {best.share:.0%} [{best.share_lo:.0%}, "
                      f"{best.share_hi:.0%}] of the KV heads (ΔNLL {best.delta_nll:+.4f}"
                      + (f"; as many: {others}" if others else "") + f"): the cache at {CONTEXT:,} tokens "
                      f"{full[col] / 2**20:,.1f} → {point[col] / 2**20:,.1f} MiB ({saved:.0%} less).")

@@ -56,6 +56,18 @@ def interval(replicates: Tensor | np.ndarray | list, level: float = LEVEL) -> tu
     return np.asarray(lo), np.asarray(hi)
 
 
+def rank_interval(replicates: Tensor | np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """Each column's rank within its replicate row (1 = the largest; ties share the best rank) and its percentile
+    interval over the rows, in whole ranks: (lo [H], hi [H]), the lower end rounded down and the upper up
+    ("L18H6: rank 3, 95% interval 2–9"). ``replicates`` [B, H]: replicate scores, e.g. of :func:`ratio`."""
+    from scipy.stats import rankdata
+
+    ranks = rankdata(-np.asarray(replicates, dtype=np.float64), axis=1, method="min")  # [B, H]
+    tail = (1 - level) / 2 * 100
+    return (np.percentile(ranks, tail, axis=0, method="lower").astype(int),
+            np.percentile(ranks, 100 - tail, axis=0, method="higher").astype(int))
+
+
 def ratio(numerator: Tensor, denominator: Tensor) -> Replicate:
     """Replicates of Σ_w C s_w / Σ_w C n_w: numerator [W, ...] (per-window sums), denominator [W] (tokens)."""
     num = numerator.double().reshape(numerator.shape[0], -1)

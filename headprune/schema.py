@@ -139,6 +139,7 @@ METHODS = tuple(s.name for s in METHOD_TABLE if s.family != LEARNED)  # what `sc
 ALL_METHODS = tuple(METHOD_SPECS)  # every method column a scores table may hold
 DATA_METHODS = tuple(m for m in METHODS if METHOD_SPECS[m].data_dependent)  # measured on data: bootstrap intervals
 OPT_IN = tuple(m for m in METHODS if METHOD_SPECS[m].opt_in)  # left out of "all"
+RANKED = tuple(m for m in DATA_METHODS if METHOD_SPECS[m].exact)  # exact: each head's rank gets an interval
 DESCRIPTIVE = tuple(m for m in ALL_METHODS if METHOD_SPECS[m].descriptive)  # never used to choose heads to prune
 IMPORTANCE_METHODS = tuple(m for m in METHODS if m not in DESCRIPTIVE)  # the scored importances (`run` curves them)
 RANKABLE_METHODS = IMPORTANCE_METHODS + LEARNED_METHODS  # what prune and curve may rank by (and random)
@@ -253,10 +254,17 @@ def ci_columns(method: str) -> tuple[str, str]:
     return f"{method}_ci_lo", f"{method}_ci_hi"
 
 
+def rank_columns(method: str) -> tuple[str, str]:
+    """The 95% interval of a head's rank (1 = largest) by an exact method: ``<method>_rank_lo``, ``_rank_hi``."""
+    return f"{method}_rank_lo", f"{method}_rank_hi"
+
+
 def score_columns(methods=METHODS) -> list[str]:
-    """The columns of a scores table of ``methods``: id columns, the methods, then each data method's interval."""
+    """The columns of a scores table of ``methods``: id columns, the methods, each data method's interval, then
+    each exact method's rank interval."""
     methods = [m for m in METHODS if m in methods]
-    return [*ID_COLUMNS, *methods, *(c for m in methods if m in DATA_METHODS for c in ci_columns(m))]
+    return [*ID_COLUMNS, *methods, *(c for m in methods if m in DATA_METHODS for c in ci_columns(m)),
+            *(c for m in methods if m in RANKED for c in rank_columns(m))]
 
 
 def method_key(method: str) -> tuple:

@@ -34,9 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shares", default=",".join(f"{x:g}" for x in DEFAULT_SHARES),
                    help="comma-separated shares of KV heads made streaming, each in (0, 1]")
     p.add_argument("--random-seeds", type=int, default=3, help="random orders measured beside the scores' orders")
-    p.add_argument("--long-task", default="multikey",
-                   help="long task measured beside the NLL: multikey (4 pass keys, one asked), passkey, or none "
-                        "(the long-window NLL alone: for a model that does not perform either)")
+    p.add_argument("--long-task", default="recall",
+                   help="long task measured beside the NLL: recall (a pass key, completed), multikey (4 pass keys, "
+                        "one asked), passkey (asked as a question), or none (the long-window NLL alone)")
     p.add_argument("--prompts", type=int, default=3,
                    help="the task's prompts at each length (--seq-len / 2 and --seq-len), at least 2")
     p.add_argument("--tolerance", type=float, default=0.01,

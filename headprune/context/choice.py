@@ -8,8 +8,9 @@ e_p (bootstrap counts, or a half's indicator):
     ΔNLL = Σ_w c_w (ℓ_w − ℓ_w^full) / Σ_w c_w          accuracy = Σ_p e_p r_p / Σ_p e_p
 
 A share is *within* tolerance τ when exp(ΔNLL) ≤ 1 + τ (the long-window perplexity rises by at most τ) and
-accuracy ≥ (1 − τ)·accuracy^full. The largest share within τ is the last point of the run of points within τ
-that starts at the full model (a share past a point outside τ does not count).
+accuracy ≥ (1 − τ)·accuracy^full: by :data:`MEASURES`, both ("all", what the pattern is chosen by), the perplexity
+alone or the accuracy alone. The largest share within τ is the last point of the run of points within τ that starts
+at the full model (a share past a point outside τ does not count).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import pandas as pd
 from headprune.bootstrap import DEFAULT_REPLICATES, interval
 
 TOLERANCES = (0.01, 0.05)
+#: What a share must stay within: "all" (the perplexity and, where prompts were measured, the accuracy), or one alone.
+MEASURES = ("all", "perplexity", "accuracy")
 
 
 def _counts(n: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
@@ -58,11 +61,14 @@ class RankingPoints:
         acc = (e @ self.right.T) / e.sum(1, keepdims=True) if self.right.shape[1] else np.full_like(mean, np.nan)
         return mean - mean[:, :1], acc
 
-    def largest(self, c: np.ndarray, e: np.ndarray, tol: float) -> np.ndarray:
-        """[B] the largest share within ``tol`` under each row of weights."""
+    def largest(self, c: np.ndarray, e: np.ndarray, tol: float, measure: str = "all") -> np.ndarray:
+        """[B] the largest share within ``tol`` by ``measure`` (one of :data:`MEASURES`) under each row of
+        weights."""
         delta, acc = self.measures(c, e)
-        ok = delta <= math.log1p(tol)
-        if self.right.shape[1]:
+        ok = np.ones(delta.shape, bool)
+        if measure in ("all", "perplexity"):
+            ok &= delta <= math.log1p(tol)
+        if measure in ("all", "accuracy") and self.right.shape[1]:
             ok &= acc >= (1 - tol) * acc[:, :1] - 1e-12
         run = np.cumprod(ok, axis=1).sum(1)  # points within tol before the first outside it (≥ 1: the full model)
         return self.shares[np.maximum(run, 1) - 1]
@@ -90,20 +96,28 @@ def curve_table(curve: pd.DataFrame, points: dict[str, dict[str, list]], replica
 def largest_shares(curve: pd.DataFrame, points: dict[str, dict[str, list]],
                    tolerances: Sequence[float] = TOLERANCES, replicates: int = DEFAULT_REPLICATES,
                    seed: int = 0) -> pd.DataFrame:
-    """One row per (ranking, tolerance): the largest streaming share within it, its 95% interval, and the KV heads
-    streaming there."""
+    """One row per (ranking, measure, tolerance): the largest streaming share within it, its 95% interval, and the
+    KV heads streaming there. Measures: "all", and where prompts were measured also "perplexity" and "accuracy"
+    alone (without prompts "all" is the perplexity)."""
     rows = []
     n_kv = int(curve.n_streaming.max())
     for ranking in curve.ranking.unique():
         pts = RankingPoints.of(curve, points, ranking)
         c, e = pts.draws(replicates, seed)
         ones = np.ones((1, pts.nll.shape[1])), np.ones((1, pts.right.shape[1]))
-        for tol in tolerances:
-            share = float(pts.largest(*ones, tol)[0])
-            lo, hi = interval(pts.largest(c, e, tol))
-            rows.append({"ranking": ranking, "tolerance": tol, "share": share, "share_lo": float(lo),
-                         "share_hi": float(hi), "n_streaming": round(share * n_kv)})
+        for measure in MEASURES if pts.right.shape[1] else MEASURES[:1]:
+            for tol in tolerances:
+                share = float(pts.largest(*ones, tol, measure)[0])
+                lo, hi = interval(pts.largest(c, e, tol, measure))
+                rows.append({"ranking": ranking, "measure": measure, "tolerance": tol, "share": share,
+                             "share_lo": float(lo), "share_hi": float(hi), "n_streaming": round(share * n_kv)})
     return pd.DataFrame(rows)
+
+
+def with_measure(shares: pd.DataFrame) -> pd.DataFrame:
+    """A shares table as :func:`largest_shares` writes it now: one written before the measures were told apart
+    judged every measure together ("all")."""
+    return shares if "measure" in shares else shares.assign(measure="all")
 
 
 def _pick(curve: pd.DataFrame, points: dict, rankings: Sequence[str], c: np.ndarray, e: np.ndarray,

@@ -17,10 +17,23 @@ def score_agreement(scores: pd.DataFrame, methods: list[str], exact: str = "ctx_
     return {m: float(spearmanr(scores[m], scores[exact]).statistic) for m in methods if m != exact}
 
 
-def random_band(shares: pd.DataFrame, tol: float) -> tuple[float, float, int]:
-    """(lowest, highest, seeds) of the random orders' largest share within ``tol``."""
-    rows = shares[(shares.tolerance == tol) & shares.ranking.str.startswith("random/")]
+def random_band(shares: pd.DataFrame, tol: float, measure: str = "all") -> tuple[float, float, int]:
+    """(lowest, highest, seeds) of the random orders' largest share within ``tol`` by ``measure``."""
+    rows = shares[(shares.tolerance == tol) & (shares.measure == measure) & shares.ranking.str.startswith("random/")]
     return float(rows.share.min()), float(rows.share.max()), len(rows)
+
+
+def share_block(shares: pd.DataFrame, tol: float, measure: str, heading: str) -> list[str]:
+    """``heading``, then each ranking's largest share within ``tol`` by ``measure`` with its interval, and the
+    random orders' band."""
+    lines = [heading]
+    rows = shares[(shares.tolerance == tol) & (shares.measure == measure)]
+    for r in rows[~rows.ranking.str.startswith("random/")].itertuples():
+        lines.append(f"- {r.ranking}: {r.share:.0%} [{r.share_lo:.0%}, {r.share_hi:.0%}]")
+    lo, hi, seeds = random_band(shares, tol, measure)
+    if seeds:
+        lines.append(f"- random orders ({seeds} seeds): {lo:.0%} to {hi:.0%}")
+    return lines + [""]
 
 
 def summary_lines(scores: pd.DataFrame, curve: pd.DataFrame, shares: pd.DataFrame, cross_fit: pd.DataFrame,
@@ -40,14 +53,12 @@ def summary_lines(scores: pd.DataFrame, curve: pd.DataFrame, shares: pd.DataFram
         lines += [f"The task is left out: {s['task_note']}.", ""]
     task = f" and {s['task']} accuracy" if s["n_prompts"] else ""
     for tol in sorted(shares.tolerance.unique()):
-        lines.append(f"Largest share of the {n_kv} KV heads streaming within {tol:.0%} of the full model "
-                     f"(perplexity{task}; 95% interval):")
-        for r in shares[(shares.tolerance == tol) & ~shares.ranking.str.startswith("random/")].itertuples():
-            lines.append(f"- {r.ranking}: {r.share:.0%} [{r.share_lo:.0%}, {r.share_hi:.0%}]")
-        lo, hi, seeds = random_band(shares, tol)
-        if seeds:
-            lines.append(f"- random orders ({seeds} seeds): {lo:.0%} to {hi:.0%}")
-        lines.append("")
+        lines += share_block(shares, tol, "all", f"Largest share of the {n_kv} KV heads streaming within {tol:.0%} "
+                                                 f"of the full model (perplexity{task}; 95% interval):")
+    if s["n_prompts"]:
+        for tol in sorted(shares.tolerance.unique()):
+            lines += share_block(shares, tol, "accuracy", f"Largest share of the {n_kv} KV heads streaming within "
+                                 f"{tol:.0%} of the full model's {s['task']} accuracy alone (95% interval):")
     p = pattern
     streams = curve[(curve.ranking == p.ranking) & (curve.n_streaming == p.n_streaming)].iloc[0] if p.n_streaming \
         else full

@@ -5,6 +5,9 @@ measuring whether the model performs it, and run with or without streaming heads
   "The pass key is NNNNN. Remember it. NNNNN is the pass key." inserted at a relative ``depth``, then "What is the
   pass key? The pass key is" and the answer " NNNNN". Right = every answer token is the model's top-1 given
   the tokens before it (greedy decoding of the answer, from one forward).
+- **recall**: the passkey task in completion form, as a base model is asked: the needle "The pass key is NNNNN."
+  and the prompt ending "The pass key is", answered " NNNNN" (copying from the needle at any distance: what a
+  retrieval head does). Small models that fail the question form perform this one.
 - **multikey**: ``keys`` needles "The pass key of the {colour} box is NNNNN." spread through the haystack, the
   question asks for one of them.
 - **long-window perplexity** (:func:`long_window_nll`): the NLL of the last ``tail`` tokens of windows of
@@ -100,19 +103,34 @@ def _prompt(tokenizer, needles: Sequence[tuple[float, str]], question: str, answ
     return LongPrompt(torch.tensor(ids + ans), len(ids), len(ids) + len(ans), asked_depth)
 
 
-def passkey_task(tokenizer, *, lengths: Sequence[int] = (512, 1024, 2048), depths: Sequence[float] = (0.1, 0.5, 0.9),
-                 per_cell: int = 2, seed: int = 0, bos: int | None = None) -> LongTask:
-    """Passkey prompts: ``per_cell`` at each length (tokens) and depth, keys drawn with ``seed``."""
+def _key_task(name: str, needle: str, question: str, tokenizer, lengths: Sequence[int], depths: Sequence[float],
+              per_cell: int, seed: int, bos: int | None) -> LongTask:
+    """``per_cell`` prompts at each length (tokens) and depth, each with one pass key (drawn with ``seed``) in
+    ``needle`` (``{key}`` marks it) and ``question`` before the answer " NNNNN"."""
     rng = random.Random(seed)
     prompts = []
     for length in lengths:
         for depth in depths:
             for _ in range(per_cell):
                 key = str(rng.randrange(10_000, 100_000))
-                needle = f" The pass key is {key}. Remember it. {key} is the pass key."
-                prompts.append(_prompt(tokenizer, [(depth, needle)], " What is the pass key? The pass key is",
-                                       f" {key}", length, rng, bos, depth))
-    return LongTask("passkey", prompts)
+                prompts.append(_prompt(tokenizer, [(depth, needle.format(key=key))], question, f" {key}", length,
+                                       rng, bos, depth))
+    return LongTask(name, prompts)
+
+
+def passkey_task(tokenizer, *, lengths: Sequence[int] = (512, 1024, 2048), depths: Sequence[float] = (0.1, 0.5, 0.9),
+                 per_cell: int = 2, seed: int = 0, bos: int | None = None) -> LongTask:
+    """Passkey prompts, asked as a question: ``per_cell`` at each length (tokens) and depth."""
+    return _key_task("passkey", " The pass key is {key}. Remember it. {key} is the pass key.",
+                     " What is the pass key? The pass key is", tokenizer, lengths, depths, per_cell, seed, bos)
+
+
+def recall_task(tokenizer, *, lengths: Sequence[int] = (512, 1024, 2048), depths: Sequence[float] = (0.1, 0.5, 0.9),
+                per_cell: int = 2, seed: int = 0, bos: int | None = None) -> LongTask:
+    """Passkey prompts in completion form ("The pass key is NNNNN." … "The pass key is"): ``per_cell`` at each
+    length (tokens) and depth."""
+    return _key_task("recall", " The pass key is {key}.", " The pass key is", tokenizer, lengths, depths, per_cell,
+                     seed, bos)
 
 
 def multikey_task(tokenizer, *, length: int = 1024, keys: int = 4, n_prompts: int = 8, seed: int = 0,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headprune.context.choice import with_measure
 from headprune.io.work.files import read_table
 from headprune.report.render import Block, Paragraph, Section, Table
 
@@ -16,10 +17,17 @@ SECTION_TITLE = "Which KV heads need the whole context"
 FOLDER = "context"
 
 
+def within_label(tolerance: float, measure: str) -> str:
+    """A shares column's name: 'within 1%' (every measure) or 'within 1%, accuracy alone'."""
+    return f"within {tolerance:.0%}" + ("" if measure == "all" else f", {measure} alone")
+
+
 def shares_view(shares: pd.DataFrame) -> pd.DataFrame:
-    """One row per ranking, one column per tolerance: 'share [lo, hi]'."""
+    """One row per ranking, one column per tolerance, every measure together and the accuracy alone where the task
+    was measured: 'share [lo, hi]'."""
+    shares = shares[shares.measure.isin(["all", "accuracy"])]
     cells = shares.assign(cell=[f"{r.share:.0%} [{r.share_lo:.0%}, {r.share_hi:.0%}]" for r in shares.itertuples()],
-                          within=[f"within {t:.0%}" for t in shares.tolerance])
+                          within=[within_label(t, str(m)) for t, m in zip(shares.tolerance, shares.measure)])
     return cells.pivot(index="ranking", columns="within", values="cell").rename_axis(columns=None).reset_index()
 
 
@@ -30,6 +38,6 @@ def read_context_section(folder: Path) -> Section | None:
         return None
     text = (ctx / "summary.md").read_text().splitlines()[1:]  # after the title
     sentences = [line for line in text if line.strip() and not line.startswith(("- ", "Largest share"))]
-    blocks: list[Block] = [Paragraph(sentences[0]), Table(shares_view(read_table(ctx / "streaming_shares.csv"))),
-                           *map(Paragraph, sentences[1:])]
+    shares = with_measure(read_table(ctx / "streaming_shares.csv"))
+    blocks: list[Block] = [Paragraph(sentences[0]), Table(shares_view(shares)), *map(Paragraph, sentences[1:])]
     return Section(SECTION_TITLE, blocks)

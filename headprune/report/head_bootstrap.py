@@ -103,21 +103,3 @@ def within_layer(x: np.ndarray, y: np.ndarray, layers: np.ndarray, replicates: i
     point = float(within_layer_rows(x[None, :], y[None, :], layers)[0])
     lo, hi = interval(within_layer_rows(x[draws], y[draws], layers[order]))
     return point, float(lo), float(hi)
-
-
-def rank_intervals(per_window: np.ndarray, tokens: np.ndarray, replicates: int = HEAD_REPLICATES,
-                   seed: int = HEAD_SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each head's rank by a per-window score and its 95% interval over resamplings of the evaluation windows.
-
-    ``per_window`` [W, H]: a head's score summed over window w's tokens (e.g. ablated minus clean NLL), ``tokens``
-    [W]; the score is Σ_w C_w s_wh / Σ_w C_w n_w (``headprune.bootstrap``), rank 1 = the largest. Returns (rank [H]
-    on all windows, lo [H], hi [H]), ranks by ``min`` (ties share the best rank); "L18H6: rank 3, 95% interval 2–9".
-    """
-    W = per_window.shape[0]
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(W, np.full(W, 1.0 / W), size=replicates).astype(float)  # [B, W]
-    values = (counts @ per_window) / (counts @ tokens)[:, None]  # [B, H]
-    point = per_window.sum(0) / tokens.sum()
-    rank = stats.rankdata(-point, method="min")
-    lo, hi = interval(stats.rankdata(-values, axis=1, method="min"))
-    return rank.astype(int), lo, hi

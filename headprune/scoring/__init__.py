@@ -21,11 +21,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headprune.bootstrap import DEFAULT_REPLICATES, Replicate, check_replicates, interval, window_counts
+from headprune.bootstrap import (
+    DEFAULT_REPLICATES,
+    Replicate,
+    check_replicates,
+    interval,
+    rank_interval,
+    window_counts,
+)
 from headprune.data.tokens import check_ids
 from headprune.errors import HeadpruneError
 from headprune.io.read.fingerprint import model_fingerprint
@@ -35,7 +43,17 @@ from headprune.models.base import HeadModel
 from headprune.models.heads import check_heads, head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Batch, Windowing
-from headprune.schema import LEARNED, METHOD_FAMILIES, METHOD_SPECS, check_methods, parse_methods
+from headprune.schema import (
+    LEARNED,
+    METHOD_FAMILIES,
+    METHOD_SPECS,
+    RANKED,
+    check_methods,
+    ci_columns,
+    parse_methods,
+    rank_columns,
+    score_columns,
+)
 from headprune.scoring.ablation import AblationScores
 from headprune.scoring.activations import ActivationScores
 from headprune.scoring.base import Family, ScoringContext, Unit, by_head, rows_per_forward
@@ -116,7 +134,12 @@ def score_heads(
     if options.bootstrap and replicates:  # each data-dependent method's 95% interval over resampled windows
         counts = window_counts(sum(len(b.tokens) for b in batches), options.bootstrap, options.seed)
         for m, replicate in replicates.items():
-            table[f"{m}_ci_lo"], table[f"{m}_ci_hi"] = interval(replicate(counts))
+            values = replicate(counts)  # [B, H]
+            table[list(ci_columns(m))] = np.stack(interval(values), axis=1)
+            if m in RANKED:  # and an exact method's rank, jointly over the heads on the same resampled windows
+                table[list(rank_columns(m))] = np.stack(rank_interval(values), axis=1)
+        known = [c for c in score_columns(methods) if c in table]
+        table = table[known + [c for c in table if c not in known]]  # the canonical column order
     side = ctx.side
     means = by_head(model, side.mean_z.to(model.dtype)) if side.mean_z is not None else None
     optimal = by_head(model, side.opt_c.to(model.dtype)) if side.opt_c is not None else None

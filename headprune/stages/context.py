@@ -21,7 +21,7 @@ from typing import ClassVar
 import pandas as pd
 
 from headprune.context import DEFAULT_SHARES
-from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares
+from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares, with_measure
 from headprune.context.curve import LongProbe, check_shares, random_order, streaming_curve, streaming_order
 from headprune.context.pattern import KVPattern, read_pattern, write_pattern
 from headprune.context.summary import summary_lines
@@ -35,7 +35,7 @@ from headprune.models.streaming import DEFAULT_RECENT, DEFAULT_SINK, check_strea
 from headprune.schema import CONTEXT_METHODS
 
 MAX_SEQ_LEN = 2048  # the default long window: the model's context up to this
-TASKS = ("multikey", "passkey", "none")
+TASKS = ("recall", "multikey", "passkey", "none")
 MULTIKEY_KEYS = 4
 
 
@@ -52,7 +52,7 @@ class ContextSettings:
     methods: tuple[str, ...] = CONTEXT_METHODS
     shares: tuple[float, ...] = DEFAULT_SHARES
     random_seeds: int = 3
-    task: str = "multikey"  # measured beside the tail NLL: multikey, passkey or none
+    task: str = "recall"  # measured beside the tail NLL: recall, multikey, passkey or none
     prompts: int = 3  # the task's prompts at each length (seq_len / 2 and seq_len)
     tolerance: float = 0.01  # the exported pattern: the largest share within this of the full model
     bootstrap: int = 200
@@ -140,23 +140,25 @@ def load_context(folder: str | os.PathLike) -> ContextResult:
         settings = json.loads((folder / "settings.json").read_text())
     except FileNotFoundError as err:
         raise HeadpruneError(f"{folder} is not a saved context study ({Path(err.filename).name} missing)") from None
+    tables["shares"] = with_measure(tables["shares"])
     return ContextResult(**tables, pattern=read_pattern(folder / "pattern"), points=points, settings=settings)
 
 
 def context_probe(model: HeadModel, s: ContextSettings) -> LongProbe:
     """The curve's windows (long documents' test split) and the task's prompts, ``s.prompts`` at each of the
-    lengths seq_len/2 and seq_len (passkey: needles at evenly spaced depths; multikey: 4 keys)."""
+    lengths seq_len/2 and seq_len (recall, passkey: needles at evenly spaced depths; multikey: 4 keys)."""
     from headprune.io.read.tokenizer import model_tokenizer
-    from headprune.patching.long_tasks import long_windows, multikey_task, passkey_task
+    from headprune.patching.long_tasks import long_windows, multikey_task, passkey_task, recall_task
     from headprune.perplexity import Windowing
 
     assert s.seq_len and s.tail and s.recent
     tokenizer, bos = model_tokenizer(model), Windowing.for_model(model, s.seq_len).bos
     windows = long_windows(tokenizer, length=s.seq_len, n_windows=s.curve_windows, split="test", bos=bos)
     lengths = (s.seq_len // 2, s.seq_len)
-    if s.task == "passkey":
+    if s.task in ("passkey", "recall"):
         depths = [(i + 0.5) / s.prompts for i in range(s.prompts)]
-        prompts = passkey_task(tokenizer, lengths=lengths, depths=depths, per_cell=1, seed=s.seed, bos=bos).prompts
+        build = passkey_task if s.task == "passkey" else recall_task
+        prompts = build(tokenizer, lengths=lengths, depths=depths, per_cell=1, seed=s.seed, bos=bos).prompts
     elif s.task == "multikey":
         prompts = [p for n in lengths for p in multikey_task(tokenizer, length=n, keys=MULTIKEY_KEYS,
                                                              n_prompts=s.prompts, seed=s.seed + n, bos=bos).prompts]

@@ -100,3 +100,31 @@ def test_a_pattern_for_another_model_is_one_line(study, tiny_dir, capsys):
     assert main(["eval", "--model", str(tiny_dir), "--pattern", str(study / "pattern"), "--max-tokens", "64"]) != 0
     err = capsys.readouterr().err.strip()
     assert "made for another model" in err and "\n" not in err
+
+
+
+def test_the_task_path(tmp_path, monkeypatch):
+    """With a task measured (the shipped model fails recall, so the refusal is lifted here): a point's answers are
+    the task run with that point's streaming heads, and every sentence, the accuracy-alone shares and the held-out
+    accuracy drops included, is recomputed from the tables."""
+    from headprune.context.curve import random_order, streaming_layers
+    from headprune.patching import long_tasks
+    from headprune.stages.context import ContextSettings, context_probe, load_context
+
+    monkeypatch.setattr(long_tasks, "check_performs", lambda result, min_share=0.5: result)
+    out = tmp_path / "task"
+    args = [a if a != "none" else "recall" for a in ARGS]
+    assert main([*args, "--prompts", "2", "--out", str(out)]) == 0
+    assert check_summary(out) >= 16
+    result = load_context(out)
+    assert set(result.shares.measure) == {"all", "perplexity", "accuracy"} and result.settings["n_prompts"] == 4
+    model = load_model(DEFAULT_MODEL)
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in result.settings.items()
+              if k in ContextSettings.__dataclass_fields__}
+    s = ContextSettings(**fields).resolve(model)
+    probe = context_probe(model, s)
+    row = result.curve[(result.curve.ranking == "random/1") & (result.curve.n_streaming > 0)].iloc[0]
+    streamed = random_order(model, 1)[:int(row.n_streaming)]
+    right = long_tasks.run_task(model, long_tasks.LongTask("t", list(probe.prompts)),
+                                streaming_layers(model, streamed, s.sink, int(s.recent or 0))).right
+    assert result.points[row.point]["right"] == [int(r) for r in right]

@@ -1,14 +1,15 @@
 """Bootstrap intervals: every replicate equals the score of the resampled corpus, computed from scratch."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from headprune.bootstrap import interval, window_counts
+from headprune.bootstrap import interval, rank_interval, window_counts
 from headprune.io.read.loading import load_model
 from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.perplexity import Windowing, evaluate
-from headprune.schema import DATA_METHODS, ci_columns
+from headprune.schema import DATA_METHODS, RANKED, ci_columns, rank_columns
 from headprune.scoring import ScoringOptions, score_heads
 
 from helpers import TINY
@@ -87,7 +88,34 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
         np.testing.assert_allclose(table[ci_columns(m)[0]], lo, rtol=1e-5, atol=1e-7, err_msg=m)
         np.testing.assert_allclose(table[ci_columns(m)[1]], hi, rtol=1e-5, atol=1e-7, err_msg=m)
         assert (table[ci_columns(m)[0]] <= table[ci_columns(m)[1]]).all()
+        if m in RANKED:  # each head's rank within each rescored corpus (1 = costliest), its lowest and highest
+            ranks = [pd.Series(v).rank(ascending=False, method="min").to_numpy() for v in values]
+            assert table[list(rank_columns(m))].to_numpy().T.tolist() == [
+                np.min(ranks, 0).tolist(), np.max(ranks, 0).tolist()], m  # 2.5% and 97.5% of 4 replicates, whole
+    assert set(RANKED) & set(methods) == {"abl_zero", "abl_zero_folded", "abl_mean"}
     assert (table["abl_zero_ci_hi"] - table["abl_zero_ci_lo"]).max() > 1e-4  # the intervals are not degenerate
+    assert (table["abl_zero_rank_hi"] > table["abl_zero_rank_lo"]).any()  # and some ranks are uncertain
+
+
+def test_rank_interval_equals_a_loop_over_the_same_draws():
+    """Each head's rank in each replicate (1 = the largest, ties share the best), and the 2.5th percentile rounded
+    down, the 97.5th up, to whole ranks."""
+    rng = np.random.default_rng(0)
+    W, H, B = 12, 9, 40
+    tokens = rng.integers(50, 128, W).astype(float)
+    per_window = rng.normal(0.02, 0.05, (W, H)) * tokens[:, None] + np.linspace(0, 0.04, H) * tokens[:, None]
+    counts = window_counts(W, B, seed=3).numpy()
+    values = (counts @ per_window) / (counts @ tokens)[:, None]
+    lo, hi = rank_interval(values)
+    reps = []
+    for row in values:
+        reps.append([1 + sum(s > x for s in row) for x in row])
+    sorted_ranks = np.sort(np.array(reps), axis=0)  # per head, its B ranks ascending
+    k_lo, k_hi = int(np.floor(0.025 * (B - 1))), int(np.ceil(0.975 * (B - 1)))  # numpy's "lower"/"higher" order stats
+    assert lo.tolist() == sorted_ranks[k_lo].tolist() and hi.tolist() == sorted_ranks[k_hi].tolist()
+    assert lo.dtype.kind == hi.dtype.kind == "i" and (lo <= hi).all() and (hi > lo).any()
+    ahead = np.tile([10.0, 1.0, 0.5], (6, 1)) + rng.normal(0, 0.01, (6, 3))  # a head far ahead in every replicate
+    assert rank_interval(ahead)[0][0] == rank_interval(ahead)[1][0] == 1
 
 
 def test_head_bootstrap_matches_scipy_percentile_bootstrap():

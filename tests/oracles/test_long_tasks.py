@@ -18,12 +18,14 @@ from headprune.io.read.sources import resolve_source
 from headprune.io.read.tokenizer import load_tokenizer
 from headprune.models.streaming import Streaming, kv_alpha, streaming
 from headprune.patching.long_tasks import (
+    LongTask,
     answer_predictions,
     check_performs,
     long_window_nll,
     long_windows,
     multikey_task,
     passkey_task,
+    recall_task,
     run_task,
 )
 from headprune.schema import DEFAULT_MODEL
@@ -62,6 +64,18 @@ def test_prompts_are_built_as_specified(shipped):
         at = next(i for i in range(len(ids)) if ids[i:i + len(needle)] == needle)
         n_hay = p.length - len(needle) - len(tail) - (p.length - p.answer_start)
         assert at == round(p.depth * n_hay)  # the needle after depth × the haystack's tokens
+    recall = recall_task(tok, lengths=(150,), depths=(0.25, 0.75), per_cell=3, seed=5)
+    assert len(recall.prompts) == 6 and {p.depth for p in recall.prompts} == {0.25, 0.75}
+    for p in recall.prompts:
+        text = tok.decode(p.tokens.tolist())
+        key = tok.decode(p.tokens[p.answer_start:].tolist()).strip()
+        assert len(key) == 5 and key.isdigit() and text.endswith(f" The pass key is {key}")
+        assert text.count(f"The pass key is {key}.") == 1 and text.count("pass key") == 2  # one needle, one prompt
+        needle, tail = tok(f" The pass key is {key}.")["input_ids"], tok(" The pass key is")["input_ids"]
+        ids = p.tokens.tolist()
+        at = next(i for i in range(len(ids)) if ids[i:i + len(needle)] == needle)
+        n_hay = p.length - len(needle) - len(tail) - (p.length - p.answer_start)
+        assert at == round(p.depth * n_hay)
     multi = multikey_task(tok, length=200, keys=3, n_prompts=4, seed=1)
     for p in multi.prompts:
         text = tok.decode(p.tokens.tolist())
@@ -73,7 +87,9 @@ def test_prompts_are_built_as_specified(shipped):
 
 def test_right_means_greedy_generation_gives_the_answer(shipped):
     model, hf, tok = shipped
-    task = passkey_task(tok, lengths=(96, 160), depths=(0.2, 0.8), per_cell=2, seed=0)
+    passkey = passkey_task(tok, lengths=(96, 160), depths=(0.2, 0.8), per_cell=2, seed=0)
+    recall = recall_task(tok, lengths=(120,), depths=(0.3, 0.9), per_cell=2, seed=2)
+    task = LongTask("both", passkey.prompts + recall.prompts)
     for layers in (None, (2, 4)):
         spec = None if layers is None else {
             l: Streaming(kv_alpha(model, l, list(range(model.cfg.n_kv_heads))), SINK, RECENT) for l in layers}

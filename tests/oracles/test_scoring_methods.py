@@ -52,7 +52,9 @@ def hf_scored_z(hf, ids, seq_len=SEQ, stride=STRIDE):
 def test_columns_and_order(scores):
     every = parse_methods(SCORED)  # every method but abl_opt and abl_resample, in canonical order
     intervals = [c for m in DATA_METHODS if m in every for c in ci_columns(m)]
-    assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + every + intervals
+    exact = [m for m in ("abl_zero", "abl_zero_folded", "abl_mean") if m in every]
+    ranks = [f"{m}_rank_{end}" for m in exact for end in ("lo", "hi")]
+    assert list(scores.columns) == ["layer", "head", "head_id", "model_fingerprint"] + every + intervals + ranks
     assert list(scores.columns) == score_columns(every)
     assert scores.head_id.tolist() == [f"L{l}H{h}" for l in range(3) for h in range(4)]
 

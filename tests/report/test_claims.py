@@ -346,6 +346,19 @@ def check_inverse_within(sentence: str, pred: pd.DataFrame) -> None:
     assert set(split_names(m[1]) if m else []) == across, sentence
 
 
+def check_named_heads(answer: str, scores: pd.DataFrame) -> None:
+    """The heads named first are the largest abl_zero (ties: the smaller layer, head), each with its rank interval
+    as the table has it where it has one."""
+    named = re.findall(r"(L\d+H\d+)(?: \((\d+)–(\d+)\))?", answer.split("):", 1)[1].split(".")[0])
+    order = scores.sort_values(["abl_zero", "layer", "head"], ascending=[False, True, True])
+    assert [h for h, *_ in named] == list(order["head_id"][:len(named)]) and len(named) == min(5, len(scores))
+    has_ranks = "abl_zero_rank_lo" in scores
+    for head, lo, hi in named:
+        row = scores.set_index("head_id").loc[head]
+        assert (lo, hi) == ((str(int(row.abl_zero_rank_lo)), str(int(row.abl_zero_rank_hi))) if has_ranks
+                            else ("", ""))
+
+
 def check_all(found: list[str], said: dict[str, str], scores, curves, base: float, pred=None, layers=None) -> int:
     """Every claim of every kind checked; returns how many sentences were (``layers``: the layers table, where the
     summary reports layers removed whole)."""
@@ -370,6 +383,9 @@ def check_all(found: list[str], said: dict[str, str], scores, curves, base: floa
         n += 1
     if "What does pruning cost?" in said:
         check_cost(said["What does pruning cost?"], curves, base)
+        n += 1
+    if "Which heads matter?" in said:
+        check_named_heads(said["Which heads matter?"], scores)
         n += 1
     if layers is not None:
         check_layer_answer(said["Which heads matter?"], layers)
@@ -427,6 +443,10 @@ def random_tables(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     level = rng.normal(0, 0.3, layers)[scores["layer"]]  # a per-layer level: flips global against within-layer ρ
     scores["abl_zero"] = ablation = ablation + np.abs(level)
     scores["wo_spec"] = ablation - 3 * np.abs(level) + rng.normal(0, 0.02, n)
+    if seed % 2:  # rank intervals around each head's rank (scores written before them have none)
+        rank = scores["abl_zero"].rank(ascending=False, method="min").to_numpy(int)
+        scores["abl_zero_rank_lo"] = np.maximum(1, rank - rng.integers(0, 4, n))
+        scores["abl_zero_rank_hi"] = np.minimum(n, rank + rng.integers(0, 6, n))
     fractions = np.round(np.arange(0, 9) / 10, 2)
     rows = []
     slope_random, std_random = rng.uniform(2, 4), rng.uniform(0.02, 0.6)

@@ -64,14 +64,23 @@ def test_study_sentences(folder):
     result = load_context(folder / "context")
     curve, shares = result.curve, result.shares
     full = curve[curve.n_streaming == 0].iloc[0]
+    task, prompts = result.settings["task"], result.settings["n_prompts"]
+    alone = f" of the {task} accuracy alone"
     assert len(re.findall(r"^- within \d+%: ", text, re.MULTILINE)) == shares.tolerance.nunique()
-    for tol in shares.tolerance.unique():
-        best = shares[(shares.tolerance == tol) & shares.ranking.isin(result.settings["methods"])].share.max()
-        assert (f"- within {tol:.0%}: no score's order streams" in text) == (best == 0)
-    for tol, ranking, share, before, after, less in re.findall(
-            r"within (\d+)%: (\w+) streams (\d+)% [^\n]*?cache at 8,192 tokens ([\d,.]+) → ([\d,.]+) MiB "
-            r"\((\d+)% less\)", text):
-        rows = shares[(shares.tolerance.round(2) == int(tol) / 100) & shares.ranking.isin(result.settings["methods"])]
+    assert len(re.findall(rf"^- within \d+%{alone}: ", text, re.MULTILINE)) == shares.tolerance.nunique() * (
+        prompts > 0)
+    if prompts:
+        assert f"The full model gets {task} right on {full.accuracy:.0%} of {prompts} prompts" in text
+    for measure, label in (("all", ""), ("accuracy", alone)):
+        for tol in shares.tolerance.unique():
+            best = shares[(shares.tolerance == tol) & (shares.measure == measure)
+                          & shares.ranking.isin(result.settings["methods"])].share.max()
+            assert (f"- within {tol:.0%}{label}: no score's order streams" in text) == (best == 0)
+    for tol, label, ranking, share, before, after, less in re.findall(
+            rf"within (\d+)%({alone})?: (\w+) streams (\d+)% [^\n]*?cache at 8,192 tokens ([\d,.]+) → ([\d,.]+) "
+            r"MiB \((\d+)% less\)", text):
+        rows = shares[(shares.tolerance.round(2) == int(tol) / 100) & shares.ranking.isin(result.settings["methods"])
+                      & (shares.measure == ("accuracy" if label else "all"))]
         assert f"{rows.share.max():.0%}" == f"{share}%"
         row = rows[rows.ranking == ranking].iloc[0]
         point = curve[(curve.ranking == ranking) & (curve.n_streaming == row.n_streaming)].iloc[0]
@@ -89,11 +98,14 @@ def test_the_run_report_shows_the_context_section(folder):
     section = read_context_section(folder)
     assert section is not None and section.title == SECTION_TITLE
     table = next(b for b in section.blocks if isinstance(b, Table)).df.set_index("ranking")
-    shares = read_table(folder / "context" / "streaming_shares.csv")
+    shares = load_context(folder / "context").shares
     assert len(table) == shares.ranking.nunique()
-    for r in shares.itertuples():
+    shown = shares[shares.measure != "perplexity"]
+    assert table.shape[1] == len(shown.groupby(["measure", "tolerance"]))
+    for r in shown.itertuples():
         cell = f"{r.share:.0%} [{r.share_lo:.0%}, {r.share_hi:.0%}]"
-        assert table.loc[r.ranking, f"within {r.tolerance:.0%}"] == cell
+        column = f"within {r.tolerance:.0%}" + ("" if r.measure == "all" else ", accuracy alone")
+        assert table.loc[r.ranking, column] == cell
     report = (folder / "summary.md").read_text()
     assert f"## {SECTION_TITLE}" in report
     context_summary = (folder / "context" / "summary.md").read_text()

@@ -33,7 +33,9 @@ CURVE, POINTS = make(
 
 
 def test_largest_share_by_hand():
-    shares = largest_shares(CURVE, POINTS, (0.01, 0.05), replicates=100, seed=0).set_index(["ranking", "tolerance"])
+    table = largest_shares(CURVE, POINTS, (0.01, 0.05), replicates=100, seed=0)
+    by_measure = table.set_index(["measure", "ranking", "tolerance"])
+    shares = by_measure.loc["all"]
     # a: ΔNLL 0.005 ≤ log(1.01) = 0.00995 at 1/4; 0.02 breaks 1% at 1/2 (0.003 at 3/4 comes after the break);
     #    at 5% (log 1.05 = 0.0488) 1/4, 1/2, 3/4 pass and 1 (0.1) fails
     assert shares.loc[("a", 0.01), "share"] == 0.25 and shares.loc[("a", 0.05), "share"] == 0.75
@@ -44,6 +46,17 @@ def test_largest_share_by_hand():
     # b at 5%: a replicate that never draws the wrong prompt passes 3/4 (the interval reaches it), none passes 1
     assert shares.loc[("b", 0.05), "share_lo"] == 0.5 and shares.loc[("b", 0.05), "share_hi"] == 0.75
     assert shares.loc[("b", 0.01), "n_streaming"] == 2
+    # one measure alone: b by perplexity passes 3/4 at 5% (0.04) and fails 1 (0.2); by accuracy it keeps 1/2
+    # (3/4 loses a prompt at both tolerances); a's prompts are all right at every share: accuracy alone allows all
+    assert by_measure.loc[("perplexity", "b", 0.05), "share"] == 0.75
+    assert by_measure.loc[("perplexity", "a", 0.01), "share"] == 0.25
+    assert by_measure.loc[("accuracy", "b", 0.01), "share"] == 0.5 == by_measure.loc[("accuracy", "b", 0.05), "share"]
+    assert by_measure.loc[("accuracy", "a", 0.01), "share"] == 1.0
+    assert len(table) == 2 * 3 * 2  # rankings × measures × tolerances
+    no_prompts = {k: {**v, "right": []} for k, v in POINTS.items()}
+    alone = largest_shares(CURVE, no_prompts, (0.01, 0.05), replicates=20)
+    assert set(alone.measure) == {"all"} and (alone.set_index(["ranking", "tolerance"]).share
+                                              == by_measure.loc["perplexity"].share).all()
 
 
 def test_curve_table_by_hand():
