@@ -115,7 +115,9 @@ def score_heads(
     user's spec (``"all"``, ``"grad,taylor"``: :func:`~headprune.schema.parse_methods`).
 
     Every data-dependent method ``m`` also gets its 95% percentile interval ``m_ci_lo``, ``m_ci_hi`` from
-    ``options.bootstrap`` replicates that resample the scoring windows (seeded by ``options.seed``; 0: none).
+    ``options.bootstrap`` replicates that resample the scoring windows (seeded by ``options.seed``; 0: none), and
+    an exact method (:data:`~headprune.schema.RANKED`) each head's 95% rank interval ``m_rank_lo``, ``m_rank_hi``
+    (1 = the largest) from the same replicates.
 
     ``windowing``: default ``Windowing.for_model(model)`` (non-overlapping full-length windows after the model's
     BOS token where it has one, 8 a batch).
