@@ -51,33 +51,10 @@ def rho_interval(x: np.ndarray, y: np.ndarray, seed: int = 0) -> tuple[float, fl
     return float(spearmanr(x, y).statistic), float(lo), float(hi)
 
 
-def study_lines(run: Path) -> list[str]:
-    result = load_context(run / "context")
-    kv = kv_table(run, result)
-    top = kv.sort_values("ctx_stream", ascending=False).head(TOP)
-    certified = int((kv.ctx_stream_ci_lo > 0).sum())
-    lines = [f"# The context study: {run.name}\n",
-             "## Which KV heads need the whole context\n",
-             (f"{certified} of {len(kv)} KV heads cost NLL when streaming with their 95% interval above 0 (ctx_stream, "
-             f"{result.settings['score_windows']} validation windows of {result.settings['seq_len']} tokens). "
-             f"The {TOP} that cost most:"), ""]
-    induction_rank = kv.induction.rank(ascending=False)
-    ablation_rank = kv.abl_zero.rank(ascending=False)
-    for r in top.itertuples():
-        lines.append(f"- {r.kv_id}: ctx_stream {r.ctx_stream:+.4f} [{r.ctx_stream_ci_lo:+.4f}, "
-                     f"{r.ctx_stream_ci_hi:+.4f}] nats/token; induction rank {induction_rank[r.Index]:.0f}, "
-                     f"abl_zero rank {ablation_rank[r.Index]:.0f} of {len(kv)}")
-    lines.append("")
-    lines.append("## Are they the induction heads, and the heads that matter most?\n")
-    for other, what in (("induction", "a KV head's largest among its query heads, from the run's anatomy.csv"),
-                        ("abl_zero", "a KV head's largest among its query heads, from the run's scores.csv")):
-        rho, lo, hi = rho_interval(kv.ctx_stream.to_numpy(), kv[other].to_numpy())
-        top_other = set(kv.sort_values(other, ascending=False).head(TOP).kv_id)
-        shared = sorted(set(top.kv_id) & top_other)
-        lines.append(f"- ctx_stream against {other} ({what}): Spearman ρ {rho:+.2f} [{lo:+.2f}, {hi:+.2f}] over "
-                     f"{len(kv)} KV heads; {len(shared)} of the top {TOP} in both"
-                     + (f" ({', '.join(shared)})" if shared else "") + ".")
-    lines += ["", "## How much KV cache can stream\n"]
+def stream_lines(result: ContextResult) -> list[str]:
+    """How much KV cache can stream: the task the full model performs, then per measure and tolerance the score's
+    order streaming the largest share, with the cache it saves at 8,192 tokens."""
+    lines: list[str] = []
     task = result.settings["task"]
     if result.settings["n_prompts"]:
         full_acc = result.curve[result.curve.n_streaming == 0].iloc[0].accuracy
@@ -111,6 +88,36 @@ def study_lines(run: Path) -> list[str]:
                      f"{best.share_hi:.0%}] of the KV heads (ΔNLL {best.delta_nll:+.4f}"
                      + (f"; as many: {others}" if others else "") + f"): the cache at {CONTEXT:,} tokens "
                      f"{full[col] / 2**20:,.1f} → {point[col] / 2**20:,.1f} MiB ({saved:.0%} less).")
+    return lines
+
+
+def study_lines(run: Path) -> list[str]:
+    result = load_context(run / "context")
+    kv = kv_table(run, result)
+    top = kv.sort_values("ctx_stream", ascending=False).head(TOP)
+    certified = int((kv.ctx_stream_ci_lo > 0).sum())
+    lines = [f"# The context study: {run.name}\n",
+             "## Which KV heads need the whole context\n",
+             (f"{certified} of {len(kv)} KV heads cost NLL when streaming with their 95% interval above 0 (ctx_stream, "
+             f"{result.settings['score_windows']} validation windows of {result.settings['seq_len']} tokens). "
+             f"The {TOP} that cost most:"), ""]
+    induction_rank = kv.induction.rank(ascending=False)
+    ablation_rank = kv.abl_zero.rank(ascending=False)
+    for r in top.itertuples():
+        lines.append(f"- {r.kv_id}: ctx_stream {r.ctx_stream:+.4f} [{r.ctx_stream_ci_lo:+.4f}, "
+                     f"{r.ctx_stream_ci_hi:+.4f}] nats/token; induction rank {induction_rank[r.Index]:.0f}, "
+                     f"abl_zero rank {ablation_rank[r.Index]:.0f} of {len(kv)}")
+    lines.append("")
+    lines.append("## Are they the induction heads, and the heads that matter most?\n")
+    for other, what in (("induction", "a KV head's largest among its query heads, from the run's anatomy.csv"),
+                        ("abl_zero", "a KV head's largest among its query heads, from the run's scores.csv")):
+        rho, lo, hi = rho_interval(kv.ctx_stream.to_numpy(), kv[other].to_numpy())
+        top_other = set(kv.sort_values(other, ascending=False).head(TOP).kv_id)
+        shared = sorted(set(top.kv_id) & top_other)
+        lines.append(f"- ctx_stream against {other} ({what}): Spearman ρ {rho:+.2f} [{lo:+.2f}, {hi:+.2f}] over "
+                     f"{len(kv)} KV heads; {len(shared)} of the top {TOP} in both"
+                     + (f" ({', '.join(shared)})" if shared else "") + ".")
+    lines += ["", "## How much KV cache can stream\n", *stream_lines(result)]
     lines += ["", "## The cheap scores against the exact one\n"]
     for method in ("ctx_gate", "ctx_retrieval"):
         rho, lo, hi = rho_interval(kv.ctx_stream.to_numpy(), kv[method].to_numpy())

@@ -103,10 +103,17 @@ def _prompt(tokenizer, needles: Sequence[tuple[float, str]], question: str, answ
     return LongPrompt(torch.tensor(ids + ans), len(ids), len(ids) + len(ans), asked_depth)
 
 
-def _key_task(name: str, needle: str, question: str, tokenizer, lengths: Sequence[int], depths: Sequence[float],
-              per_cell: int, seed: int, bos: int | None) -> LongTask:
-    """``per_cell`` prompts at each length (tokens) and depth, each with one pass key (drawn with ``seed``) in
-    ``needle`` (``{key}`` marks it) and ``question`` before the answer " NNNNN"."""
+#: The single-key tasks: (needle, with ``{key}`` for the pass key; what the prompt ends with before the answer).
+KEY_FORMS = {"passkey": (" The pass key is {key}. Remember it. {key} is the pass key.",
+                         " What is the pass key? The pass key is"),
+             "recall": (" The pass key is {key}.", " The pass key is")}
+
+
+def _key_task(name: str, tokenizer, lengths: Sequence[int], depths: Sequence[float], per_cell: int, seed: int,
+              bos: int | None) -> LongTask:
+    """``per_cell`` prompts at each length (tokens) and depth, each with one pass key (drawn with ``seed``) in the
+    form :data:`KEY_FORMS` [``name``] gives, answered " NNNNN"."""
+    needle, question = KEY_FORMS[name]
     rng = random.Random(seed)
     prompts = []
     for length in lengths:
@@ -121,16 +128,14 @@ def _key_task(name: str, needle: str, question: str, tokenizer, lengths: Sequenc
 def passkey_task(tokenizer, *, lengths: Sequence[int] = (512, 1024, 2048), depths: Sequence[float] = (0.1, 0.5, 0.9),
                  per_cell: int = 2, seed: int = 0, bos: int | None = None) -> LongTask:
     """Passkey prompts, asked as a question: ``per_cell`` at each length (tokens) and depth."""
-    return _key_task("passkey", " The pass key is {key}. Remember it. {key} is the pass key.",
-                     " What is the pass key? The pass key is", tokenizer, lengths, depths, per_cell, seed, bos)
+    return _key_task("passkey", tokenizer, lengths, depths, per_cell, seed, bos)
 
 
 def recall_task(tokenizer, *, lengths: Sequence[int] = (512, 1024, 2048), depths: Sequence[float] = (0.1, 0.5, 0.9),
                 per_cell: int = 2, seed: int = 0, bos: int | None = None) -> LongTask:
     """Passkey prompts in completion form ("The pass key is NNNNN." … "The pass key is"): ``per_cell`` at each
     length (tokens) and depth."""
-    return _key_task("recall", " The pass key is {key}.", " The pass key is", tokenizer, lengths, depths, per_cell,
-                     seed, bos)
+    return _key_task("recall", tokenizer, lengths, depths, per_cell, seed, bos)
 
 
 def multikey_task(tokenizer, *, length: int = 1024, keys: int = 4, n_prompts: int = 8, seed: int = 0,

@@ -97,7 +97,8 @@ def test_each_head_is_measured_exactly_on_the_first_windows_of_the_seeded_order(
         assert row["se"] == pytest.approx(se, rel=1e-3)
         assert row["tokens"] == tokens.sum()
         half = student_t.ppf(1 - 0.05 / tests / 2, len(first) - 1) * se
-        assert delta - half - 1e-6 <= row["ci_lo"] <= row["delta"] <= row["ci_hi"] <= delta + half + 1e-6
+        slack = 1e-5  # float32 sums: the interval's ends agree to ~1e-6 and move with BLAS's last bits
+        assert delta - half - slack <= row["ci_lo"] <= row["delta"] <= row["ci_hi"] <= delta + half + slack
         if row["windows"] == 4:  # one round, one interval: exactly ΔL ± t·se
             assert (row["ci_lo"], row["ci_hi"]) == pytest.approx((delta - half, delta + half), rel=1e-3)
 
