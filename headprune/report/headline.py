@@ -38,7 +38,7 @@ from headprune.report.findings import (
 from headprune.report.layers import layer_answer
 from headprune.report.numbers import names
 from headprune.report.tables import FRACTION_TOL, read_at, top_heads
-from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap, rank_columns
+from headprune.schema import DESCRIPTIVE, LAYER_NORMALIZED, RANDOM, TRUTH, is_cheap
 
 NAMED_HEADS = 5
 SUM_OF_SINGLES = "single ablations summed"
@@ -75,15 +75,8 @@ def heads_answer(scores: pd.DataFrame, layers: pd.DataFrame | None = None) -> st
     top = top_heads(scores, NAMED_HEADS)
     if top.empty:
         return None
-    columns = list(rank_columns(TRUTH))
-    ranks = scores.set_index("head_id").reindex(top["head_id"], columns=columns)
-    if ranks.notna().all().all():  # each head's 95% rank interval over resampled windows
-        named = [f"{h} ({a:.0f}–{b:.0f})" for h, (a, b) in zip(top["head_id"], ranks.itertuples(index=False))]
-        text = (f"The heads that matter most by {TRUTH} (the NLL increase when the head alone is zero-ablated; in "
-                f"brackets the 95% interval of its rank, 1 = costliest, over resampled windows): {names(named)}.")
-    else:
-        text = (f"The heads that matter most by {TRUTH} (the NLL increase when the head alone is zero-ablated): "
-                f"{names(list(top['head_id']))}.")
+    text = (f"The heads that matter most by {TRUTH} (the NLL increase when the head alone is zero-ablated): "
+            f"{names(list(top['head_id']))}.")
     if layers is not None:
         return f"{text} {layer_answer(layers)}"
     totals = layer_totals(scores)
