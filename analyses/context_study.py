@@ -56,17 +56,16 @@ def stream_lines(result: ContextResult) -> list[str]:
     order streaming the largest share, with the cache it saves at 8,192 tokens."""
     lines: list[str] = []
     task = result.settings["task"]
+    curve, shares = result.curve, result.shares
+    full = curve[curve.n_streaming == 0].iloc[0]
     if result.settings["n_prompts"]:
-        full_acc = result.curve[result.curve.n_streaming == 0].iloc[0].accuracy
-        lines.append(f"The full model gets {task} right on {full_acc:.0%} of {result.settings['n_prompts']} prompts "
-                     f"({result.settings['seq_len'] // 2:,} and {result.settings['seq_len']:,} tokens). The largest "
-                     "share of KV heads streaming, with every measure within the tolerance (perplexity and accuracy) "
-                     "and with the accuracy alone:\n")
+        lines.append(f"The full model gets {task} right on {full.accuracy:.0%} of {result.settings['n_prompts']} "
+                     f"prompts ({result.settings['seq_len'] // 2:,} and {result.settings['seq_len']:,} tokens). The "
+                     "largest share of KV heads streaming, with every measure within the tolerance (perplexity and "
+                     "accuracy) and with the accuracy alone:\n")
     elif result.settings.get("task_note"):
         lines.append(f"The task is left out ({result.settings['task_note']}). The largest share of KV heads "
                      "streaming within the tolerance of the perplexity:\n")
-    curve, shares = result.curve, result.shares
-    full = curve[curve.n_streaming == 0].iloc[0]
     measures = ["all", "accuracy"] if result.settings["n_prompts"] else ["all"]
     for measure, tol in [(m, t) for m in measures for t in sorted(shares.tolerance.unique())]:
         within = f"within {tol:.0%}" + (f" of the {task} accuracy alone" if measure == "accuracy" else "")
