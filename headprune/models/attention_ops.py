@@ -4,6 +4,7 @@ probabilities, and the row blocks of heads in the attention weights."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -24,6 +25,25 @@ def causal_probs(q: Tensor, k: Tensor, scale: float, window: int | None = None) 
     T = q.shape[2]
     scores = (q @ k.transpose(-1, -2)).float() * scale
     return scores.masked_fill(~sliding_causal_mask(T, window, q.device), float("-inf")).softmax(-1).to(q.dtype)
+
+
+def full_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window: int | None = None,
+                   heads: Tensor | None = None) -> Tensor:
+    """z = softmax(q kᵀ · scale + mask) v (B,h,T,d_k) by SDPA, the mask causal (and t − s < window): q (B,h,T,d_k),
+    k and v (B,h_k,T,d_k) with h_k = h, or h_kv in the repeat_kv layout (query head i reads KV head ⌊i·h_kv / h⌋).
+    Where ``heads`` [n] is given, only those query heads are computed and the others are 0 (heads that stream
+    wholly need no full attention)."""
+    h, T = q.shape[1], q.shape[2]
+    if heads is not None and len(heads) < h:
+        z = torch.zeros_like(q)
+        if not len(heads):
+            return z
+        kv = heads // (h // k.shape[1])  # each selected query head's own K/V rows
+        part = full_attention(q.index_select(1, heads), k.index_select(1, kv), v.index_select(1, kv), scale, window)
+        return z.index_copy(1, heads, part)
+    mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                          enable_gqa=k.shape[1] != h)
 
 
 def sliding_causal_mask(T: int, window: int | None, device: torch.device) -> Tensor:

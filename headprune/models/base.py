@@ -27,12 +27,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from headprune.errors import HeadpruneError
-from headprune.models.attention_ops import causal_probs, gated, sliding_causal_mask
+from headprune.models.attention_ops import causal_probs, full_attention, gated
 from headprune.models.head_config import Head, HeadConfig, Origin
 from headprune.models.hooks import AttentionHook, Capture, StepCache
 from headprune.models.streaming import Streaming
@@ -178,10 +177,8 @@ class HeadAttention(nn.Module):
             if capture is not None and need_weights:
                 capture.record_attn(self.layer, probs)
         else:
-            mask = None if window is None or window >= T else sliding_causal_mask(T, window, q.device)
-            gqa = k.shape[1] != h  # repeat_kv layout: SDPA pairs query head i with KV head ⌊i / r⌋
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                               enable_gqa=gqa)
+            full = None if self.streaming is None else self.streaming.full_heads()
+            z = full_attention(q, k, v, scale, window, full)  # only the heads that are not wholly streaming
             if self.streaming is not None:  # streaming heads: their banded z, mixed in by α
                 z = self.streaming.output(z, q, k, v, scale, window)
         if capture is not None:

@@ -51,6 +51,14 @@ class Streaming:
             return torch.arange(a.shape[1], device=a.device)
         return (a != 1).any(0).nonzero().flatten()
 
+    def full_heads(self) -> Tensor:
+        """Positions of the query heads whose full-attention output is needed: α ≠ 0 somewhere, or every head where
+        α requires a gradient (a head at α = 0 in every row is its streaming output alone)."""
+        a = self.alpha.detach().reshape(-1, self.alpha.shape[-1])
+        if self.alpha.requires_grad:
+            return torch.arange(a.shape[1], device=a.device)
+        return (a != 0).any(0).nonzero().flatten()
+
     def mix(self, z_full: Tensor, z_stream: Tensor) -> Tensor:
         """α z_full + (1 − α) z_stream, z (B,h,T,·)."""
         a = self.alpha.view(-1, self.alpha.shape[-1], 1, 1).to(z_full.dtype)
