@@ -132,7 +132,8 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
                            serving_llama_cpp=serving.llama_cpp, context=read_context_section(out),
                            layers=results.layers)
     save_beside(results.scored, out / "scores.parquet")  # the means and the meta; the report writes the table
-    report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra)
+    report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra,
+                          replicates=results.scored.replicates)
     stages = {k.removeprefix("seconds_"): v for k, v in settings.items()
               if k.startswith("seconds_") and k != "seconds_per_method"}
     run.log("seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items())

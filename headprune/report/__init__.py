@@ -43,9 +43,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from headprune.errors import HeadpruneError
@@ -58,6 +60,7 @@ from headprune.io.work.files import (
     write_table,
     write_text,
 )
+from headprune.io.work.replicates import read_replicates
 from headprune.report.anatomy import (
     AnatomyReport,
     anatomy_parts,
@@ -114,9 +117,11 @@ NO_SECTIONS = ReportSections()
 
 
 def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.PathLike, settings: dict | None,
-                 baseline: dict, extra: ReportSections = NO_SECTIONS, scale: str = "value") -> Path:
+                 baseline: dict, extra: ReportSections = NO_SECTIONS, scale: str = "value",
+                 replicates: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write the tables, pictures, summary.md and report.html into ``out_dir``; return report.html's path.
-    With ``extra``, also the optional sections that it holds and their files.
+    With ``extra``, also the optional sections that it holds and their files; with ``replicates`` (the scores on
+    resampled windows, :mod:`headprune.io.work.replicates`), rank statistics' intervals that hold the data noise.
 
     Inputs are validated before anything is written (HeadpruneError naming the problem).
     """
@@ -126,7 +131,7 @@ def build_report(scores: pd.DataFrame, curves: pd.DataFrame, out_dir: str | os.P
     check_together(scores, curves, baseline)
     if extra.layers is not None:
         extra = replace(extra, layers=check_layers(extra.layers, scores))
-    content = make_content(scores, curves, settings, baseline, extra.layers)
+    content = make_content(scores, curves, settings, baseline, extra.layers, replicates)
     if scale not in SCALES:
         raise HeadpruneError(f"scale {scale!r} must be one of {', '.join(SCALES)}", "scale")
     pictures = make_pictures(scores, curves, baseline, content.predictiveness, scale)
@@ -218,4 +223,5 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
                            serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
                            context=read_context_section(folder), layers=read_layers(folder))
-    return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale)
+    return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale,
+                        replicates=read_replicates(scores_path, len(scores)))

@@ -1,13 +1,15 @@
-"""The report's headline: three to five sentences computed from the tables, shown before anything else.
+"""The report's headline: three to six sentences computed from the tables, shown before anything else.
 
 1. which layer matters most: its heads removed together, chosen on the validation split and measured on the test
    split with intervals (:mod:`.layers_section`), or, where the run did not remove layers whole, ``abl_zero`` summed
    over each layer's heads (said to be a sum);
-2. at 30% and at 50% of heads pruned: which scores beat the random band (ΔNLL below the random mean minus one
+2. how far the ranking is decided: the heads certainly in, certainly out of and contested for the top 10% by their
+   rank intervals, the costliest named with theirs (:mod:`.rank_precision`);
+3. at 30% and at 50% of heads pruned: which scores beat the random band (ΔNLL below the random mean minus one
    standard deviation over seeds) and by how much, which are worse than it;
-3. which scores rank heads inversely to ``abl_zero`` (the 95% interval of Spearman ρ below 0 or of the ROC-AUC
+4. which scores rank heads inversely to ``abl_zero`` (the 95% interval of Spearman ρ below 0 or of the ROC-AUC
    below 0.5);
-4. what mean (and optimal) compensation buys (ΔNLL with and without, same method and fraction).
+5. what mean (and optimal) compensation buys (ΔNLL with and without, same method and fraction).
 
 A sentence whose numbers are missing (no ``abl_zero``, no random curve, no compensated curve) is left out.
 """
@@ -24,6 +26,7 @@ from headprune.report.breaks import break_sentence
 from headprune.report.choice import choose
 from headprune.report.layers import layer_finding
 from headprune.report.numbers import names
+from headprune.report.rank_precision import rank_sentence
 from headprune.report.tables import FRACTION_TOL, nearest_row
 from headprune.schema import DESCRIPTIVE, RANDOM, TRUTH
 
@@ -205,7 +208,7 @@ def findings(scores: pd.DataFrame, curves: pd.DataFrame, pred: pd.DataFrame, lay
     checked layers table, where the run removed each layer's heads together: the layer sentence then says what that
     cost, else what the single ablations sum to)."""
     first = layer_finding(layers, scores) if layers is not None else layer_sentence(scores)
-    sentences = [first, *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
+    sentences = [first, rank_sentence(scores), *(random_sentence(curves, t) for t in FINDING_FRACTIONS),
                  pick_break(curves), inverse_sentence(pred), *compensation_sentences(curves)]
     return [s for s in sentences if s]
 

@@ -14,9 +14,17 @@ subtracted, ã_i = rank_l(x_i) − mean_l rank, and ρ_within = Σ ã b̃ / sqrt
 Spearman ρ of within-layer ranks: for layers of equal size without ties, the mean of the per-layer ρ). A score
 whose global ρ and within-layer ρ differ in sign ranks layers, not heads. Its interval resamples heads within each
 layer (the layers' sizes kept).
+
+Where a score's values on resampled *windows* are given (``x_windows``, ``y_windows`` [B_w, n]: row r the scores
+of every head on the r-th resample of the scoring windows, the same resample for both; :func:`~headprune.scoring.
+score_heads` keeps them), replicate b draws heads from window replicate b mod B_w instead of the point values, and
+the ROC-AUC's positives are that window replicate's own top 10%: the interval then holds the data noise and the
+choice of heads together (:class:`WindowReplicates`). A score that reads no data (weights) keeps its values.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -68,13 +76,36 @@ def rank_replicates(X: np.ndarray, Y: np.ndarray, positive: np.ndarray) -> np.nd
     return np.stack([rho, tau, auc], axis=1)
 
 
+class WindowReplicates(NamedTuple):
+    """Two scores' values on the same resamples of the scoring windows, [B_w, n] each (finite heads only): ``x``
+    (None where x reads no data), the truth ``y`` and its top-10% ``positive`` per resample."""
+
+    x: np.ndarray | None
+    y: np.ndarray
+    positive: np.ndarray
+
+
+def drawn(values: np.ndarray, windows: np.ndarray | None, draws: np.ndarray) -> np.ndarray:
+    """[B, n]: replicate b's heads ``draws[b]`` read from ``values`` [n], or from window replicate b mod B_w of
+    ``windows`` [B_w, n] where given."""
+    if windows is None:
+        return values[draws]
+    rows = windows[np.arange(len(draws)) % len(windows)]  # [B, n]
+    return np.take_along_axis(rows, draws, axis=1)
+
+
 def head_bootstrap(x: np.ndarray, y: np.ndarray, positive: np.ndarray, replicates: int = HEAD_REPLICATES,
-                   seed: int = HEAD_SEED) -> dict[str, float]:
+                   seed: int = HEAD_SEED, windows: WindowReplicates | None = None) -> dict[str, float]:
     """95% percentile intervals of Spearman ρ, Kendall τ-b and ROC-AUC over ``replicates`` resamplings of the
-    heads with replacement (finite x, y; a replicate where a statistic is undefined is left out)."""
+    heads with replacement (finite x, y; a replicate where a statistic is undefined is left out), jointly with the
+    scoring windows where ``windows`` is given (module docstring)."""
     rng = np.random.default_rng(seed)
     draws = np.stack([rng.integers(len(x), size=len(x)) for _ in range(replicates)])  # [B, n] head indices
-    lo, hi = interval(rank_replicates(x[draws], y[draws], positive[draws]))
+    if windows is None:
+        X, Y, P = x[draws], y[draws], positive[draws]
+    else:  # each replicate's positives: its own top 10% by the resampled truth
+        X, Y, P = drawn(x, windows.x, draws), drawn(y, windows.y, draws), drawn(positive, windows.positive, draws)
+    lo, hi = interval(rank_replicates(X, Y, P))
     return {"spearman_ci_lo": lo[0], "spearman_ci_hi": hi[0], "kendall_ci_lo": lo[1], "kendall_ci_hi": hi[1],
             "roc_auc_ci_lo": lo[2], "roc_auc_ci_hi": hi[2]}
 
@@ -93,13 +124,17 @@ def within_layer_rows(X: np.ndarray, Y: np.ndarray, layers: np.ndarray) -> np.nd
 
 
 def within_layer(x: np.ndarray, y: np.ndarray, layers: np.ndarray, replicates: int = HEAD_REPLICATES,
-                 seed: int = HEAD_SEED) -> tuple[float, float, float]:
+                 seed: int = HEAD_SEED, windows: WindowReplicates | None = None) -> tuple[float, float, float]:
     """(within-layer ρ, 95% interval lo, hi) of x, y [n] (finite), heads resampled with replacement within each
-    layer."""
+    layer, jointly with the scoring windows where their replicates are given (module docstring)."""
     rng = np.random.default_rng(seed)
     members = [np.flatnonzero(layers == layer) for layer in np.unique(layers)]
     draws = np.stack([np.concatenate([rng.choice(m, size=len(m)) for m in members]) for _ in range(replicates)])
     order = np.concatenate(members)  # draws keep each layer's block of columns in this order
     point = float(within_layer_rows(x[None, :], y[None, :], layers)[0])
-    lo, hi = interval(within_layer_rows(x[draws], y[draws], layers[order]))
+    if windows is None:
+        X, Y = x[draws], y[draws]
+    else:
+        X, Y = drawn(x, windows.x, draws), drawn(y, windows.y, draws)
+    lo, hi = interval(within_layer_rows(X, Y, layers[order]))
     return point, float(lo), float(hi)

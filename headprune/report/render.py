@@ -10,6 +10,7 @@ heads, the pruning order, predictiveness, the rest; settings last.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,9 +36,9 @@ from headprune.report.tables import (
     top_heads,
 )
 from headprune.report.views import (
-    PRED_NOTE,
     per_row,
     phone_summary,
+    pred_note,
     predictiveness_view,
     settings_frame,
     value_text,
@@ -149,14 +150,15 @@ def number(value) -> str:
     return str(value)
 
 
-def make_content(scores, curves, settings, baseline, layers: pd.DataFrame | None = None) -> Content:
+def make_content(scores, curves, settings, baseline, layers: pd.DataFrame | None = None,
+                 replicates: Mapping[str, np.ndarray] | None = None) -> Content:
     """What both pages say, from the checked tables (``layers``: each layer's heads removed together, where the run
-    measured that)."""
+    measured that; ``replicates``: the scores on resampled windows, for the rank statistics' intervals)."""
     try:
         choice: Choice | None = choose(curves)
     except HeadpruneError:
         choice = None
-    pred = predictiveness(scores)
+    pred = predictiveness(scores, replicates)
     content = Content(scores, curves, settings, baseline, choice, summary_table(curves, bpb_factor(baseline)),
                       fraction_note(curves), pred, top_heads(scores), layer_counts(scores),
                       findings(scores, curves, pred, layers), answers(scores, curves, pred, baseline, layers))
@@ -265,7 +267,7 @@ def sections(c: Content, pictures: list[Picture]) -> list[Section]:
     fractions = " / ".join(f"{f:.0%}" for f in SUMMARY_FRACTIONS)
     order += ([Paragraph(f"Heads removed from each layer at {fractions} of all heads pruned:"), Table(c.layer_counts)]
               if len(c.layer_counts) else [Paragraph("No method could rank the heads.")])
-    predicts: list[Block] = ([Table(predictiveness_view(c.predictiveness)), Paragraph(PRED_NOTE)]
+    predicts: list[Block] = ([Table(predictiveness_view(c.predictiveness)), Paragraph(pred_note(c.predictiveness))]
                              if len(c.predictiveness) else
                              [Paragraph(f"Not computed: the scores have no {TRUTH} column or no other method.")])
     top: list[Block] = [Table(c.top) if len(c.top) else

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -15,13 +16,14 @@ from sklearn.linear_model import LinearRegression
 
 from headprune.errors import HeadpruneError
 from headprune.pruning.selection import rank_heads, select_heads
-from headprune.report.head_bootstrap import head_bootstrap, within_layer
-from headprune.schema import COMPENSATIONS, DESCRIPTIVE, RANDOM, TRUTH, method_columns
+from headprune.report.head_bootstrap import WindowReplicates, head_bootstrap, within_layer
+from headprune.schema import COMPENSATIONS, DESCRIPTIVE, METHOD_SPECS, RANDOM, TRUTH, method_columns, rank_columns
 from headprune.table_checks import check_curves, check_scores
 
 PREDICTIVENESS_COLUMNS = ("method", "kind", "n", "r2", "spearman_rho", "spearman_ci_lo", "spearman_ci_hi",
                           "kendall_tau", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_top10", "roc_auc_ci_lo",
-                          "roc_auc_ci_hi", "inverse", "within_layer_rho", "within_layer_ci_lo", "within_layer_ci_hi")
+                          "roc_auc_ci_hi", "inverse", "within_layer_rho", "within_layer_ci_lo", "within_layer_ci_hi",
+                          "ci_resamples")
 INTERVAL_COLUMNS = ("spearman_ci_lo", "spearman_ci_hi", "kendall_ci_lo", "kendall_ci_hi", "roc_auc_ci_lo",
                     "roc_auc_ci_hi")
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
@@ -203,9 +205,24 @@ def roc_auc(x: np.ndarray, positive: np.ndarray) -> float:
     return float((stats.rankdata(x)[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray, layers: np.ndarray) -> dict:
+def top_rows(scores: pd.DataFrame, Y: np.ndarray) -> np.ndarray:
+    """[B, H] bool: :func:`top_heads_mask` of each row of Y [B, H] (the truth on a resample of the windows)."""
+    layer, head = scores["layer"].to_numpy(), scores["head"].to_numpy()
+    out = np.zeros(Y.shape, bool)
+    for row, y in zip(out, Y, strict=True):
+        finite = np.flatnonzero(np.isfinite(y))
+        k = -(-len(finite) * TOP_PERCENT // 100)
+        row[finite[np.lexsort((head[finite], layer[finite], -y[finite]))[:k]]] = True
+    return out
+
+
+def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.ndarray, layers: np.ndarray,
+                 windows: WindowReplicates | None = None) -> dict:
     ok = np.isfinite(x) & np.isfinite(truth)
     x, y, pos, layers = x[ok], truth[ok], positive[ok], layers[ok]
+    if windows is not None:  # the same heads' columns of the window replicates
+        windows = WindowReplicates(None if windows.x is None else windows.x[:, ok], windows.y[:, ok],
+                                   windows.positive[:, ok])
     row: dict[str, str | int | float | bool] = {
         "method": method, "kind": "description" if method in DESCRIPTIVE else "importance", "n": int(ok.sum())
     }
@@ -215,31 +232,45 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
         row["r2"] = math.nan
     row["spearman_rho"], row["kendall_tau"] = rank_stats(x, y)
     row["roc_auc_top10"] = roc_auc(x, pos)
-    intervals = head_bootstrap(x, y, pos) if _varies(x) and _varies(y) else dict.fromkeys(INTERVAL_COLUMNS, math.nan)
+    varies = _varies(x) and _varies(y)
+    intervals = head_bootstrap(x, y, pos, windows=windows) if varies else dict.fromkeys(INTERVAL_COLUMNS, math.nan)
     row |= intervals
     row["inverse"] = bool(intervals["roc_auc_ci_hi"] < 0.5)  # the whole interval below chance: ranks heads inversely
-    within = within_layer(x, y, layers) if _varies(x) and _varies(y) else (math.nan,) * 3
+    within = within_layer(x, y, layers, windows=windows) if varies else (math.nan,) * 3
     row["within_layer_rho"], row["within_layer_ci_lo"], row["within_layer_ci_hi"] = within
+    row["ci_resamples"] = "windows and heads" if windows is not None else "heads"
     return row
 
 
-def predictiveness(scores: pd.DataFrame) -> pd.DataFrame:
+def predictiveness(scores: pd.DataFrame, replicates: Mapping[str, np.ndarray] | None = None) -> pd.DataFrame:
     """How well each score predicts abl_zero, one row per method column but abl_zero (empty without abl_zero).
 
     r2: R^2 of the least-squares line abl_zero ~ score; spearman_rho, kendall_tau (tau-b): rank agreement;
     roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). ``*_ci_lo/hi``:
-    95% bootstrap intervals over heads (:func:`head_bootstrap`); ``inverse``: the ROC-AUC interval lies below
-    0.5; ``within_layer_rho`` and its interval: ρ of the ranks within each layer (:func:`within_layer`: heads
-    compared with the heads of their own layer only). Rows use the heads where both values are finite; entropy is
-    marked kind=description (its sign carries no importance claim).
+    95% bootstrap intervals over heads (:func:`head_bootstrap`), and over the scoring windows with them where
+    ``replicates`` holds abl_zero's window replicates [B, H] (and the score's, for a score that reads data:
+    ``ci_resamples`` says which); ``inverse``: the ROC-AUC interval lies below 0.5; ``within_layer_rho`` and its
+    interval: ρ of the ranks within each layer (:func:`within_layer`: heads compared with the heads of their own
+    layer only). Rows use the heads where both values are finite; entropy is marked kind=description (its sign
+    carries no importance claim).
     """
     scores = check_scores(scores)
     if TRUTH not in scores.columns:
         return pd.DataFrame(columns=PREDICTIVENESS_COLUMNS)
     truth, positive = scores[TRUTH].to_numpy(float), top_heads_mask(scores)
     layers = scores["layer"].to_numpy()
-    rows = [_predict_row(m, scores[m].to_numpy(float), truth, positive, layers)
-            for m in method_columns(scores) if m != TRUTH]
+    replicates = replicates or {}
+    truth_rows = replicates.get(TRUTH)
+    positive_rows = top_rows(scores, truth_rows) if truth_rows is not None else None
+    rows = []
+    for m in method_columns(scores):
+        if m == TRUTH:
+            continue
+        if truth_rows is None or positive_rows is None or (METHOD_SPECS[m].data_dependent and m not in replicates):
+            windows = None  # a data-dependent score without its window replicates: the heads alone
+        else:
+            windows = WindowReplicates(replicates.get(m), truth_rows, positive_rows)
+        rows.append(_predict_row(m, scores[m].to_numpy(float), truth, positive, layers, windows))
     return pd.DataFrame(rows, columns=PREDICTIVENESS_COLUMNS)
 
 
@@ -257,11 +288,13 @@ def rank_correlations(scores: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 
 
 def top_heads(scores: pd.DataFrame, n: int = TOP_HEADS) -> pd.DataFrame:
-    """The ``n`` heads with the largest abl_zero (ties: smaller layer, head first); empty without abl_zero."""
+    """The ``n`` heads with the largest abl_zero (ties: smaller layer, head first), with their rank intervals where
+    the table has them; empty without abl_zero."""
     if TRUTH not in scores.columns:
         return pd.DataFrame(columns=["rank", "head_id", "layer", "head", TRUTH])
     df = scores.dropna(subset=[TRUTH]).sort_values([TRUTH, "layer", "head"], ascending=[False, True, True])
-    df = df[["head_id", "layer", "head", TRUTH]].head(n).reset_index(drop=True)
+    ranks = [c for c in rank_columns(TRUTH) if c in df.columns]  # the 95% rank interval, where the run has one
+    df = df[["head_id", "layer", "head", TRUTH, *ranks]].head(n).reset_index(drop=True)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df
 

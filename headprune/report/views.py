@@ -20,9 +20,24 @@ from headprune.schema import SCORES_DIGEST, TRUTH
 PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "
              f"roc_auc_top10: ROC-AUC of the score for the top {TOP_PERCENT}% heads by {TRUTH} (ceil, ties to the "
              "smaller layer/head); within_layer_rho: Spearman ρ of the ranks within each layer (each layer's mean "
-             "rank removed), pooled; [lo, hi]: 95% intervals from 200 bootstrap resamplings of the heads (the "
+             "rank removed), pooled; [lo, hi]: 95% intervals from 200 bootstrap resamplings {resamples} (the "
              "*_ci_lo/hi columns of predictiveness.csv); inverse: the ROC-AUC interval lies below 0.5 (the score "
              "ranks heads inversely). kind=description: not an importance, read its sign as a finding.")
+JOINT = "windows and heads"  # predictiveness' ci_resamples where the scoring windows were resampled too
+
+
+def pred_note(pred: pd.DataFrame) -> str:
+    """:data:`PRED_NOTE`, saying what each row's intervals resample (predictiveness' ``ci_resamples``)."""
+    joint = pred["ci_resamples"] == JOINT if "ci_resamples" in pred.columns else pd.Series(False, index=pred.index)
+    if not joint.any():
+        resamples = "of the heads (the scoring windows' noise is not in them)"
+    elif joint.all():
+        resamples = f"of the scoring windows and the heads together (the data noise in them: {TRUTH}'s and each " \
+                    "data score's values on the same resampled windows)"
+    else:
+        resamples = (f"of the scoring windows and the heads together for {', '.join(pred.loc[joint, 'method'])}, "
+                     "of the heads alone for the others (no window replicates saved for them)")
+    return PRED_NOTE.format(resamples=resamples)
 PRED_DECIMALS = 2
 PRED_INTERVALS = {"spearman_rho": "spearman_ci", "kendall_tau": "kendall_ci", "roc_auc_top10": "roc_auc_ci",
                   "within_layer_rho": "within_layer_ci"}  # a statistic and the stem of its interval's columns
@@ -62,7 +77,7 @@ def predictiveness_view(pred: pd.DataFrame) -> pd.DataFrame:
     """``predictiveness`` for the page: each statistic and its 95% interval in one cell, "ρ [lo, hi]" at 2 decimals
     (the statistics lie in [-1, 1] and their intervals are tenths wide), so the 17 columns of the CSV fit 1400 px
     as 9; the CSV keeps every digit."""
-    out = format_table(pred)
+    out = format_table(pred.drop(columns=["ci_resamples"], errors="ignore"))  # said in :func:`pred_note`
     for stat, stem in PRED_INTERVALS.items():
         lo, hi = f"{stem}_lo", f"{stem}_hi"
         if not {stat, lo, hi} <= set(pred.columns):

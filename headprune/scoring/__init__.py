@@ -133,10 +133,11 @@ def score_heads(
     ctx = _context(model, batches, methods, options)
     columns, replicates, seconds = _run_families(families, ctx, progress or NoProgress(), show_progress)
     table = _score_table(model, methods, columns)
+    resampled: dict[str, np.ndarray] = {}  # each data method's [B, H] scores on the same resampled windows
     if options.bootstrap and replicates:  # each data-dependent method's 95% interval over resampled windows
         counts = window_counts(sum(len(b.tokens) for b in batches), options.bootstrap, options.seed)
         for m, replicate in replicates.items():
-            values = replicate(counts)  # [B, H]
+            values = resampled[m] = replicate(counts).numpy()  # [B, H]
             table[list(ci_columns(m))] = np.stack(interval(values), axis=1)
             if m in RANKED:  # and an exact method's rank, jointly over the heads on the same resampled windows
                 table[list(rank_columns(m))] = np.stack(rank_interval(values), axis=1)
@@ -150,7 +151,7 @@ def score_heads(
         baseline = {"tokens": side.baseline_tokens, "nll": side.baseline_nll}
     read = ids if ids is not None and needs_data else None
     return HeadScores(table, means, baseline, seconds, optimal, len(read) if read is not None else None,
-                      measured_on(read, windowing) if read is not None else None)
+                      measured_on(read, windowing) if read is not None else None, resampled or None)
 
 
 def _checked_methods(model: HeadModel, ids: torch.Tensor | None, methods: str | Sequence[str],

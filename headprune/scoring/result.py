@@ -6,7 +6,9 @@
 - ``scores.means.safetensors``: the head means z̄_i [d_head] (``"L3H2/mean"``) and abl_opt's constants c*_i
   (``"L3H2/optimal"``), where the scoring measured them;
 - ``scores.meta.json``: the unablated baseline ({tokens, nll}), the tokens read (their count, and the digest and
-  windows of :func:`measured_on`) and each family's seconds.
+  windows of :func:`measured_on`) and each family's seconds;
+- ``scores.replicates.safetensors``: each data method's scores on the bootstrap's resampled windows
+  (:mod:`headprune.io.work.replicates`), where the scoring bootstrapped.
 
 :func:`load_scores` reads the table and whatever of the rest is beside it (a table saved alone reads back with no
 means), checking each mean belongs to a head of the table. A command reuses saved means only where they were
@@ -20,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from safetensors import SafetensorError
@@ -29,6 +32,7 @@ from safetensors.torch import save as save_tensors
 from headprune.data.tokens import token_digest
 from headprune.errors import HeadpruneError
 from headprune.io.work.files import read_scores, write_bytes, write_json, write_table
+from headprune.io.work.replicates import read_replicates, write_replicates
 from headprune.models.heads import head_id, parse_head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
@@ -50,6 +54,7 @@ class HeadScores:
     optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
     tokens: int | None = None  # token ids read, where a data method ran
     measured_on: dict | None = None  # which tokens in which windows z̄ and c* were measured on (:func:`measured_on`)
+    replicates: dict[str, np.ndarray] | None = None  # per data method [B, H]: its values on resampled windows
 
     def save(self, table: str | os.PathLike) -> Path:
         """The table at ``table`` and the rest beside it (:func:`save_scores`)."""
@@ -87,8 +92,8 @@ def save_scores(scored: HeadScores, table: str | os.PathLike) -> Path:
 
 
 def save_beside(scored: HeadScores, table: str | os.PathLike) -> None:
-    """What the table ``table`` (written by the caller: a run's report writes it) does not hold: the means file and
-    the meta file beside it."""
+    """What the table ``table`` (written by the caller: a run's report writes it) does not hold: the means, meta and
+    replicates files beside it."""
     vectors = {f"{head_id(*h)}/{kind}": v.detach().cpu().contiguous()
                for kind, per_head in zip(KINDS, (scored.means, scored.optimal), strict=True) if per_head
                for h, v in per_head.items()}
@@ -100,6 +105,7 @@ def save_beside(scored: HeadScores, table: str | os.PathLike) -> None:
     else:
         means.unlink(missing_ok=True)  # no stale means of an earlier save beside the new table
     write_json(beside(table, META), meta)
+    write_replicates(table, scored.replicates)
 
 
 def load_scores(table: str | os.PathLike) -> HeadScores:
@@ -110,7 +116,8 @@ def load_scores(table: str | os.PathLike) -> HeadScores:
     per_kind = _read_vectors(beside(table, MEANS), heads)
     meta = _read_meta(beside(table, META))
     return HeadScores(scores, per_kind.get("mean"), meta.get("baseline"), dict(meta.get("seconds") or {}),
-                      per_kind.get("optimal"), meta.get("tokens"), meta.get("measured_on"))
+                      per_kind.get("optimal"), meta.get("tokens"), meta.get("measured_on"),
+                      read_replicates(table, len(scores)))
 
 
 def saved_means(scored: HeadScores, ids: torch.Tensor, windowing: Windowing) -> dict[Head, torch.Tensor] | None:

@@ -69,7 +69,7 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     scored = score_heads(model, ids, methods, windowing=windowing,
                          options=ScoringOptions(bootstrap=REPLICATES, seed=9, **stream), show_progress=False)
     table = scored.table
-    assert scored.means is not None
+    assert scored.means is not None and scored.replicates is not None and set(scored.replicates) == set(methods)
     fills = fill_tensors(model, scored.means)  # abl_mean's fill stays the full-data mean in every replicate
     counts = window_counts(WINDOWS, REPLICATES, seed=9)
     windows = ids.view(WINDOWS, SEQ)
@@ -85,6 +85,8 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
     for m in methods:
         values = mean_ablated if m == "abl_mean" else [r[m].to_numpy() for r in replicates]
         lo, hi = interval(np.stack(values))
+        # the replicates the scores keep (for the report's joint intervals): row b is the b-th rescored corpus
+        np.testing.assert_allclose(scored.replicates[m], np.stack(values), rtol=1e-5, atol=1e-7, err_msg=m)
         np.testing.assert_allclose(table[ci_columns(m)[0]], lo, rtol=1e-5, atol=1e-7, err_msg=m)
         np.testing.assert_allclose(table[ci_columns(m)[1]], hi, rtol=1e-5, atol=1e-7, err_msg=m)
         assert (table[ci_columns(m)[0]] <= table[ci_columns(m)[1]]).all()

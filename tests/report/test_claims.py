@@ -358,11 +358,44 @@ def check_named_heads(answer: str, scores: pd.DataFrame) -> None:
             assert (lo, hi) == (str(int(row.abl_zero_rank_lo)), str(int(row.abl_zero_rank_hi)))
 
 
+RANK_SAID = re.compile(r"By abl_zero's 95% rank intervals over the scoring windows, (\d+) of the (\d+) heads are "
+                       r"certainly among the top (\d+) \(10%\), (\d+) certainly not, and (\d+) are contested; the "
+                       r"(\d+) costliest rank (.+?)\.(?: (\d+) heads' abl_zero intervals hold 0: the sign of their "
+                       r"effect is not decided\.)?$")
+
+
+def check_rank_precision(sentence: str, scores: pd.DataFrame) -> None:
+    """The counts in, out of and contested for the top ceil(n/10) by the rank intervals, the costliest heads with
+    theirs, and the heads whose abl_zero interval holds 0, recounted from the scores table."""
+    said = RANK_SAID.match(sentence)
+    assert said, sentence
+    rows = scores[np.isfinite(scores["abl_zero"])]
+    n = len(rows)
+    k = math.ceil(n / 10)
+    lo, hi = rows["abl_zero_rank_lo"], rows["abl_zero_rank_hi"]
+    assert [int(g) for g in said.groups()[:5]] == [(hi <= k).sum(), n, k, (lo > k).sum(), ((lo <= k) & (hi > k)).sum()]
+    named = re.findall(r"(L\d+H\d+) \((\d+)–(\d+)\)", said[7])
+    order = rows.sort_values(["abl_zero", "layer", "head"], ascending=[False, True, True])
+    assert [h for h, _, _ in named] == list(order["head_id"][:min(5, n)]) and int(said[6]) == len(named)
+    by_id = rows.set_index("head_id")
+    assert [(int(a), int(b)) for _, a, b in named] == [
+        (by_id.at[h, "abl_zero_rank_lo"], by_id.at[h, "abl_zero_rank_hi"]) for h, _, _ in named]
+    if "abl_zero_ci_lo" in scores.columns:
+        assert int(said[8]) == ((rows["abl_zero_ci_lo"] <= 0) & (rows["abl_zero_ci_hi"] >= 0)).sum()
+    else:
+        assert said[8] is None
+
+
 def check_all(found: list[str], said: dict[str, str], scores, curves, base: float, pred=None, layers=None) -> int:
     """Every claim of every kind checked; returns how many sentences were (``layers``: the layers table, where the
     summary reports layers removed whole)."""
     n = 0
+    ranked = [sentence for sentence in found if sentence.startswith("By abl_zero's 95% rank intervals")]
+    assert len(ranked) == ("abl_zero_rank_lo" in scores.columns)  # said wherever the table has rank intervals
     for sentence in found:
+        if sentence in ranked:
+            check_rank_precision(sentence, scores)
+            n += 1
         if sentence.startswith("Layer ") and layers is not None:
             check_layer_finding(sentence, layers, scores)
             n += 1
@@ -446,6 +479,9 @@ def random_tables(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         rank = scores["abl_zero"].rank(ascending=False, method="min").to_numpy(int)
         scores["abl_zero_rank_lo"] = np.maximum(1, rank - rng.integers(0, 4, n))
         scores["abl_zero_rank_hi"] = np.minimum(n, rank + rng.integers(0, 6, n))
+    if seed % 3 == 0:  # abl_zero's intervals, some holding 0
+        width = rng.uniform(0, 0.3, n)
+        scores["abl_zero_ci_lo"], scores["abl_zero_ci_hi"] = scores["abl_zero"] - width, scores["abl_zero"] + width
     fractions = np.round(np.arange(0, 9) / 10, 2)
     rows = []
     slope_random, std_random = rng.uniform(2, 4), rng.uniform(0.02, 0.6)
