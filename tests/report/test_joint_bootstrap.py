@@ -126,3 +126,17 @@ def test_replicates_are_saved_beside_the_table_and_checked(tmp_path):
         read_replicates(table, LAYERS * HEADS)
     write_replicates(table, None)  # a later save without replicates leaves none behind
     assert read_replicates(table, LAYERS * HEADS) is None
+
+
+def test_the_shipped_report_rebuilds_its_joint_intervals_from_its_replicates(tmp_path):
+    """`headprune report` on the shipped run reads the replicates beside its scores and writes the committed
+    predictiveness table again: every interval over windows and heads."""
+    from pathlib import Path
+
+    from headprune.report import rebuild_report
+
+    run = Path(__file__).resolve().parents[2] / "reports" / "stdlib-gpt2-mini"
+    rebuild_report(run / "scores.parquet", run / "curves.parquet", tmp_path / "again")
+    again, committed = pd.read_csv(tmp_path / "again" / "predictiveness.csv"), pd.read_csv(run / "predictiveness.csv")
+    assert set(committed["ci_resamples"]) == {"windows and heads"}
+    pd.testing.assert_frame_equal(again, committed)
