@@ -33,10 +33,12 @@ def pred_note(pred: pd.DataFrame) -> str:
         resamples = "of the heads (the scoring windows' noise is not in them)"
     elif joint.all():
         resamples = f"of the scoring windows and the heads together (the data noise in them: {TRUTH}'s and each " \
-                    "data score's values on the same resampled windows)"
+                    "data score's values on the same resampled windows; a replicate's noise pulls |ρ| down, so these " \
+                    "intervals lean toward 0)"
     else:
-        resamples = (f"of the scoring windows and the heads together for {', '.join(pred.loc[joint, 'method'])}, "
-                     "of the heads alone for the others (no window replicates saved for them)")
+        resamples = (f"of the scoring windows and the heads together for {', '.join(pred.loc[joint, 'method'])} "
+                     "(leaning toward 0: a replicate's noise pulls |ρ| down), of the heads alone for the others (no "
+                     "window replicates saved for them)")
     return PRED_NOTE.format(resamples=resamples)
 PRED_DECIMALS = 2
 PRED_INTERVALS = {"spearman_rho": "spearman_ci", "kendall_tau": "kendall_ci", "roc_auc_top10": "roc_auc_ci",
