@@ -15,8 +15,8 @@ Spearman ρ of within-layer ranks: for layers of equal size without ties, the me
 whose global ρ and within-layer ρ differ in sign ranks layers, not heads. Its interval resamples heads within each
 layer (the layers' sizes kept).
 
-Where a score's values on resampled *windows* are given (``x_windows``, ``y_windows`` [B_w, n]: row r the scores
-of every head on the r-th resample of the scoring windows, the same resample for both; :func:`~headprune.scoring.
+Where the scores' values on resampled *windows* are given (``windows``, [B_w, n] each: row r the scores of every
+head on the r-th resample of the scoring windows, the same resample for both; :func:`~headprune.scoring.
 score_heads` keeps them), replicate b draws heads from window replicate b mod B_w instead of the point values, and
 the ROC-AUC's positives are that window replicate's own top 10%: the interval then holds the data noise and the
 choice of heads together (:class:`WindowReplicates`). A score that reads no data (weights) keeps its values.

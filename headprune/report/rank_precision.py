@@ -16,15 +16,10 @@ import numpy as np
 import pandas as pd
 
 from headprune.report.numbers import names
-from headprune.report.tables import TOP_PERCENT, top_heads
+from headprune.report.tables import TOP_PERCENT, top_count, top_heads
 from headprune.schema import TRUTH, ci_columns, rank_columns
 
 NAMED = 5  # the costliest heads named with their intervals
-
-
-def top_count(n_heads: int) -> int:
-    """k = ceil(TOP_PERCENT% of ``n_heads``), in integers."""
-    return -(-n_heads * TOP_PERCENT // 100)
 
 
 def membership(scores: pd.DataFrame) -> pd.Series:
@@ -48,8 +43,9 @@ def rank_sentence(scores: pd.DataFrame) -> str | None:
     top = top_heads(scores, NAMED)
     named = [f"{h} ({int(lo)}–{int(hi)})" for h, lo, hi in zip(top["head_id"], top[lo_col], top[hi_col], strict=True)]
     text = (f"By {TRUTH}'s 95% rank intervals over the scoring windows, {int(count.get('in', 0))} of the "
-            f"{len(status)} heads are certainly among the top {k} (10%), {int(count.get('out', 0))} certainly not, "
-            f"and {int(count.get('contested', 0))} are contested; the {len(named)} costliest rank {names(named)}.")
+            f"{len(status)} heads are certainly among the top {k} ({TOP_PERCENT}%), {int(count.get('out', 0))} "
+            f"certainly not, and {int(count.get('contested', 0))} are contested; the {len(named)} costliest rank "
+            f"{names(named)}.")
     ci_lo, ci_hi = ci_columns(TRUTH)
     if {ci_lo, ci_hi} <= set(scores.columns):
         rows = scores.loc[status.index]

@@ -166,6 +166,11 @@ def fraction_note(curves: pd.DataFrame) -> str:
     return ("Nearest fraction present: " + "; ".join(parts) + ".") if parts else ""
 
 
+def top_count(n_heads: int) -> int:
+    """k = ceil(TOP_PERCENT% of ``n_heads``), in integers (0.1 * 30 is 3.0000000000000004 in floats)."""
+    return -(-n_heads * TOP_PERCENT // 100)
+
+
 def top_heads_mask(scores: pd.DataFrame) -> np.ndarray:
     """True for the ceil(10%) heads (of those with a finite abl_zero) with the largest abl_zero.
 
@@ -173,7 +178,7 @@ def top_heads_mask(scores: pd.DataFrame) -> np.ndarray:
     """
     truth = scores[TRUTH].to_numpy(float)
     finite = np.flatnonzero(np.isfinite(truth))
-    k = -(-len(finite) * TOP_PERCENT // 100)  # integer ceil: 0.1 * 30 is 3.0000000000000004 in floats
+    k = top_count(len(finite))
     order = np.lexsort((scores["head"].to_numpy()[finite], scores["layer"].to_numpy()[finite], -truth[finite]))
     mask = np.zeros(len(truth), bool)
     mask[finite[order[:k]]] = True
@@ -211,8 +216,7 @@ def top_rows(scores: pd.DataFrame, Y: np.ndarray) -> np.ndarray:
     out = np.zeros(Y.shape, bool)
     for row, y in zip(out, Y, strict=True):
         finite = np.flatnonzero(np.isfinite(y))
-        k = -(-len(finite) * TOP_PERCENT // 100)
-        row[finite[np.lexsort((head[finite], layer[finite], -y[finite]))[:k]]] = True
+        row[finite[np.lexsort((head[finite], layer[finite], -y[finite]))[:top_count(len(finite))]]] = True
     return out
 
 
