@@ -60,7 +60,7 @@ from headprune.io.work.files import (
     write_table,
     write_text,
 )
-from headprune.io.work.replicates import read_replicates
+from headprune.io.work.replicates import read_replicates, row_heads
 from headprune.report.anatomy import (
     AnatomyReport,
     anatomy_parts,
@@ -224,4 +224,4 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
                            serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
                            context=read_context_section(folder), layers=read_layers(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale,
-                        replicates=read_replicates(scores_path, len(scores)))
+                        replicates=read_replicates(scores_path, row_heads(scores)))

@@ -28,6 +28,7 @@ INTERVAL_COLUMNS = ("spearman_ci_lo", "spearman_ci_hi", "kendall_ci_lo", "kendal
                     "roc_auc_ci_hi")
 SUMMARY_FRACTIONS = (0.1, 0.3, 0.5)
 BEST_MAX_FRACTION = 0.5
+JOINT = "windows and heads"  # predictiveness' ci_resamples where the scoring windows were resampled with the heads
 TOP_PERCENT = 10  # the ROC-AUC positives: the ceil(10%) heads with the largest abl_zero
 TOP_HEADS = 10
 FRACTION_TOL = 1e-9
@@ -242,8 +243,19 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
     row["inverse"] = bool(intervals["roc_auc_ci_hi"] < 0.5)  # the whole interval below chance: ranks heads inversely
     within = within_layer(x, y, layers, windows=windows) if varies else (math.nan,) * 3
     row["within_layer_rho"], row["within_layer_ci_lo"], row["within_layer_ci_hi"] = within
-    row["ci_resamples"] = "windows and heads" if windows is not None else "heads"
+    row["ci_resamples"] = JOINT if windows is not None else "heads"
     return row
+
+
+def aligned(scores: pd.DataFrame, replicates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``replicates`` [B, H], their columns ``scores``' rows, reordered as :func:`check_scores` sorts the rows (by
+    layer, head); HeadpruneError where a width is not the table's."""
+    bad = [m for m, v in replicates.items() if np.ndim(v) != 2 or np.shape(v)[1] != len(scores)]
+    if bad:
+        raise HeadpruneError(f"the window replicates of {', '.join(bad)} are not one column per head of the scores "
+                             f"table ({len(scores)} heads)")
+    order = np.lexsort((scores["head"].to_numpy(), scores["layer"].to_numpy()))  # a stable sort, as check_scores
+    return {m: np.asarray(v, dtype=float)[:, order] for m, v in replicates.items()}
 
 
 def predictiveness(scores: pd.DataFrame, replicates: Mapping[str, np.ndarray] | None = None) -> pd.DataFrame:
@@ -252,18 +264,19 @@ def predictiveness(scores: pd.DataFrame, replicates: Mapping[str, np.ndarray] | 
     r2: R^2 of the least-squares line abl_zero ~ score; spearman_rho, kendall_tau (tau-b): rank agreement;
     roc_auc_top10: ROC-AUC of the score for the top-10% heads by abl_zero (NaN if one class). ``*_ci_lo/hi``:
     95% bootstrap intervals over heads (:func:`head_bootstrap`), and over the scoring windows with them where
-    ``replicates`` holds abl_zero's window replicates [B, H] (and the score's, for a score that reads data:
+    ``replicates`` holds abl_zero's window replicates [B, H] (columns: the table's rows; and the score's, for a score
+    that reads data:
     ``ci_resamples`` says which); ``inverse``: the ROC-AUC interval lies below 0.5; ``within_layer_rho`` and its
     interval: ρ of the ranks within each layer (:func:`within_layer`: heads compared with the heads of their own
     layer only). Rows use the heads where both values are finite; entropy is marked kind=description (its sign
     carries no importance claim).
     """
-    scores = check_scores(scores)
+    raw, scores = scores, check_scores(scores)
     if TRUTH not in scores.columns:
         return pd.DataFrame(columns=PREDICTIVENESS_COLUMNS)
     truth, positive = scores[TRUTH].to_numpy(float), top_heads_mask(scores)
     layers = scores["layer"].to_numpy()
-    replicates = replicates or {}
+    replicates = aligned(raw, replicates or {})
     truth_rows = replicates.get(TRUTH)
     positive_rows = top_rows(scores, truth_rows) if truth_rows is not None else None
     rows = []

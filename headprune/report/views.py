@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from headprune.report.numbers import fixed, format_table
-from headprune.report.tables import TOP_PERCENT
+from headprune.report.tables import JOINT, TOP_PERCENT
 from headprune.schema import SCORES_DIGEST, TRUTH
 
 PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "
@@ -23,9 +23,6 @@ PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, ke
              "rank removed), pooled; [lo, hi]: 95% intervals from 200 bootstrap resamplings {resamples} (the "
              "*_ci_lo/hi columns of predictiveness.csv); inverse: the ROC-AUC interval lies below 0.5 (the score "
              "ranks heads inversely). kind=description: not an importance, read its sign as a finding.")
-JOINT = "windows and heads"  # predictiveness' ci_resamples where the scoring windows were resampled too
-
-
 def pred_note(pred: pd.DataFrame) -> str:
     """:data:`PRED_NOTE`, saying what each row's intervals resample (predictiveness' ``ci_resamples``)."""
     joint = pred["ci_resamples"] == JOINT if "ci_resamples" in pred.columns else pd.Series(False, index=pred.index)

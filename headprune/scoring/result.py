@@ -32,7 +32,7 @@ from safetensors.torch import save as save_tensors
 from headprune.data.tokens import token_digest
 from headprune.errors import HeadpruneError
 from headprune.io.work.files import read_scores, write_bytes, write_json, write_table
-from headprune.io.work.replicates import read_replicates, write_replicates
+from headprune.io.work.replicates import read_replicates, row_heads, write_replicates
 from headprune.models.heads import head_id, parse_head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
@@ -54,7 +54,7 @@ class HeadScores:
     optimal: dict[Head, torch.Tensor] | None = None  # c* [d_head] per head, where abl_opt ran
     tokens: int | None = None  # token ids read, where a data method ran
     measured_on: dict | None = None  # which tokens in which windows z̄ and c* were measured on (:func:`measured_on`)
-    replicates: dict[str, np.ndarray] | None = None  # per data method [B, H]: its values on resampled windows
+    replicates: dict[str, np.ndarray] | None = None  # per data method [B, H]: on resampled windows, a column per row
 
     def save(self, table: str | os.PathLike) -> Path:
         """The table at ``table`` and the rest beside it (:func:`save_scores`)."""
@@ -105,7 +105,7 @@ def save_beside(scored: HeadScores, table: str | os.PathLike) -> None:
     else:
         means.unlink(missing_ok=True)  # no stale means of an earlier save beside the new table
     write_json(beside(table, META), meta)
-    write_replicates(table, scored.replicates)
+    write_replicates(table, scored.replicates, row_heads(scored.table))
 
 
 def load_scores(table: str | os.PathLike) -> HeadScores:
@@ -117,7 +117,7 @@ def load_scores(table: str | os.PathLike) -> HeadScores:
     meta = _read_meta(beside(table, META))
     return HeadScores(scores, per_kind.get("mean"), meta.get("baseline"), dict(meta.get("seconds") or {}),
                       per_kind.get("optimal"), meta.get("tokens"), meta.get("measured_on"),
-                      read_replicates(table, len(scores)))
+                      read_replicates(table, row_heads(scores)))
 
 
 def saved_means(scored: HeadScores, ids: torch.Tensor, windowing: Windowing) -> dict[Head, torch.Tensor] | None:

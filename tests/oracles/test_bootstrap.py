@@ -11,6 +11,7 @@ from headprune.models.interventions import fill_tensors, mask_gates
 from headprune.perplexity import Windowing, evaluate
 from headprune.schema import DATA_METHODS, RANKED, ci_columns, rank_columns
 from headprune.scoring import ScoringOptions, score_heads
+from headprune.scoring.result import load_scores
 
 from helpers import TINY
 
@@ -54,7 +55,7 @@ def test_interval_is_the_percentile_interval():
     assert lo[0] == pytest.approx(1.05) and np.isnan(hi[1])
 
 
-def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora(tiny_dir):
+def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora(tiny_dir, tmp_path):
     """Non-overlapping full windows: a replicate drawing window w c_w times is the corpus made of c_w copies of
     each window, so scoring that corpus from scratch must give the replicate's score for every data method
     (abl_mean with its fill held at the full-data mean, as its interval is defined)."""
@@ -94,6 +95,8 @@ def test_every_interval_is_the_percentile_interval_of_rescored_resampled_corpora
             ranks = [pd.Series(v).rank(ascending=False, method="min").to_numpy() for v in values]
             assert table[list(rank_columns(m))].to_numpy().T.tolist() == [
                 np.min(ranks, 0).tolist(), np.max(ranks, 0).tolist()], m  # 2.5% and 97.5% of 4 replicates, whole
+    back = load_scores(scored.save(tmp_path / "scores.parquet")).replicates  # saved beside the table, read back
+    assert back is not None and all(np.array_equal(back[m], scored.replicates[m]) for m in methods)
     assert set(RANKED) & set(methods) == {"abl_zero", "abl_zero_folded", "abl_mean"}
     assert (table["abl_zero_ci_hi"] - table["abl_zero_ci_lo"]).max() > 1e-4  # the intervals are not degenerate
     assert (table["abl_zero_rank_hi"] > table["abl_zero_rank_lo"]).any()  # and some ranks are uncertain

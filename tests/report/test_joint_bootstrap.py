@@ -9,7 +9,7 @@ from scipy import stats
 from sklearn.metrics import roc_auc_score
 
 from headprune.errors import HeadpruneError
-from headprune.io.work.replicates import read_replicates, replicates_path, write_replicates
+from headprune.io.work.replicates import read_replicates, replicates_path, row_heads, write_replicates
 from headprune.report.head_bootstrap import WindowReplicates, head_bootstrap, within_layer
 from headprune.report.tables import predictiveness, top_heads_mask, top_rows
 from headprune.report.views import pred_note
@@ -112,20 +112,36 @@ def test_predictiveness_says_which_intervals_hold_the_data_noise():
     assert "scoring windows' noise is not in them" in pred_note(alone.reset_index())
 
 
-def test_replicates_are_saved_beside_the_table_and_checked(tmp_path):
-    _, reps = noisy_scores(6)
-    table = tmp_path / "scores.parquet"
-    write_replicates(table, reps)
-    back = read_replicates(table, LAYERS * HEADS)
+def test_replicates_are_saved_beside_the_table_and_read_back_in_the_order_asked(tmp_path):
+    scores, reps = noisy_scores(6)
+    table, heads = tmp_path / "scores.parquet", row_heads(scores)
+    write_replicates(table, reps, heads)
+    back = read_replicates(table, heads)
     assert back is not None and set(back) == set(reps)
     assert all(np.array_equal(back[m], reps[m]) for m in reps)
+    shuffled = np.random.default_rng(0).permutation(len(heads))  # a table whose rows come in another order
+    again = read_replicates(table, [heads[i] for i in shuffled])
+    assert again is not None and all(np.array_equal(again[m], reps[m][:, shuffled]) for m in reps)
     with pytest.raises(HeadpruneError, match="does not belong to its scores table"):
-        read_replicates(table, LAYERS * HEADS + 1)
+        read_replicates(table, heads[:-1])
+    with pytest.raises(HeadpruneError, match="does not belong to its scores table"):
+        read_replicates(table, [*heads[:-1], (LAYERS, 0)])
     replicates_path(table).write_bytes(b"not safetensors")
     with pytest.raises(HeadpruneError, match="cannot read"):
-        read_replicates(table, LAYERS * HEADS)
-    write_replicates(table, None)  # a later save without replicates leaves none behind
-    assert read_replicates(table, LAYERS * HEADS) is None
+        read_replicates(table, heads)
+    write_replicates(table, None, heads)  # a later save without replicates leaves none behind
+    assert read_replicates(table, heads) is None
+
+
+def test_predictiveness_reads_the_replicates_in_the_table_row_order():
+    """A table whose rows are not in (layer, head) order, with its replicates in that same order, gives what the
+    sorted table and replicates give; a width that is not the table's is one clear error."""
+    scores, reps = noisy_scores(7)
+    shuffled = np.random.default_rng(1).permutation(len(scores))
+    mixed = predictiveness(scores.iloc[shuffled].reset_index(drop=True), {m: v[:, shuffled] for m, v in reps.items()})
+    pd.testing.assert_frame_equal(mixed, predictiveness(scores, reps))
+    with pytest.raises(HeadpruneError, match="not one column per head"):
+        predictiveness(scores, {"abl_zero": reps["abl_zero"][:, :-1]})
 
 
 def test_the_shipped_report_rebuilds_its_joint_intervals_from_its_replicates(tmp_path):
