@@ -247,6 +247,11 @@ def _predict_row(method: str, x: np.ndarray, truth: np.ndarray, positive: np.nda
     return row
 
 
+def joint_rows(pred: pd.DataFrame) -> pd.Series:
+    """Per predictiveness row: True where its intervals resample the scoring windows with the heads."""
+    return pred["ci_resamples"] == JOINT if "ci_resamples" in pred.columns else pd.Series(False, index=pred.index)
+
+
 def aligned(scores: pd.DataFrame, replicates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``replicates`` [B, H], their columns ``scores``' rows, reordered as :func:`check_scores` sorts the rows (by
     layer, head); HeadpruneError where a width is not the table's."""

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from headprune.report.numbers import fixed, format_table
-from headprune.report.tables import JOINT, TOP_PERCENT
+from headprune.report.tables import TOP_PERCENT, joint_rows
 from headprune.schema import SCORES_DIGEST, TRUTH
 
 PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "
@@ -25,7 +25,7 @@ PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, ke
              "ranks heads inversely). kind=description: not an importance, read its sign as a finding.")
 def pred_note(pred: pd.DataFrame) -> str:
     """:data:`PRED_NOTE`, saying what each row's intervals resample (predictiveness' ``ci_resamples``)."""
-    joint = pred["ci_resamples"] == JOINT if "ci_resamples" in pred.columns else pd.Series(False, index=pred.index)
+    joint = joint_rows(pred)
     if not joint.any():
         resamples = "of the heads (the scoring windows' noise is not in them)"
     elif joint.all():

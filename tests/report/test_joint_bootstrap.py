@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score
 from headprune.errors import HeadpruneError
 from headprune.io.work.replicates import read_replicates, replicates_path, row_heads, write_replicates
 from headprune.report.head_bootstrap import WindowReplicates, head_bootstrap, within_layer
+from headprune.report.plots.figures import rho_over
 from headprune.report.tables import predictiveness, top_heads_mask, top_rows
 from headprune.report.views import pred_note
 
@@ -110,6 +111,8 @@ def test_predictiveness_says_which_intervals_hold_the_data_noise():
     assert partial["ci_resamples"].to_dict() == {"out_norm": "heads", "wo_fro": "windows and heads"}
     assert "of the heads alone for the others" in pred_note(partial.reset_index())
     assert "scoring windows' noise is not in them" in pred_note(alone.reset_index())
+    assert rho_over(joint.reset_index()) == "over the scoring windows and the heads together"  # the scatters' caption
+    assert rho_over(alone.reset_index()) == "over heads" and "else over the heads" in rho_over(partial.reset_index())
 
 
 def test_replicates_are_saved_beside_the_table_and_read_back_in_the_order_asked(tmp_path):

@@ -19,8 +19,17 @@ from headprune.report.plots.curves import (
 )
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
-from headprune.report.tables import rank_correlations
+from headprune.report.tables import joint_rows, rank_correlations
 from headprune.schema import TRUTH, method_columns
+
+
+def rho_over(pred: pd.DataFrame) -> str:
+    """What the ρ intervals resample (predictiveness' ``ci_resamples``), for the scatters' caption."""
+    joint = joint_rows(pred)
+    if joint.all() and len(joint):
+        return "over the scoring windows and the heads together"
+    return "over the scoring windows and the heads where a score kept its window replicates, else over the heads" \
+        if joint.any() else "over heads"
 
 
 def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pred: pd.DataFrame,
@@ -72,7 +81,7 @@ def make_pictures(scores: pd.DataFrame, curves: pd.DataFrame, baseline: dict, pr
         bars = " Grey bars: each score's 95% bootstrap interval over the scoring windows." if scale == "value" else ""
         pics.append(Picture("scatters.png", f"Each score against {TRUTH}, one point per head, coloured by layer; the "
                             f"heads that matter most by {TRUTH} named where their labels do not overlap; \u03c1 with "
-                            f"its 95% interval over heads.{bars}", plot_scatters(scores, rho, scale, rho_ci),
+                            f"its 95% interval {rho_over(pred)}.{bars}", plot_scatters(scores, rho, scale, rho_ci),
                             phone_png=plot_scatters(scores, rho, scale, rho_ci, phone=True)))
     pics.append(Picture("rank_correlation.png", "Rank correlations between all scoring methods, over heads.",
                         plot_rank_correlation(*rank_correlations(scores)),
