@@ -81,6 +81,7 @@ from headprune.report.patching_section import (
     write_patching_files,
 )
 from headprune.report.plots import SCALES, make_pictures
+from headprune.report.predictiveness import predictiveness
 from headprune.report.recovery_section import recovery_parts, split_recovered
 from headprune.report.render import Section, make_content, markdown_table, render_markdown, sections
 from headprune.report.serving_gguf_section import gguf_serving_parts, read_gguf_serving_file, write_gguf_serving_file
@@ -90,7 +91,6 @@ from headprune.report.tables import (
     check_baseline,
     check_together,
     jsonable,
-    predictiveness,
     summary_table,
 )
 from headprune.table_checks import check_curves, check_layers, check_scores

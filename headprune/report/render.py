@@ -22,6 +22,7 @@ from headprune.report.findings import findings
 from headprune.report.headline import answers
 from headprune.report.numbers import column_decimals, fixed, format_table
 from headprune.report.plots import Picture
+from headprune.report.predictiveness import predictiveness
 from headprune.report.tables import (
     BEST_MAX_FRACTION,
     FRACTION_TOL,
@@ -30,7 +31,6 @@ from headprune.report.tables import (
     bpb_factor,
     fraction_note,
     layer_counts,
-    predictiveness,
     rank_stats,
     summary_table,
     top_heads,

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from headprune.report.numbers import fixed, format_table
-from headprune.report.tables import TOP_PERCENT, joint_rows
+from headprune.report.predictiveness import joint_rows
+from headprune.report.tables import TOP_PERCENT
 from headprune.schema import SCORES_DIGEST, TRUTH
 
 PRED_NOTE = (f"r2: R^2 of a linear fit of {TRUTH} on the score; spearman_rho, kendall_tau (tau-b): rank agreement; "

@@ -149,7 +149,7 @@ def test_head_bootstrap_matches_scipy_percentile_bootstrap():
 def test_predictiveness_flags_an_inverse_ranking():
     import pandas as pd
 
-    from headprune.report.tables import predictiveness
+    from headprune.report.predictiveness import predictiveness
 
     rng = np.random.default_rng(3)
     truth = rng.gamma(2.0, size=48)

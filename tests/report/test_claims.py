@@ -17,7 +17,7 @@ import pytest
 from headprune.report.findings import findings
 from headprune.report.headline import answers
 from headprune.report.layers import joint_vs_sum
-from headprune.report.tables import predictiveness
+from headprune.report.predictiveness import predictiveness
 from headprune.schema import is_cheap
 from headprune.table_checks import check_layers
 

@@ -16,7 +16,8 @@ from scipy import stats
 from headprune.errors import HeadpruneError
 from headprune.report import build_report
 from headprune.report.findings import findings
-from headprune.report.tables import layer_counts, predictiveness, pruning_order, summary_table
+from headprune.report.predictiveness import predictiveness
+from headprune.report.tables import layer_counts, pruning_order, summary_table
 from headprune.report.views import flatten
 from headprune.schema import method_family
 from headprune.table_checks import check_curves, check_scores

@@ -15,7 +15,7 @@ from scipy import stats
 from headprune.report import build_report
 from headprune.report.headline import answers, best_layer_ranking
 from headprune.report.plots.curves import PHONE_DPI, PHONE_FONT, plot_curves
-from headprune.report.tables import predictiveness
+from headprune.report.predictiveness import predictiveness
 
 from report_tables import BASELINE, SETTINGS, curve_row, make_scores
 

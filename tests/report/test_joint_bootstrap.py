@@ -12,7 +12,8 @@ from headprune.errors import HeadpruneError
 from headprune.io.work.replicates import read_replicates, replicates_path, row_heads, write_replicates
 from headprune.report.head_bootstrap import WindowReplicates, head_bootstrap, within_layer
 from headprune.report.plots.figures import rho_over
-from headprune.report.tables import predictiveness, top_heads_mask, top_rows
+from headprune.report.predictiveness import predictiveness, top_rows
+from headprune.report.tables import top_heads_mask
 from headprune.report.views import pred_note
 
 LAYERS, HEADS, B_W = 4, 5, 30

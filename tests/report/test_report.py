@@ -19,8 +19,9 @@ from headprune.io.work.files import read_scores, read_table
 from headprune.report import build_report, rebuild_report
 from headprune.report.choice import best_method
 from headprune.report.plots.common import head_grid
+from headprune.report.predictiveness import PREDICTIVENESS_COLUMNS, predictiveness
 from headprune.report.render import make_content
-from headprune.report.tables import PREDICTIVENESS_COLUMNS, predictiveness, summary_table, top_heads_mask
+from headprune.report.tables import summary_table, top_heads_mask
 from headprune.schema import CURVE_COLUMNS, CURVE_HALVES, METHOD_UNITS
 from headprune.schema import ID_COLUMNS as SCORE_COLUMNS
 from headprune.table_checks import check_curves, check_scores

@@ -7,7 +7,7 @@ import pandas as pd
 from scipy import stats
 
 from headprune.report.head_bootstrap import within_layer
-from headprune.report.tables import predictiveness
+from headprune.report.predictiveness import predictiveness
 
 from report_tables import make_scores
 

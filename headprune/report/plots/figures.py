@@ -19,7 +19,8 @@ from headprune.report.plots.curves import (
 )
 from headprune.report.plots.maps import heatmap_svg, map_caption, plot_heatmaps, plot_pruning_order
 from headprune.report.plots.scatters import plot_rank_correlation, plot_scatters
-from headprune.report.tables import joint_rows, rank_correlations
+from headprune.report.predictiveness import joint_rows
+from headprune.report.tables import rank_correlations
 from headprune.schema import TRUTH, method_columns
 
 
