@@ -43,21 +43,22 @@ class Streaming:
     def __post_init__(self) -> None:
         check_streaming(self.sink, self.recent)
 
-    def heads(self) -> Tensor:
-        """Positions of the query heads whose streaming output is needed: α < 1 somewhere, or every head where α
-        requires a gradient."""
+    def _needed(self, moved: float) -> Tensor:
+        """Positions of the query heads with α ≠ ``moved`` somewhere, or every head where α requires a gradient."""
         a = self.alpha.detach().reshape(-1, self.alpha.shape[-1])
         if self.alpha.requires_grad:
             return torch.arange(a.shape[1], device=a.device)
-        return (a != 1).any(0).nonzero().flatten()
+        return (a != moved).any(0).nonzero().flatten()
+
+    def heads(self) -> Tensor:
+        """Positions of the query heads whose streaming output is needed: α < 1 somewhere, or every head where α
+        requires a gradient."""
+        return self._needed(1.0)
 
     def full_heads(self) -> Tensor:
         """Positions of the query heads whose full-attention output is needed: α ≠ 0 somewhere, or every head where
         α requires a gradient (a head at α = 0 in every row is its streaming output alone)."""
-        a = self.alpha.detach().reshape(-1, self.alpha.shape[-1])
-        if self.alpha.requires_grad:
-            return torch.arange(a.shape[1], device=a.device)
-        return (a != 0).any(0).nonzero().flatten()
+        return self._needed(0.0)
 
     def mix(self, z_full: Tensor, z_stream: Tensor) -> Tensor:
         """α z_full + (1 − α) z_stream, z (B,h,T,·)."""
