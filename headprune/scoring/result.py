@@ -32,7 +32,7 @@ from safetensors.torch import save as save_tensors
 from headprune.data.tokens import token_digest
 from headprune.errors import HeadpruneError
 from headprune.io.work.files import read_scores, write_bytes, write_json, write_table
-from headprune.io.work.replicates import read_replicates, row_heads, write_replicates
+from headprune.io.work.replicates import beside, read_replicates, row_heads, write_replicates
 from headprune.models.heads import head_id, parse_head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing
@@ -76,12 +76,6 @@ def measured_on(ids: torch.Tensor, windowing: Windowing) -> dict:
     were read in (length, stride, BOS). Saved means are reused only where this is equal."""
     return {"tokens_digest": token_digest(ids), "seq_len": windowing.seq_len, "stride": windowing.stride,
             "bos": windowing.bos}
-
-
-def beside(table: str | os.PathLike, suffix: str) -> Path:
-    """The file saved beside ``table``: ``scores.parquet`` -> ``scores`` + ``suffix``."""
-    path = Path(table)
-    return path.with_name(path.stem + suffix)
 
 
 def save_scores(scored: HeadScores, table: str | os.PathLike) -> Path:

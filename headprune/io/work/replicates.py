@@ -22,10 +22,15 @@ from headprune.io.work.files import write_bytes
 REPLICATES = ".replicates.safetensors"
 
 
+def beside(table: str | os.PathLike, suffix: str) -> Path:
+    """The file saved beside ``table``: ``scores.parquet`` -> ``scores`` + ``suffix``."""
+    path = Path(table)
+    return path.with_name(path.stem + suffix)
+
+
 def replicates_path(table: str | os.PathLike) -> Path:
     """The replicates file beside ``table``: ``scores.parquet`` -> ``scores.replicates.safetensors``."""
-    path = Path(table)
-    return path.with_name(path.stem + REPLICATES)
+    return beside(table, REPLICATES)
 
 
 def row_heads(scores: pd.DataFrame) -> list[tuple[int, int]]:
