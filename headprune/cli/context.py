@@ -22,8 +22,8 @@ HELP = "which KV heads need the whole context, and what can stream"
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    add_seq_len_arg(p, help="tokens per long window (default: the model's context, at most 2,048)")
-    add_streaming_args(p, None, " (default: 256, at most --seq-len / 8)")
+    add_seq_len_arg(p, help="tokens per long window (default: the model's context, at most 1,024)")
+    add_streaming_args(p, None, " (default: 256, at most --seq-len / 8: 128 at 1,024 tokens)")
     add_methods_arg(p, "context scores to rank KV heads by: ctx_stream (exact), ctx_gate, ctx_retrieval (all: the "
                        "three)")
     p.add_argument("--score-windows", type=int, default=2, help="long windows (validation split) the scores read")
