@@ -123,13 +123,14 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     t0 = time.perf_counter()
     anatomy = anatomy_report(model, inputs.score_ids, windowing, scores, inputs.tokenizer.decode, run.s.seed)
     settings["seconds_anatomy"] = round(time.perf_counter() - t0, 1)
-    settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head"}
+    settings |= {"family": model_type(model), "attention": layout_text(model), "unit": "query head",
+                 "context_tokens": model.cfg.n_positions}
     serving = serving_stage(model, curves.table, scores, inputs.eval_ids, windowing, free=return_freed_memory)
     settings |= serving.settings
     table = curves.table.assign(**{SCORES_DIGEST: scores_digest(scores)})  # which scores ranked them
     t0 = time.perf_counter()
     extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
-                           serving_llama_cpp=serving.llama_cpp, context=read_context_section(out),
+                           serving_llama_cpp=serving.llama_cpp, context=read_context_section(out, settings),
                            layers=results.layers)
     save_beside(results.scored, out / "scores.parquet")  # the means and the meta; the report writes the table
     report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra,

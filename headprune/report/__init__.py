@@ -222,6 +222,6 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
                            serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
-                           context=read_context_section(folder), layers=read_layers(folder))
+                           context=read_context_section(folder, settings), layers=read_layers(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale,
                         replicates=read_replicates(scores_path, row_heads(scores)))

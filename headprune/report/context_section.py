@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from headprune.context import MAX_SEQ_LEN
 from headprune.context.choice import with_measure
 from headprune.io.work.files import read_table
 from headprune.report.render import Block, Paragraph, Section, Table
@@ -31,11 +32,27 @@ def shares_view(shares: pd.DataFrame) -> pd.DataFrame:
     return cells.pivot(index="ranking", columns="within", values="cell").rename_axis(columns=None).reset_index()
 
 
-def read_context_section(folder: Path) -> Section | None:
-    """The section from ``folder``/context (None where there is none)."""
+def pending_section(settings: dict) -> Section | None:
+    """Where the run's model has a context of at least :data:`~headprune.context.MAX_SEQ_LEN` tokens
+    (``settings["context_tokens"]``) and nothing measured it yet: how to measure it (None otherwise)."""
+    n = settings.get("context_tokens")
+    if n is None or n < MAX_SEQ_LEN:
+        return None
+    command = f"headprune context --model {settings.get('model', 'M')} --out {settings.get('out', 'RUN')}/{FOLDER}"
+    return Section(SECTION_TITLE, [Paragraph(
+        f"This model's context holds {n:,} tokens, long enough for the context question: `{command}` measures which "
+        "of its KV heads need the whole context and which can keep only a few first and recent tokens (three scores, "
+        "the streaming curve against the long-window perplexity and a recall task with the KV cache's bytes, and a "
+        "pattern for kvpress and headprune; it prints its cost before it starts). Its findings then appear here "
+        "(`headprune report`, or the next run into this folder).")])
+
+
+def read_context_section(folder: Path, settings: dict | None = None) -> Section | None:
+    """The section from ``folder``/context; where there is none, :func:`pending_section` of the run's
+    ``settings``."""
     ctx = folder / FOLDER
     if not (ctx / "summary.md").is_file():
-        return None
+        return pending_section(settings or {})
     text = (ctx / "summary.md").read_text().splitlines()[1:]  # after the title
     sentences = [line for line in text if line.strip() and not line.startswith(("- ", "Largest share"))]
     shares = with_measure(read_table(ctx / "streaming_shares.csv"))

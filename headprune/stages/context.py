@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import pandas as pd
 
-from headprune.context import DEFAULT_SHARES
+from headprune.context import DEFAULT_SHARES, MAX_SEQ_LEN
 from headprune.context.choice import TOLERANCES, choose, cross_fit, curve_table, largest_shares, with_measure
 from headprune.context.curve import LongProbe, check_shares, random_order, streaming_curve, streaming_order
 from headprune.context.pattern import KVPattern, read_pattern, write_pattern
@@ -34,9 +34,6 @@ from headprune.models.kv_cache import kv_heads
 from headprune.models.streaming import DEFAULT_RECENT, DEFAULT_SINK, check_streaming
 from headprune.schema import CONTEXT_METHODS
 
-# the default long window, the model's context up to this: SmolLM2's whole stage in 12.4 minutes on 2 AMD EPYC cores
-# (at 2,048 about 34 on 2 Intel Xeon cores, over the 30 it should take; the committed studies ask for 2,048)
-MAX_SEQ_LEN = 1024
 TASKS = ("recall", "multikey", "passkey", "none")
 MULTIKEY_KEYS = 4
 

@@ -112,3 +112,22 @@ def test_the_run_report_shows_the_context_section(folder):
     for line in context_summary.splitlines()[1:]:
         if line.strip() and not line.startswith(("- ", "Largest share")):
             assert line in report
+
+
+def test_a_run_without_the_context_study_says_how_to_measure_it_where_the_context_is_long(tmp_path):
+    """No context/ folder: a model whose context holds at least the default window of 1,024 tokens gets the
+    section with the command that fills it; a shorter context (the shipped model's 256) or settings without the
+    context's length (tables written before it was recorded) get none."""
+    from headprune.report.context_section import SECTION_TITLE, read_context_section
+    from headprune.report.render import Paragraph
+
+    settings = {"model": "smollm2-135m-instruct", "out": "runs/smol", "context_tokens": 8192}
+    section = read_context_section(tmp_path, settings)
+    assert section is not None and section.title == SECTION_TITLE
+    (text,) = [b.text for b in section.blocks if isinstance(b, Paragraph)]
+    assert text.startswith("This model's context holds 8,192 tokens")
+    assert "`headprune context --model smollm2-135m-instruct --out runs/smol/context`" in text
+    assert read_context_section(tmp_path, settings | {"context_tokens": 1024}) is not None
+    assert read_context_section(tmp_path, settings | {"context_tokens": 1023}) is None
+    assert read_context_section(tmp_path, {"model": "m", "out": "o"}) is None
+    assert read_context_section(tmp_path) is None
