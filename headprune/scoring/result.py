@@ -31,8 +31,8 @@ from safetensors.torch import save as save_tensors
 
 from headprune.data.tokens import token_digest
 from headprune.errors import HeadpruneError
-from headprune.io.work.files import read_scores, write_bytes, write_json, write_table
-from headprune.io.work.replicates import beside, read_replicates, row_heads, write_replicates
+from headprune.io.work.files import beside, read_scores, write_bytes, write_json, write_table
+from headprune.io.work.replicates import read_replicates, row_heads, write_replicates
 from headprune.models.heads import head_id, parse_head_id
 from headprune.models.interventions import Head
 from headprune.perplexity import Windowing

@@ -18,6 +18,12 @@ from headprune.schema import TEXT_COLUMNS
 TABLE_SUFFIXES = (".csv", ".parquet")
 
 
+def beside(table: str | os.PathLike, suffix: str) -> Path:
+    """The file saved beside ``table``: ``scores.parquet`` -> ``scores`` + ``suffix``."""
+    path = Path(table)
+    return path.with_name(path.stem + suffix)
+
+
 def temp_prefix(target: Path) -> str:
     """The name start of ``target``'s temporaries: ``.NAME.PID.`` (the PID tells whether their writer still lives)."""
     return f".{target.name}.{os.getpid()}."

@@ -17,15 +17,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from headprune.errors import HeadpruneError
-from headprune.io.work.files import write_bytes
+from headprune.io.work.files import beside, write_bytes
 
 REPLICATES = ".replicates.safetensors"
-
-
-def beside(table: str | os.PathLike, suffix: str) -> Path:
-    """The file saved beside ``table``: ``scores.parquet`` -> ``scores`` + ``suffix``."""
-    path = Path(table)
-    return path.with_name(path.stem + suffix)
 
 
 def replicates_path(table: str | os.PathLike) -> Path:
