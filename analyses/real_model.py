@@ -8,9 +8,10 @@ It reads the run's settings (model, token budget, windows, seed) and tables, and
 - **prose vs code**: ``abl_zero`` of every head on the ``code`` corpus (the standard library's source, validation
   split), beside the run's on ``default`` (its documentation): do the induction and previous-token heads the anatomy
   finds cost the most when ablated, and on which data;
-- **units**: pruning curves by KV group (a group's query heads and their shared K/V removed together, ranked by
-  the group's joint ``abl_zero``) and by the best uniform prune (:func:`headprune.pruning.uniform.uniform_heads`,
-  what stock transformers loads at smaller shapes), against random groups;
+- **units**: query heads, KV groups (a group's query heads and their shared K/V removed together) and the best
+  uniform prune (:func:`headprune.pruning.uniform.uniform_heads`, what stock transformers loads at smaller shapes)
+  compared at equal head counts and by one score, against random query heads and random KV groups
+  (:mod:`analyses.study_units`);
 - **recovery**: the best ranking's prunes at 30% and 50% distilled from the unpruned model (KL, α = 1) for a few
   steps on the train split;
 - **tasks**: each built-in patching task's clean accuracy (answer logit above the wrong one) and logit difference:
@@ -35,18 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from analyses.common import save
 from analyses.study_figure import plot_study
 from analyses.study_findings import PERFORMS, findings
 from analyses.study_status import status_section
+from analyses.study_units import GROUP, JOINT, QUERY, RANDOM_SEEDS, UNIT_FRACTIONS, random_sets, unit_counts
 from headprune.io.work.files import write_text
 
-UNIT_FRACTIONS = (0.1, 0.2, 0.3, 0.5)
 RECOVER_FRACTIONS = (0.3, 0.5)
-RANDOM_GROUP_SEEDS = 3
 
 
 # --- the parts, each one table ------------------------------------------------------------------------------------
@@ -62,36 +61,46 @@ def code_scores(model, ids, windowing, bootstrap: int, seed: int, progress) -> p
 
 
 def unit_curves(study: Study) -> pd.DataFrame:
-    """Curves by KV group (joint group ``abl_zero``), random groups (seeded), and the best uniform prune by the run's
-    best ranking and by ``abl_zero``: each a head set per fraction, evaluated like the run's curves."""
+    """The units table (:mod:`analyses.study_units`): query heads, KV groups (by the same summed abl_zero and by
+    their joint ablation), uniform shapes and random query heads and KV groups, each at the same head counts,
+    evaluated like the run's curves, with the parameters each prune removes."""
+    from headprune.models.ledger import param_table
     from headprune.pruning.curves import pruning_curves
     from headprune.pruning.options import CurveOptions, Selection
-    from headprune.pruning.uniform import uniform_heads
+    from headprune.pruning.selection import select_heads
+    from headprune.pruning.uniform import loadable_shapes, uniform_heads
     from headprune.schema import split_ranking
     from headprune.scoring.groups import GROUP_METHOD, groups, score_groups
 
     model, scores, best, seed = study.inputs.model, study.scores, study.best, study.s.seed
     table, _ = score_groups(model, study.inputs.score_ids, scores, study.inputs.windowing, replicates=0, seed=seed)
     members = {f"L{layer}G{kv}": [(layer, h) for h in heads] for layer, kv, heads in groups(model)}
-    n_groups = len(members)
-    order = table.sort_values([GROUP_METHOD, "group_id"])["group_id"].tolist()  # least important first
-    rng = np.random.default_rng(seed)
-    shuffles = [rng.permutation(sorted(members)).tolist() for _ in range(RANDOM_GROUP_SEEDS)]
-    sets: dict[tuple[str, float], list] = {}
-    name, by_layer = split_ranking(best)
+    r, n_heads = model.cfg.group_size, len(scores)
+    by_sum = table.sort_values(["abl_zero", "group_id"])["group_id"].tolist()  # least important first
+    by_joint = table.sort_values([GROUP_METHOD, "group_id"])["group_id"].tolist()
+    by_layer = split_ranking(best)[1]
     selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
-    for f in UNIT_FRACTIONS:
-        k = round(f * n_groups)
-        sets[("group:abl_zero", f)] = [h for g in order[:k] for h in members[g]]
-        for s, shuffled in enumerate(shuffles):
-            sets[(f"group:random#{s}", f)] = [h for g in shuffled[:k] for h in members[g]]
-        sets[(f"uniform:{best}", f)] = uniform_heads(model, scores, name, fraction=f, selection=selection)
-        sets[("uniform:abl_zero", f)] = uniform_heads(model, scores, "abl_zero", fraction=f)
+    uniform = sorted({"abl_zero", best})
+    heads = [(int(layer), int(h)) for layer, h in zip(scores["layer"], scores["head"])]
+    sets: dict[tuple[str, float], list] = {}
+    for n in unit_counts(n_heads, r, loadable_shapes(model).values()):
+        f = n / n_heads
+        sets[(QUERY, f)] = select_heads(scores, "abl_zero", count=n)
+        sets[(GROUP, f)] = [h for g in by_sum[:n // r] for h in members[g]]
+        sets[(JOINT, f)] = [h for g in by_joint[:n // r] for h in members[g]]
+        for s, drawn in enumerate(random_sets(heads, n, RANDOM_SEEDS, seed + n)):
+            sets[(f"query:random#{s}", f)] = drawn
+        for s, drawn in enumerate(random_sets(sorted(members), n // r, RANDOM_SEEDS, seed + n)):
+            sets[(f"group:random#{s}", f)] = [h for g in drawn for h in members[g]]
+        for m in uniform:
+            sets[(f"uniform:{m}", f)] = uniform_heads(model, scores, split_ranking(m)[0], count=n,
+                                                      selection=selection if m == best else Selection(seed=seed))
     methods = sorted({m for m, _ in sets})
-    options = CurveOptions(fractions=UNIT_FRACTIONS, seeds=1, bootstrap=study.s.bootstrap,
+    options = CurveOptions(fractions=tuple(sorted({f for _, f in sets})), seeds=1, bootstrap=study.s.bootstrap,
                            selection=Selection(seed=seed), windowing=study.inputs.windowing, head_sets=sets)
-    return pruning_curves(model, study.inputs.eval_ids, scores, [(m, "none") for m in methods], options=options,
-                          progress=study.progress)
+    units = pruning_curves(model, study.inputs.eval_ids, scores, [(m, "none") for m in methods], options=options,
+                           progress=study.progress)
+    return units.assign(params_removed=int(param_table(model).params.sum()) - units["params"])
 
 
 def recovery(study: Study, train_ids, steps: int) -> pd.DataFrame:
@@ -160,9 +169,12 @@ def ranking_key(scores: pd.DataFrame, best: str) -> str:
 
 
 def _fresh(out: Path, name: str, meta: dict) -> bool:
-    """Whether part ``name`` must be computed: its table is absent or was made with other settings."""
+    """Whether part ``name`` must be computed: its table is absent or was made with other settings. A setting the
+    table's record lacks counts as None (a key added later, e.g. ``bos``, at the value every earlier table had)."""
     record = out / f"{name}.json"
-    return not (out / f"{name}.csv").is_file() or not record.is_file() or json.loads(record.read_text()) != meta
+    if not (out / f"{name}.csv").is_file() or not record.is_file():
+        return True
+    return dict.fromkeys(meta) | json.loads(record.read_text()) != meta
 
 
 @dataclass
@@ -213,10 +225,11 @@ def code_part(study: Study, args: argparse.Namespace) -> None:
 
 
 def units_part(study: Study, args: argparse.Namespace) -> None:
-    meta = study.base | {"best": study.best, "fractions": list(UNIT_FRACTIONS),
+    meta = study.base | {"best": study.best, "fractions": list(UNIT_FRACTIONS), "random_seeds": RANDOM_SEEDS,
+                         "units": "equal head counts",
                          "ranking": ranking_key(study.scores, study.best)}
     if _fresh(study.run, "study_units", meta):
-        print("[2/4] pruning curves by KV group and uniform prunes")
+        print("[2/4] query heads, KV groups and uniform prunes at equal head counts")
         save(study.run, "study_units", table=unit_curves(study), meta=meta)
 
 

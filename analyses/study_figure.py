@@ -1,5 +1,6 @@
-"""The real-model study's figure (study.png): pruning by unit beside the run's curves, and each head's ablation cost on
-prose against code with the anatomy's strongest induction and previous-token heads marked."""
+"""The real-model study's figure (study.png): pruning by unit at equal head counts, against heads and against
+parameters removed, beside the run's curve; and each head's ablation cost on prose against code with the anatomy's
+strongest induction and previous-token heads marked."""
 
 from __future__ import annotations
 
@@ -7,41 +8,37 @@ import numpy as np
 import pandas as pd
 
 from analyses.study_findings import TOP, prose_code_roles
+from analyses.study_units import GROUP, JOINT, QUERY
 
 
-def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, scores: pd.DataFrame,
-               code: pd.DataFrame, anatomy: pd.DataFrame, best: str):
-    """Left: ΔNLL against heads removed by unit (query head, KV group, uniform) and random, with the distilled
-    points; right: each head's zero-ablation cost on prose against code, the strongest induction and
-    previous-token heads marked."""
-    from matplotlib.figure import Figure
+def units_panel(axis, units: pd.DataFrame, n_heads: int, x: str, scale: float) -> None:
+    """ΔNLL against ``x`` (heads_pruned or params_removed) over ``scale``: every unit at the counts it removed as
+    asked, and the random query heads' and KV groups' ranges over their seeds."""
+    def line(method: str, label: str, **style) -> None:
+        c = units[units["method"] == method]
+        c = c[np.isclose(c["heads_pruned"], c["fraction"] * n_heads)].sort_values("heads_pruned")
+        axis.plot(c[x] / scale, c["delta_nll"], label=label, **style)
 
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
-    ax, bx = fig.subplots(1, 2)
-    n_heads = len(scores)
-
-    def line(frame: pd.DataFrame, method: str, label: str, **style) -> None:
-        c = frame[(frame["method"] == method) & (frame["compensation"] == "none")].sort_values("fraction")
-        ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], label=label, **style)
-
-    if best != "abl_zero":  # (drawn next)
-        line(curves, best, f"{best} (query heads)", color="#0072B2", marker="o")
-    line(curves, "abl_zero", "abl_zero (query heads)", color="#009E73", marker="s")
-    line(curves, "random", "random query heads (mean of seeds)", color="grey", marker=".")
-    line(units, "group:abl_zero", "KV groups by joint abl_zero", color="#D55E00", marker="^")
-    rand = units[units["method"].str.startswith("group:random")].groupby("fraction")[["heads_pruned", "delta_nll"]]
-    rand = rand.mean().reset_index()
-    ax.plot(rand["heads_pruned"] / n_heads, rand["delta_nll"], color="grey", ls="--", marker="x",
-            label="random KV groups (mean)")
+    for prefix, label, color in (("query:random#", "random query heads", "grey"),
+                                 ("group:random#", "random KV groups", "#D55E00")):
+        rand = units[units["method"].str.startswith(prefix)].groupby("heads_pruned")
+        band = rand.agg(x=(x, "mean"), lo=("delta_nll", "min"), hi=("delta_nll", "max"),
+                        mean=("delta_nll", "mean")).reset_index()
+        axis.fill_between(band["x"] / scale, band["lo"], band["hi"], color=color, alpha=0.15,
+                          label=f"{label} ({rand.size().max()} seeds: range)")
+        axis.plot(band["x"] / scale, band["mean"], color=color, ls="--", lw=1)
+    line(QUERY, "query heads by abl_zero", color="#009E73", marker="s")
+    line(GROUP, "KV groups by abl_zero (summed)", color="#D55E00", marker="^")
+    line(JOINT, "KV groups by joint ablation", color="#D55E00", marker="v", ls=":")
     for m, color in zip(sorted(units["method"][units["method"].str.startswith("uniform:")].unique()),
                         ("#CC79A7", "#E69F00")):
-        line(units, m, f"uniform by {m.split(':', 1)[1]}", color=color, marker="D", ls=":")
-    ax.scatter(rec["heads_pruned"] / n_heads, np.log(rec["ppl_distilled"] / rec["ppl_unpruned"]), marker="*", s=140,
-               color="#0072B2", zorder=5, label=f"{best} distilled ({int(rec['steps'].iloc[0])} steps)")
-    ax.set(xlabel="share of heads removed", ylabel="ΔNLL (nats/token, test split)",
-           title="Pruning by unit")
-    ax.set_yscale("symlog", linthresh=0.01)
-    ax.legend(fontsize=8)
+        line(m, f"uniform by {m.split(':', 1)[1]}", color=color, marker="D", ls=":")
+    axis.set_yscale("symlog", linthresh=0.01)
+    axis.set_ylabel("ΔNLL (nats/token, test split)")
+
+
+def roles_panel(bx, scores: pd.DataFrame, code: pd.DataFrame, anatomy: pd.DataFrame) -> None:
+    """Each head's abl_zero on prose against code, the strongest induction and previous-token heads marked."""
     j = prose_code_roles(scores, code, anatomy)
     bx.scatter(j["abl_zero"], j["code"], s=12, color="lightgrey", label="every head")
     for role, color, marker in (("induction", "#D55E00", "^"), ("previous_token", "#0072B2", "s")):
@@ -60,4 +57,29 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
     bx.set_xticks(ticks, [f"{t:g}" for t in ticks])
     bx.set_yticks(ticks, [f"{t:g}" for t in ticks])
     bx.legend(fontsize=8)
+
+
+def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, scores: pd.DataFrame,
+               code: pd.DataFrame, anatomy: pd.DataFrame, best: str):
+    """Left: ΔNLL against heads removed by unit (query heads, KV groups, uniform shapes, at equal head counts) and
+    the random ranges, with the run's best ranking and the distilled points; middle: the same against parameters
+    removed (the legend of both); right: :func:`roles_panel`."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.4), layout="constrained")
+    ax, px, bx = fig.subplots(1, 3)
+    n_heads = len(scores)
+    units_panel(ax, units, n_heads, "heads_pruned", n_heads)
+    if best != "abl_zero":
+        c = curves[(curves["method"] == best) & (curves["compensation"] == "none")].sort_values("fraction")
+        ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], color="#0072B2", marker="o", ms=3,
+                label=f"{best} (query heads, the run's curve)")
+    ax.scatter(rec["heads_pruned"] / n_heads, np.log(rec["ppl_distilled"] / rec["ppl_unpruned"]), marker="*", s=140,
+               color="#0072B2", zorder=5, label=f"{best} distilled ({int(rec['steps'].iloc[0])} steps)")
+    ax.set(xlabel="share of heads removed", title="Pruning by unit: heads")
+    n_params = float(curves.loc[curves["fraction"] == 0, "params"].iloc[0])
+    units_panel(px, units, n_heads, "params_removed", n_params)
+    px.set(xlabel="share of parameters removed", title="Pruning by unit: parameters")
+    px.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="lower right")  # both panels' lines, where it is empty
+    roles_panel(bx, scores, code, anatomy)
     return fig

@@ -2,8 +2,8 @@
 (scores, curves, predictiveness, anatomy, serving) and the study's own (``study_*.csv``). Nothing here loads a model,
 so ``python -m analyses.real_model RUN --render-only`` re-renders study.md from committed tables in seconds.
 
-What a sentence may claim is what its table measured: a fraction is the share a prune actually removed (a unit
-compared at 30% only where it removed within :data:`UNIT_TOL` of 30%); a break point is located between two
+What a sentence may claim is what its table measured: units are compared at equal head counts, each prune's own
+(:mod:`analyses.study_units`); a break point is located between two
 measured points (:mod:`headprune.report.breaks`); a random band comes with its seed count and range; a layer's cost
 is its heads removed together (chosen on validation, reported on test: :mod:`headprune.report.layers`), or, for a run
 without that table, a sum of single ablations said to be one; a distillation result says what it was measured on
@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyses.study_units import unit_sentences
 from headprune.report.breaks import BREAK_NATS, find_break
 from headprune.report.layers import layer_finding, read_layers
 
 PERFORMS = 0.8  # a task is performed when at least this share of clean prompts ranks the answer above the wrong token
 TOP = 5
-UNIT_TOL = 0.05  # a unit's prune answers "at f" when the share of heads it removed is within this of f
-COMPARED = (0.3, 0.5)
 
 
 def _heads(items) -> str:
@@ -86,46 +85,14 @@ def _between(curves: pd.DataFrame, method: str) -> str:
     return f"between {share(found.before)} and {share(found.after)} of heads"
 
 
-def _row(frame: pd.DataFrame, method: str, f: float) -> pd.Series:
-    rows = frame[(frame["method"] == method) & (frame["compensation"] == "none") & np.isclose(frame["fraction"], f)]
-    return rows.iloc[0]
-
-
-def unit_part(units: pd.DataFrame, method: str, f: float, n_heads: int, label: str) -> str:
-    """One unit's ΔNLL at ``f``, or, where the prune asked for ``f`` removed a share more than :data:`UNIT_TOL` away
-    from it (a uniform shape rounds to whole heads per layer), that no such prune exists and what it removed."""
-    row = _row(units, method, f)
-    removed = row.heads_pruned / n_heads
-    share = f"{int(row.heads_pruned)} heads, {removed:.0%}"
-    if abs(removed - f) > UNIT_TOL + 1e-9:
-        return f"{label}: no loadable prune within {UNIT_TOL:.0%} of {f:.0%} (the nearest removes {share})"
-    return f"{label} {row.delta_nll:+.3f} ({share})"
-
-
 def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str, n_heads: int) -> list[str]:
-    """Where the best ranking and random break (between two grid points), and the units compared at 30% and 50%
-    where both tables have them: each unit's own share removed is said, and a unit whose prune removed a share far
-    from the fraction is not compared there."""
+    """Where the best ranking and random break (between two grid points), then the units compared at equal head
+    counts (:func:`analyses.study_units.unit_sentences`)."""
     out = [(f"Where pruning breaks (ΔNLL first above {BREAK_NATS} nats/token, perplexity "
             f"+{math.expm1(BREAK_NATS):.1%}; located between two measured points, random's on the grid): "
             f"{best} {_between(curves, best)}, "
             f"random {_between(curves, 'random')}.")]
-    group_random = sorted(m for m in units["method"].unique() if m.startswith("group:random"))
-    uniform = sorted(m for m in units["method"].unique() if m.startswith("uniform:"))
-    shared = set(np.round(curves["fraction"], 6)) & set(np.round(units["fraction"], 6))
-    for f in (f for f in COMPARED if round(f, 6) in shared):
-        head_best, head_rand = _row(curves, best, f), _row(curves, "random", f)
-        rand_g = [float(_row(units, m, f)["delta_nll"]) for m in group_random]
-        seeds = int(head_rand["n_seeds"]) if "n_seeds" in head_rand and pd.notna(head_rand["n_seeds"]) else None
-        over = f", mean of {seeds} seeds" if seeds else ""
-        parts = [f"by query head {best} {head_best.delta_nll:+.3f} (random {head_rand.delta_nll:+.3f}{over})",
-                 unit_part(units, "group:abl_zero", f, n_heads, "by KV group (joint abl_zero)")]
-        if rand_g:
-            parts[-1] += (f"; random groups {np.mean(rand_g):+.3f} (mean of {len(rand_g)} seeds, range "
-                          f"{min(rand_g):+.3f} to {max(rand_g):+.3f})")
-        parts += [unit_part(units, m, f, n_heads, f"uniform by {m.split(':', 1)[1]}") for m in uniform]
-        out.append(f"At {f:.0%} of heads removed, ΔNLL (nats/token): " + "; ".join(parts) + ".")
-    return out
+    return out + unit_sentences(units, n_heads)
 
 
 def recovery_sentence(rec: pd.DataFrame) -> str:

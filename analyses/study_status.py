@@ -15,6 +15,8 @@ separate the other way. Every rule reads one table; nothing here loads a model.
   seeds and windows), refuted where above;
 - where the best ranking breaks: certified where the points' intervals locate it between the same two points as
   the values do (no intervals, or none wholly above the line: contested);
+- query heads against whole KV groups by the same score (abl_zero, summed over a group), at each head count the units
+  are compared at: certified where the query heads' ΔNLL interval lies below the groups', refuted where above;
 - distillation: contested while it has no control run and one seed.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analyses.study_units import GROUP, QUERY, at_count, compared_counts
 from headprune.report.breaks import BREAK_NATS, find_break, uncompensated
 from headprune.report.choice import choose
 from headprune.report.layers import CHOSEN_ON, REPORTED_ON, pick_layer, read_layers
@@ -177,6 +180,19 @@ def distillation(recovery: pd.DataFrame) -> Status:
                   "the unpruned model trained the same way), measured on the corpus it trained on", CONTESTED)
 
 
+def query_vs_group(units: pd.DataFrame, n: int, n_heads: int) -> Status:
+    """At ``n`` heads removed: removing query heads costs less than removing whole KV groups, both by abl_zero."""
+    query, group = at_count(units, QUERY, n), at_count(units, GROUP, n)
+    assert query is not None and group is not None
+    finding = f"query heads cost less than whole KV groups at {n} heads removed ({n / n_heads:.0%}), by one score"
+    if _unmeasured(pd.DataFrame([query, group])[["delta_nll_ci_lo", "delta_nll_ci_hi"]]):
+        return Status(finding, "no intervals", CONTESTED)
+    ours, theirs = (_interval(r["delta_nll"], r["delta_nll_ci_lo"], r["delta_nll_ci_hi"], "+") for r in (query, group))
+    status = _above(group["delta_nll_ci_lo"], group["delta_nll_ci_hi"], query["delta_nll_ci_lo"],
+                    query["delta_nll_ci_hi"])
+    return Status(finding, f"ΔNLL {ours} by query heads, {theirs} by KV groups (abl_zero summed)", status)
+
+
 def statuses(run: Path) -> list[Status]:
     """Every rated finding of the run folder ``run``, in the study's order."""
     scores, curves = pd.read_csv(run / "scores.csv"), pd.read_csv(run / "curves.csv")
@@ -186,6 +202,8 @@ def statuses(run: Path) -> list[Status]:
     rows += [best_cheap(pd.read_csv(run / "predictiveness.csv")), choice(curves)]
     rows += [versus_random(curves, t) for t in TARGETS]
     rows += [s for s in (breaks(curves),) if s is not None]
+    units = pd.read_csv(run / "study_units.csv")
+    rows += [query_vs_group(units, n, len(scores)) for n in compared_counts(units, len(scores))]
     rows.append(distillation(pd.read_csv(run / "study_recovery.csv")))
     return rows
 

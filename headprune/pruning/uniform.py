@@ -34,10 +34,20 @@ def _layer_choice(values: dict[int, float], groups: list[list[int]], n_groups: i
     return sum(t[0] for t in chosen), sorted(h for t in chosen for h in t[2])
 
 
+def loadable_shapes(model: HeadModel) -> dict[tuple[int, int], int]:
+    """{(h_kv', r'): heads the shape removes} for every uniform shape stock transformers loads (1 ≤ h_kv' ≤ h_kv,
+    1 ≤ r' ≤ r): L·(h − h_kv'·r') each."""
+    from headprune.models.families import loadable_head_count, model_type
+
+    kind, cfg = model_type(model), model.cfg
+    return {(g, p): cfg.n_layers * (cfg.n_heads - g * p) for g in range(1, cfg.n_kv_heads + 1)
+            for p in range(1, cfg.group_size + 1) if loadable_head_count(kind, cfg.d_model, g * p)}
+
+
 def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction: float | None = None,
                   count: int | None = None, selection: Selection = DEFAULT_SELECTION) -> list[Head]:
     """The heads to remove (least important first) for the best uniform prune near the asked amount."""
-    from headprune.models.families import family_of, loadable_head_count, model_type
+    from headprune.models.families import family_of, model_type
 
     kind = model_type(model)
     if not family_of(model).compact_export:
@@ -53,13 +63,11 @@ def uniform_heads(model: HeadModel, scores: pd.DataFrame, method: str, fraction:
     values = {(int(l), int(h)): float(v) for l, h, v in zip(frame["layer"], frame["head"], adjusted)}
     L, h, r = cfg.n_layers, cfg.n_heads, cfg.group_size
     k = _how_many(L * h, fraction, count, "the model")
-    shapes = [(g, p) for g in range(1, cfg.n_kv_heads + 1) for p in range(1, r + 1)
-              if loadable_head_count(kind, cfg.d_model, g * p)]  # stock transformers builds its config
-    removed_by = {shape: L * (h - shape[0] * shape[1]) for shape in shapes}
+    removed_by = loadable_shapes(model)  # stock transformers builds its config
     nearest = min(sorted(set(removed_by.values())), key=lambda n: (abs(n - k), -n))
     groups = [list(range(g * r, (g + 1) * r)) for g in range(cfg.n_kv_heads)]
     best: tuple[float, list[list[int]]] | None = None
-    for shape in (s for s in shapes if removed_by[s] == nearest):
+    for shape in (s for s, n in removed_by.items() if n == nearest):
         layers = [_layer_choice({hd: values[(layer, hd)] for hd in range(h)}, groups, *shape) for layer in range(L)]
         total = sum(t[0] for t in layers)
         if best is None or total > best[0]:

@@ -578,35 +578,44 @@ def test_randomised_tables_reach_every_kind_of_choice():
 # --- the real-model studies' study.md, against their tables --------------------------------------------------------
 
 STUDIES = [p.parent for p in sorted((ROOT / "reports").glob("*/study.md"))]
-UNIT = re.compile(r"(by KV group \(joint abl_zero\)|uniform by [\w@]+) ([+-][\d.]+) \((\d+) heads, (\d+)%\)")
-ABSENT = re.compile(r"(uniform by [\w@]+|by KV group \(joint abl_zero\)): no loadable prune within (\d+)% of (\d+)% "
-                    r"\(the nearest removes (\d+) heads, (\d+)%\)")
-GROUPS = re.compile(r"random groups ([+-][\d.]+) \(mean of (\d+) seeds, range ([+-][\d.]+) to ([+-][\d.]+)\)")
+UNIT_AT = re.compile(r"At (\d+) of (\d+) heads removed \((\d+)%(; the count a uniform shape removes)?\)")
+UNIT_VALUE = re.compile(r"(query heads by abl_zero|KV groups by the same score \(summed\)|"
+                        r"KV groups by their joint ablation|uniform by [\w@]+) "
+                        r"([+-][\d.]+) \[([+-][\d.]+), ([+-][\d.]+)\]")
+UNIT_METHOD = {"query heads by abl_zero": "query:abl_zero", "KV groups by the same score (summed)": "group:abl_zero",
+               "KV groups by their joint ablation": "group:joint"}
+UNIT_BAND = re.compile(r"(random query heads|random KV groups) ([+-][\d.]+) \(mean of (\d+) seeds, range "
+                       r"([+-][\d.]+) to ([+-][\d.]+)\)")
+UNIT_VERDICT = re.compile(r"Query heads (cost less than|cost more than|are not told apart from) KV groups by the same "
+                     r"score, removing ([\d,]+) parameters against ([\d,]+)\.$")
 BREAK = re.compile(r"([\w@]+) between ([\d.]+)% and ([\d.]+)% of heads")
 
 
-def unit_row(units: pd.DataFrame, label: str, f: float) -> pd.Series:
-    method = "group:abl_zero" if label.startswith("by KV group") else "uniform:" + label.split("uniform by ")[1]
-    rows = units[(units["method"] == method) & np.isclose(units["fraction"], f)]
-    assert len(rows) == 1, (method, f)
-    return rows.iloc[0]
-
-
 def check_study_units(sentence: str, units: pd.DataFrame, n_heads: int) -> None:
-    f = int(re.match(r"At (\d+)% of heads removed", sentence)[1]) / 100
-    for label, delta, heads, share in UNIT.findall(sentence):
-        row = unit_row(units, label, f)
-        assert (delta, int(heads)) == (f"{row.delta_nll:+.3f}", int(row.heads_pruned)), sentence
-        assert abs(int(heads) / n_heads - f) <= 0.05 + 1e-9 and share == f"{int(heads) / n_heads:.0%}".rstrip("%")
-    for label, tol, asked, heads, _ in ABSENT.findall(sentence):
-        row = unit_row(units, label, f)
-        assert int(asked) / 100 == f and int(heads) == int(row.heads_pruned)
-        assert abs(int(heads) / n_heads - f) > int(tol) / 100, sentence  # truly too far to answer at f
-    said = GROUPS.search(sentence)
-    rand = [float(units[(units["method"] == m) & np.isclose(units["fraction"], f)]["delta_nll"].iloc[0])
-            for m in sorted(units["method"].unique()) if m.startswith("group:random")]
-    assert said and said.groups() == (f"{np.mean(rand):+.3f}", str(len(rand)), f"{min(rand):+.3f}",
-                                      f"{max(rand):+.3f}"), sentence
+    """Every number of a units sentence read back from the table: each unit's ΔNLL and interval at the stated
+    count (removing exactly that many heads), the random bands over every seed, the verdict from the intervals."""
+    n, total, share, shape = UNIT_AT.match(sentence).groups()
+    n = int(n)
+    assert int(total) == n_heads and int(share) == round(100 * n / n_heads), sentence
+    at = units[units["heads_pruned"] == n]
+    said = {label: values for label, *values in UNIT_VALUE.findall(sentence)}
+    uniform = sorted(m for m in at["method"].unique() if m.startswith("uniform:"))
+    assert bool(shape) == bool(uniform), sentence  # "a uniform shape's count" exactly where one removes n
+    assert set(said) == {*UNIT_METHOD, *(f"uniform by {m.split(':', 1)[1]}" for m in uniform)}, sentence
+    for label, values in said.items():
+        row = at[at["method"] == UNIT_METHOD.get(label, "uniform:" + label.removeprefix("uniform by "))].iloc[0]
+        assert values == [f"{row[c]:+.3f}" for c in ("delta_nll", "delta_nll_ci_lo", "delta_nll_ci_hi")], sentence
+    bands = {label: rest for label, *rest in UNIT_BAND.findall(sentence)}
+    for label, prefix in (("random query heads", "query:random#"), ("random KV groups", "group:random#")):
+        d = at.loc[at["method"].str.startswith(prefix), "delta_nll"]
+        assert len(d) >= 10 and bands[label] == [f"{d.mean():+.3f}", str(len(d)), f"{d.min():+.3f}",
+                                                 f"{d.max():+.3f}"], sentence
+    query, group = (at[at["method"] == m].iloc[0] for m in ("query:abl_zero", "group:abl_zero"))
+    truth = ("cost less than" if query.delta_nll_ci_hi < group.delta_nll_ci_lo else "cost more than"
+             if query.delta_nll_ci_lo > group.delta_nll_ci_hi else "are not told apart from")
+    verdict = UNIT_VERDICT.search(sentence)
+    assert verdict and verdict.groups() == (truth, f"{int(query.params_removed):,}", f"{int(group.params_removed):,}")
+    assert query.params_removed < group.params_removed  # a KV group takes its K and V rows with it
 
 
 def check_breaks(sentence: str, curves: pd.DataFrame) -> None:
@@ -641,8 +650,15 @@ def test_committed_studies_say_what_their_tables_say(folder):
     lines = [line[2:] for line in (folder / "study.md").read_text().splitlines() if line.startswith("- ")]
     curves, units = pd.read_csv(folder / "curves.csv"), pd.read_csv(folder / "study_units.csv")
     scores = pd.read_csv(folder / "scores.csv")
-    at = [line for line in lines if line.startswith("At ") and "of heads removed" in line]
-    assert at
+    at = [line for line in lines if UNIT_AT.match(line)]
+    assert len(at) >= 2  # 30% and 50% in whole KV groups, and the uniform shapes' counts
+    # the units' query heads by abl_zero are the run's abl_zero curve wherever they remove the same count: two code
+    # paths (head sets chosen by the study, the ranking's lowest in the curve) to one pruned model
+    mine = units[units["method"] == "query:abl_zero"].set_index("heads_pruned")["delta_nll"]
+    run = curves[(curves["method"] == "abl_zero") & (curves["compensation"] == "none")]
+    shared = run[run["heads_pruned"].isin(mine.index) & (run["heads_pruned"] > 0)]
+    assert len(shared) >= 1 and np.allclose(mine.loc[shared["heads_pruned"]].to_numpy(), shared["delta_nll"],
+                                            rtol=0, atol=1e-9)
     for line in at:
         check_study_units(line, units, len(scores))
     check_breaks(next(line for line in lines if line.startswith("Where pruning breaks")), curves)
@@ -670,7 +686,8 @@ def test_committed_studies_say_what_their_tables_say(folder):
 
 
 def test_gemma_study_does_not_report_a_50_percent_prune_as_the_30_percent_answer():
-    """The sentence issue 53 found wrong: uniform +2.498 (36 of 72 heads, 50%) given as the answer at 30%."""
+    """The sentence issue 53 found wrong: uniform +2.498 (36 of 72 heads, 50%) given as the answer at 30%. Now every
+    unit is stated at the count it removed: at 20 heads (28%, 30% in whole KV groups of 4) no uniform shape."""
     line = next(x for x in (ROOT / "reports/gemma-3-270m/study.md").read_text().splitlines()
-                if x.startswith("- At 30% of heads removed"))
-    assert "+2.498" not in line and "uniform by abl_zero: no loadable prune within 5% of 30%" in line
+                if x.startswith("- At 20 of 72 heads removed"))
+    assert "uniform" not in line

@@ -32,7 +32,7 @@ def test_the_break_sentence_names_the_measured_points_around_it():
     curves = pd.DataFrame(_curve("grad", [0.0, 0.1, 0.125, 0.2, 0.5], [0.0, 0.05, 0.09, 0.1000001, 0.4],
                                  [0, 1, 2, 3, 5])
                           + _curve("random", [0.0, 0.1, 0.3, 0.5], [0.0, 0.09, 0.1, 0.1], [0, 1, 3, 5]))
-    units = pd.DataFrame(columns=["method", "fraction"])
+    units = pd.DataFrame(columns=["method", "fraction", "heads_pruned"])
     said = curve_sentences(curves, units, "grad", 10)[0]
     assert "grad between 12.5% and 20% of heads, random not up to 50%." in said  # 0.1 is not above 0.1
 
@@ -66,28 +66,6 @@ def test_ranking_key_follows_the_head_orders_not_the_last_bits():
     assert ranking_key(scores.assign(out_norm=[3.0, 2.0, 1.0]), "out_norm@layer") != key
     assert ranking_key(scores.assign(abl_zero=[0.1, 0.3, 0.2]), "out_norm@layer") != key
     assert ranking_key(scores, "abl_zero") != key  # another best ranking
-
-
-def test_units_compared_at_thirty_and_fifty_percent():
-    fr = [0.0, 0.3, 0.5]
-    curves = pd.DataFrame(_curve("grad", fr, [0, 0.2, 0.6], [0, 3, 5]) + _curve("random", fr, [0, 0.5, 1.5], [0, 3, 5]))
-    units = pd.DataFrame(_curve("group:abl_zero", [0.3, 0.5], [0.3, 0.9], [3, 6])
-                         + _curve("group:random#0", [0.3, 0.5], [0.6, 1.0], [3, 6])
-                         + _curve("group:random#1", [0.3, 0.5], [0.8, 2.0], [3, 6])
-                         + _curve("uniform:grad", [0.3, 0.5], [0.25, 0.7], [4, 6]))
-    breaks, at30, at50 = curve_sentences(curves, units, "grad", n_heads=10)
-    assert "grad between 0% and 30% of heads, random between 0% and 30% of heads" in breaks
-    # uniform removed 4 of 10 heads when asked for 30%: 10 points away, so it is not an answer at 30%
-    assert at30 == ("At 30% of heads removed, ΔNLL (nats/token): by query head grad +0.200 (random +0.500); by KV "
-                    "group (joint abl_zero) +0.300 (3 heads, 30%); random groups +0.700 (mean of 2 seeds, range +0.600 "
-                    "to +0.800); uniform by grad: no loadable prune within 5% of 30% (the nearest removes 4 heads, "
-                    "40%).")
-    assert "random groups +1.500 (mean of 2 seeds, range +1.000 to +2.000); uniform by grad +0.700 (6 heads, 60%)" \
-        not in at50 and "uniform by grad: no loadable prune within 5% of 50% (the nearest removes 6 heads, 60%)" in at50
-    units.loc[units["method"] == "uniform:grad", "heads_pruned"] = [3, 5]
-    assert curve_sentences(curves, units, "grad", n_heads=10)[1].endswith("uniform by grad +0.250 (3 heads, 30%).")
-    # a fraction the run's curves lack is left out, not an error
-    assert len(curve_sentences(curves[curves["fraction"] != 0.5], units, "grad", n_heads=10)) == 2
 
 
 def test_recovery_is_the_share_of_the_gap_won_back():
@@ -144,3 +122,19 @@ def test_the_committed_study_is_its_tables_findings(study: Path):
     text = (study / "study.md").read_text()
     for line in findings(study):
         assert f"- {line}" in text
+
+
+def test_a_part_is_recomputed_only_when_its_settings_changed(tmp_path):
+    import json
+
+    from analyses.real_model import _fresh
+
+    (tmp_path / "part.csv").write_text("a\n1\n")
+    assert _fresh(tmp_path, "part", {"seed": 0})  # no record
+    (tmp_path / "part.json").write_text(json.dumps({"seed": 0}))
+    assert not _fresh(tmp_path, "part", {"seed": 0})
+    assert not _fresh(tmp_path, "part", {"seed": 0, "bos": None})  # a key added later, at the old tables' value
+    assert _fresh(tmp_path, "part", {"seed": 0, "bos": 2})
+    assert _fresh(tmp_path, "part", {"seed": 1})
+    (tmp_path / "part.json").write_text(json.dumps({"seed": 0, "old": 1}))
+    assert _fresh(tmp_path, "part", {"seed": 0})  # a setting the part no longer has
