@@ -18,7 +18,7 @@ from headprune.cli.workers import STOP_SECONDS
 
 def _args(tiny_dir, corpus, out):
     return [sys.executable, "-m", "headprune", "score", "--model", str(tiny_dir), "--data", str(corpus),
-            "--max-tokens", "12000", "--seq-len", "32", "--batch-size", "1", "--ablation-rows", "2", "--methods",
+            "--max-tokens", "2000", "--seq-len", "32", "--batch-size", "1", "--ablation-rows", "2", "--methods",
             "abl_zero,abl_mean", "--bootstrap", "0", "--out", str(out), "--workers", "2", "--device", "cpu", "--quiet"]
 
 
@@ -48,28 +48,18 @@ def _running(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def long_corpus(corpus, tmp_path_factory):
-    """The test corpus four times over: a run that still has about 30 s of units to do when the signal is sent
-    (after 4 units a rank; with one copy, 6 s were left, and a loaded machine finished the run before the signal)."""
-    path = tmp_path_factory.mktemp("long") / "c.txt"
-    path.write_text(corpus.read_text() * 4)
-    return path
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_dir, long_corpus, tmp_path_factory):
+def uninterrupted(tiny_dir, corpus, tmp_path_factory):
     folder = tmp_path_factory.mktemp("whole")
     out = folder / "s.csv"
-    subprocess.run(_args(tiny_dir, long_corpus, out), check=True, env=_env(folder), capture_output=True, timeout=600)
+    subprocess.run(_args(tiny_dir, corpus, out), check=True, env=_env(folder), capture_output=True, timeout=600)
     return out.read_bytes()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGINT to the launcher", "SIGTERM to the launcher", "kill -9 of worker 1"])
-def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterrupted, tiny_dir, long_corpus,
-                                                                   tmp_path):
+def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterrupted, tiny_dir, corpus, tmp_path):
     out = tmp_path / "s.csv"
-    launcher = subprocess.Popen(_args(tiny_dir, long_corpus, out), env=_env(tmp_path), stdout=subprocess.DEVNULL,
+    launcher = subprocess.Popen(_args(tiny_dir, corpus, out), env=_env(tmp_path), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own group: no
     try:  # terminal passes the signal to the workers, only what this test sends
         deadline = time.monotonic() + 300
@@ -98,7 +88,7 @@ def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterru
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("headprune: ")
     assert "resume" in err.strip().splitlines()[-1]
     assert not out.exists() and all(p.is_file() for p in ranks)
-    resumed = subprocess.run(_args(tiny_dir, long_corpus, out), check=False, env=_env(tmp_path), capture_output=True,
+    resumed = subprocess.run(_args(tiny_dir, corpus, out), check=False, env=_env(tmp_path), capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert out.read_bytes() == uninterrupted and not any(p.exists() for p in ranks)
