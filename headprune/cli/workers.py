@@ -24,9 +24,7 @@ from headprune.errors import HeadpruneError
 #: in-process)
 WORKERS_ENV = "HEADPRUNE_WORKERS"
 GRACE_SECONDS = 10  # how long rank 0 may take to fail on its own once another rank failed with an error
-# how long a worker may take to stop once signalled before it is killed: a worker leaving its interpreter took
-# more than 5 s on a loaded 2-core AMD EPYC (the test suite beside it), as long as `docker stop` allows
-STOP_SECONDS = 10
+STOP_SECONDS = 5  # how long a worker may take to stop once signalled before it is killed
 
 
 def resolve_workers(requested: str, device: str) -> int:

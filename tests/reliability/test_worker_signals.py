@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from headprune.cli.workers import STOP_SECONDS
-
 
 def _args(tiny_dir, corpus, out):
     return [sys.executable, "-m", "headprune", "score", "--model", str(tiny_dir), "--data", str(corpus),
@@ -80,8 +78,10 @@ def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterru
         if launcher.poll() is None:
             launcher.kill()
     err = launcher.stderr.read()
-    assert took < STOP_SECONDS + 10, f"{how}: the run took {took:.1f} s to end"
+    assert took < 15, f"{how}: the run took {took:.1f} s to end"
     if not how.startswith("kill"):  # the workers stopped on the signal passed on, not killed after STOP_SECONDS
+        from headprune.cli.workers import STOP_SECONDS
+
         assert took < STOP_SECONDS, f"{how}: the workers were not told ({took:.1f} s)"
     assert code == {"SIGINT": 130, "SIGTERM": 128 + signal.SIGTERM}.get(how.split()[0], 1), err
     assert not [pid for pid in workers if _running(pid)], "a worker outlived the launcher"
