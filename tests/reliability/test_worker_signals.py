@@ -38,6 +38,15 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _foreground_sigint() -> None:
+    """In the launcher before it starts: SIGINT as a terminal's foreground process has it, default and unblocked. A
+    process inherits an ignored or blocked SIGINT (a shell without job control starts background jobs with it
+    ignored, and Python keeps an ignored SIGINT): three clean-clone CI runs in the background saw the launcher carry
+    on through the SIGINT this test sends (the interrupt test in test_resume_and_bad_input resets it too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -58,7 +67,8 @@ def uninterrupted(tiny_dir, corpus, tmp_path_factory):
 def test_a_stopped_run_ends_at_once_and_resumes_to_the_same_bytes(how, uninterrupted, tiny_dir, corpus, tmp_path):
     out = tmp_path / "s.csv"
     launcher = subprocess.Popen(_args(tiny_dir, corpus, out), env=_env(tmp_path), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own group: no
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,  # its own group: no
+                                preexec_fn=_foreground_sigint)  # noqa: PLW1509
     try:  # terminal passes the signal to the workers, only what this test sends
         deadline = time.monotonic() + 300
         ranks = [tmp_path / f"s.csv.progress.jsonl.rank{r}-of-2" for r in range(2)]
