@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.study_units import GROUP, QUERY, at_count, compared_counts
+from analyses.study_units import GROUP, QUERY, at_count, compared_counts, verdict
 from headprune.report.breaks import BREAK_NATS, find_break, uncompensated
 from headprune.report.choice import choose
 from headprune.report.layers import CHOSEN_ON, REPORTED_ON, pick_layer, read_layers
@@ -188,8 +188,7 @@ def query_vs_group(units: pd.DataFrame, n: int, n_heads: int) -> Status:
     if _unmeasured(pd.DataFrame([query, group])[["delta_nll_ci_lo", "delta_nll_ci_hi"]]):
         return Status(finding, "no intervals", CONTESTED)
     ours, theirs = (_interval(r["delta_nll"], r["delta_nll_ci_lo"], r["delta_nll_ci_hi"], "+") for r in (query, group))
-    status = _above(group["delta_nll_ci_lo"], group["delta_nll_ci_hi"], query["delta_nll_ci_lo"],
-                    query["delta_nll_ci_hi"])
+    status = {"cost less than": CERTIFIED, "cost more than": REFUTED}.get(verdict(query, group), CONTESTED)
     return Status(finding, f"ΔNLL {ours} by query heads, {theirs} by KV groups (abl_zero summed)", status)
 
 
