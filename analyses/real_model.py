@@ -13,7 +13,8 @@ It reads the run's settings (model, token budget, windows, seed) and tables, and
   compared at equal head counts and by one score, against random query heads and random KV groups
   (:mod:`analyses.study_units`);
 - **recovery**: the best ranking's prunes at 30% and 50% distilled from the unpruned model (KL, α = 1) for a few
-  steps on the train split;
+  steps on the train split, against a random prune of as many heads and the unpruned model trained the same way, with
+  3 seeds each, measured on the test split and on the other built-in corpus (:mod:`analyses.study_recovery`);
 - **tasks**: each built-in patching task's clean accuracy (answer logit above the wrong one) and logit difference:
   which the model performs, and an exact patching study of each performed task the run did not patch.
 
@@ -31,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +41,21 @@ import pandas as pd
 from analyses.common import save
 from analyses.study_figure import plot_study
 from analyses.study_findings import PERFORMS, findings
+from analyses.study_recovery import (
+    BATCH,
+    RANDOM,
+    RECOVER_FRACTIONS,
+    RECOVER_SEEDS,
+    UNPRUNED,
+    Arm,
+    arms,
+    distill_arm,
+    held_out_corpus,
+    recovery_table,
+)
 from analyses.study_status import status_section
 from analyses.study_units import GROUP, JOINT, QUERY, RANDOM_SEEDS, UNIT_FRACTIONS, random_sets, unit_counts
 from headprune.io.work.files import write_text
-
-RECOVER_FRACTIONS = (0.3, 0.5)
-
 
 # --- the parts, each one table ------------------------------------------------------------------------------------
 
@@ -101,38 +110,6 @@ def unit_curves(study: Study) -> pd.DataFrame:
     units = pruning_curves(model, study.inputs.eval_ids, scores, [(m, "none") for m in methods], options=options,
                            progress=study.progress)
     return units.assign(params_removed=int(param_table(model).params.sum()) - units["params"])
-
-
-def recovery(study: Study, train_ids, steps: int) -> pd.DataFrame:
-    """The best ranking's prune at each of :data:`RECOVER_FRACTIONS`, distilled ``steps`` steps (KL from the
-    unpruned model, batches of 4 windows of the run's length) on ``train_ids``: test perplexity before and after."""
-    from headprune.perplexity import evaluate
-    from headprune.pruning.finetune import Recipe, finetune, gap_recovered
-    from headprune.pruning.options import Selection
-    from headprune.pruning.prune import prune_model
-    from headprune.pruning.selection import select_heads
-    from headprune.schema import split_ranking
-
-    model, eval_ids, windowing = study.inputs.model, study.inputs.eval_ids, study.inputs.windowing
-    scores, best, seed = study.scores, study.best, study.s.seed
-    name, by_layer = split_ranking(best)
-    selection = Selection(seed=seed).by_layer() if by_layer else Selection(seed=seed)
-    base = evaluate(model, eval_ids, windowing, progress=False).ppl
-    rows = []
-    for f in RECOVER_FRACTIONS:
-        heads = select_heads(scores, name, fraction=f, selection=selection)
-        pruned = prune_model(model, heads)
-        before = evaluate(pruned, eval_ids, windowing, progress=False).ppl
-        recipe = Recipe(steps=steps, batch_size=4, seq_len=windowing.seq_len, seed=seed, distill_weight=1.0,
-                        temperature=1.0)
-        t0 = time.perf_counter()
-        finetune(pruned, train_ids, recipe, teacher=model, show_progress=True)
-        after = evaluate(pruned, eval_ids, windowing, progress=False).ppl
-        rows.append({"method": best, "fraction": f, "heads_pruned": len(heads), "steps": steps,
-                     "train_tokens": steps * 4 * windowing.seq_len, "ppl_unpruned": base, "ppl_pruned": before,
-                     "ppl_distilled": after, "gap_recovered": gap_recovered(base, before, after),
-                     "seconds": time.perf_counter() - t0})
-    return pd.DataFrame(rows)
 
 
 def task_table(model, seed: int, pairs_per_task: int) -> pd.DataFrame:
@@ -237,16 +214,34 @@ def recovery_part(study: Study, args: argparse.Namespace) -> None:
     from headprune.data.sources import is_builtin
     from headprune.data.tokens import corpus_ids
 
-    meta = study.base | {"best": study.best, "steps": args.recover_steps,
+    seeds, w = args.recover_seeds, study.inputs.windowing
+    meta = study.base | {"best": study.best, "steps": args.recover_steps, "seeds": seeds,
+                         "fractions": list(RECOVER_FRACTIONS), "controls": [RANDOM, UNPRUNED],
                          "ranking": ranking_key(study.scores, study.best)}
-    if _fresh(study.run, "study_recovery", meta):
-        print(f"[3/4] distillation of {study.best}'s prunes, {args.recover_steps} steps each")
-        if not is_builtin(study.s.data):
-            raise SystemExit(f"the run's data {study.s.data} has no train split apart from its test text; "
-                             "distillation trains on a built-in corpus' train split (default or code)")
-        train_ids = corpus_ids(study.s.data, "train", study.inputs.tokenizer,
-                               args.recover_steps * 4 * study.inputs.windowing.seq_len + 1)
-        save(study.run, "study_recovery", table=recovery(study, train_ids, args.recover_steps), meta=meta)
+    if not _fresh(study.run, "study_recovery", meta):
+        return
+    if not is_builtin(study.s.data):
+        raise SystemExit(f"the run's data {study.s.data} has no train split apart from its test text; "
+                         "distillation trains on a built-in corpus' train split (default or code)")
+    todo = arms(study.scores, study.best, study.s.seed, seeds)
+    print(f"[3/4] distillation of {study.best}'s prunes against a random prune and the unpruned model: {len(todo)} "
+          f"runs of {args.recover_steps} steps ({seeds} seeds each), resumable run by run")
+    tokenizer, n = study.inputs.tokenizer, study.s.max_tokens
+    train_ids = corpus_ids(study.s.data, "train", tokenizer, args.recover_steps * BATCH * w.seq_len + 1)
+    evals = {c: corpus_ids(c, "test", tokenizer, n) for c in (study.s.data, held_out_corpus(study.s.data))}
+    evals[study.s.data] = study.inputs.eval_ids  # the run's own test tokens
+    model, progress = study.inputs.model, study.progress
+    units = {"steps": args.recover_steps, "ranking": meta["ranking"]}
+
+    def run_arm(arm: Arm) -> list[dict]:
+        checkpoint = study.run / ".study-distill.pt"
+        rows = progress.get_or_compute(f"{arm.unit}:{units}", lambda: distill_arm(
+            model, arm, train_ids, evals, w, args.recover_steps, checkpoint=checkpoint))
+        checkpoint.unlink(missing_ok=True)
+        return rows
+
+    save(study.run, "study_recovery", table=recovery_table(model, study.best, todo, evals, w, args.recover_steps,
+                                                           run_arm), meta=meta)
 
 
 def tasks_part(study: Study, args: argparse.Namespace) -> None:
@@ -278,6 +273,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="the folder a headprune run wrote (its tables are read, the study is added)")
     ap.add_argument("--recover-steps", type=int, default=50, help="distillation steps per prune")
+    ap.add_argument("--recover-seeds", type=int, default=RECOVER_SEEDS,
+                    help="training seeds per arm (the ranking's prune, a random prune, the unpruned model)")
     ap.add_argument("--task-pairs", type=int, default=32, help="prompt pairs per task")
     ap.add_argument("--render-only", action="store_true",
                     help="only re-render study.md from the tables already in the folder (no model, no computation)")

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.study_findings import TOP, prose_code_roles
+from analyses.study_recovery import RANDOM, RANKING, distilled_points
 from analyses.study_units import GROUP, JOINT, QUERY
 
 
@@ -74,8 +75,12 @@ def plot_study(curves: pd.DataFrame, units: pd.DataFrame, rec: pd.DataFrame, sco
         c = curves[(curves["method"] == best) & (curves["compensation"] == "none")].sort_values("fraction")
         ax.plot(c["heads_pruned"] / n_heads, c["delta_nll"], color="#0072B2", marker="o", ms=3,
                 label=f"{best} (query heads, the run's curve)")
-    ax.scatter(rec["heads_pruned"] / n_heads, np.log(rec["ppl_distilled"] / rec["ppl_unpruned"]), marker="*", s=140,
-               color="#0072B2", zorder=5, label=f"{best} distilled ({int(rec['steps'].iloc[0])} steps)")
+    points = distilled_points(rec)
+    for kind, color, name in ((RANKING, "#0072B2", best), (RANDOM, "#777777", "random prunes")):
+        p = points[points["arm"] == kind]
+        if len(p):
+            ax.scatter(p["heads_pruned"] / n_heads, p["delta_nll"], marker="*", s=140, color=color, zorder=5,
+                       label=f"{name} distilled ({int(p['steps'].iloc[0])} steps, mean of seeds)")
     ax.set(xlabel="share of heads removed", title="Pruning by unit: heads")
     n_params = float(curves.loc[curves["fraction"] == 0, "params"].iloc[0])
     units_panel(px, units, n_heads, "params_removed", n_params)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analyses.study_recovery import controlled, recovery_sentences
 from analyses.study_units import unit_sentences
 from headprune.report.breaks import BREAK_NATS, find_break
 from headprune.report.layers import layer_finding, read_layers
@@ -96,7 +97,8 @@ def curve_sentences(curves: pd.DataFrame, units: pd.DataFrame, best: str, n_head
 
 
 def recovery_sentence(rec: pd.DataFrame) -> str:
-    """Distillation's share of the gap won back, with what it was measured on and what it lacks."""
+    """Distillation's share of the gap won back, with what it was measured on and what it lacks: the table of one
+    seed and no control the studies had before :mod:`analyses.study_recovery`."""
     parts = [f"at {r.fraction:.0%} ({r.heads_pruned} heads) perplexity {r.ppl_unpruned:.2f} → {r.ppl_pruned:.2f}, "
              f"distilled {r.ppl_distilled:.2f} ("
              + (f"{r.gap_recovered:.0%} of the gap recovered)" if math.isfinite(r.gap_recovered)
@@ -205,7 +207,8 @@ def findings(run: Path) -> list[str]:
                + f". The best is {good.method}" + (f"; {_heads(bad)} rank heads inversely" if bad else "")
                + within_note(cheap[cheap["spearman_ci_hi"] <= 0]) + ".")
     out += curve_sentences(curves, pd.read_csv(run / "study_units.csv"), best, len(scores))
-    out.append(recovery_sentence(pd.read_csv(run / "study_recovery.csv")))
+    rec = pd.read_csv(run / "study_recovery.csv")
+    out += recovery_sentences(rec) if controlled(rec) else [recovery_sentence(rec)]
     tasks = pd.read_csv(run / "study_tasks.csv", keep_default_na=False, na_values=[""])
     patched = {t: pd.read_csv(p) for t, p in [(settings.get("patch_task"), run / "patch.csv"),
                                                *[(t, run / f"study_patch_{t}.csv") for t in tasks["task"]]]

@@ -645,6 +645,67 @@ def check_serving(sentence: str, serving: pd.DataFrame) -> None:
             assert said and said[1] == truth_, text
 
 
+DISTILLED = re.compile(r"At (\d+)% \((\d+) heads\), on the (\w+) corpus' test split \((other text of the corpus it "
+                       r"trained on|a corpus it never trained on)\): ([\w@]+)'s prune ([\d.]+) → ([\d.]+) \[([\d.]+), "
+                       r"([\d.]+)\] \((-?\d+)% \[(-?\d+)%, (-?\d+)%\] of the gap won back; seeds ([\d.]+)–([\d.]+)\); "
+                       r"random prunes ([\d.]+) → ([\d.]+) \[([\d.]+), ([\d.]+)\] \((-?\d+)% \[(-?\d+)%, (-?\d+)%\] "
+                       r"of the gap won back; seeds ([\d.]+)–([\d.]+)\)\. Distilled, \5's prune (ends below|ends above|"
+                       r"is not told apart from) the random prunes' \(ΔNLL ([-+][\d.]+) \[([-+][\d.]+), ([-+][\d.]+)\] "
+                       r"nats/token\)\.$")
+
+
+def arm_stats(rows: pd.DataFrame) -> tuple[float, float, float, float, float]:
+    """An arm's seeds read here: its mean distilled NLL, the variance of that mean (the seeds' spread and the window
+    noise, which every seed shares), the 95% half-width (Student's t over the seeds), P₀ and the mean pruned P_p."""
+    from scipy.stats import t as student
+
+    n, nll = len(rows), rows["nll_distilled"].to_numpy()
+    var = (nll.var(ddof=1) / n if n > 1 else 0.0) + rows["nll_distilled_se"].mean() ** 2
+    return (nll.mean(), var, student.ppf(0.975, n - 1) * math.sqrt(var), math.exp(rows["nll_unpruned"].iloc[0]),
+            math.exp(rows["nll_pruned"].mean()))
+
+
+def arm_numbers(rows: pd.DataFrame) -> tuple[list[str], float, float]:
+    """An arm as its sentence states it: [P_p, P_d, its interval, the gap won back at P_d and at the interval's ends,
+    the lowest and highest seed], its mean distilled NLL and that mean's variance."""
+    mean, var, half, p0, pp = arm_stats(rows)
+    ppl = [math.exp(mean + k * half) for k in (0, -1, 1)]
+    gaps = [(pp - x) / (pp - p0) if pp > p0 else math.nan for x in (ppl[0], ppl[2], ppl[1])]
+    seeds = np.exp(rows["nll_distilled"].to_numpy())
+    return ([f"{pp:.2f}", *(f"{x:.2f}" for x in ppl), *(f"{100 * g:.0f}" for g in gaps), f"{seeds.min():.2f}",
+             f"{seeds.max():.2f}"], mean, var)
+
+
+def check_distillation(lines: list[str], rec: pd.DataFrame, best: str) -> None:
+    """Every distillation sentence of a table with arms and seeds recomputed from the table, with code of its own;
+    each fraction and evaluation corpus stated once, the unpruned model's control stated."""
+    from scipy.stats import t as student
+
+    said = [m for line in lines if (m := DISTILLED.match(line))]
+    expected = {(f, c) for f in rec.loc[rec["arm"] == "ranking", "fraction"] for c in rec["measured_on"]}
+    assert {(int(m[1]) / 100, m[3]) for m in said} == expected
+    assert rec.groupby(["arm", "fraction", "measured_on"]).size().min() >= 3  # every arm over 3 seeds or more
+    for m in said:
+        f, corpus = int(m[1]) / 100, m[3]
+        at = rec[np.isclose(rec["fraction"], f) & (rec["measured_on"] == corpus)]
+        mine, rand = at[at["arm"] == "ranking"], at[at["arm"] == "random"]
+        assert m[5] == best and int(m[2]) == mine["heads_pruned"].iloc[0] == rand["heads_pruned"].iloc[0]
+        assert (m[4] == "other text of the corpus it trained on") == (corpus == rec["measured_on"].iloc[0])
+        (mine_said, m_mine, v_mine), (rand_said, m_rand, v_rand) = arm_numbers(mine), arm_numbers(rand)
+        numbers = list(m.groups())
+        assert [numbers[5], numbers[6], numbers[7], numbers[8], numbers[9], numbers[10], numbers[11], numbers[12],
+                numbers[13]] == mine_said, m[0]
+        assert numbers[14:23] == rand_said, m[0]
+        d = m_mine - m_rand
+        half = student.ppf(0.975, min(len(mine), len(rand)) - 1) * math.sqrt(v_mine + v_rand)
+        truth_ = "ends below" if d + half < 0 else "ends above" if d - half > 0 else "is not told apart from"
+        assert numbers[23:] == [truth_, f"{d:+.3f}", f"{d - half:+.3f}", f"{d + half:+.3f}"], m[0]
+    control = next(line for line in lines if line.startswith("The unpruned model trained the same way"))
+    for corpus in rec["measured_on"].unique():
+        plain = rec[(rec["arm"] == "unpruned") & (rec["measured_on"] == corpus)]
+        assert f"{math.exp(plain['nll_unpruned'].iloc[0]):.2f} → {arm_numbers(plain)[0][1]}" in control
+
+
 @pytest.mark.parametrize("folder", STUDIES, ids=[p.name for p in STUDIES])
 def test_committed_studies_say_what_their_tables_say(folder):
     lines = [line[2:] for line in (folder / "study.md").read_text().splitlines() if line.startswith("- ")]
@@ -678,8 +739,11 @@ def test_committed_studies_say_what_their_tables_say(folder):
     assert set(split_names(m[1]) if m else []) == across, cheap
     distill = next(line for line in lines if line.startswith("Distillation"))
     rec = pd.read_csv(folder / "study_recovery.csv")
-    assert "control" not in " ".join(rec.columns) and "seed" not in " ".join(rec.columns)
-    assert "one seed, no control" in distill and "test split of the corpus it trained on" in distill
+    if "arm" in rec.columns:  # against its controls, with seeds (analyses.study_recovery)
+        check_distillation(lines, rec, json.loads((folder / "settings.json").read_text())["commands"]["ranking"])
+    else:  # the earlier table: one seed, no control, and the sentence says so
+        assert "seed" not in " ".join(rec.columns)
+        assert "one seed, no control" in distill and "test split of the corpus it trained on" in distill
     if (folder / "serving.csv").is_file():
         check_serving(next(line for line in lines if line.startswith("Uniform exports")),
                       pd.read_csv(folder / "serving.csv"))
@@ -691,3 +755,39 @@ def test_gemma_study_does_not_report_a_50_percent_prune_as_the_30_percent_answer
     line = next(x for x in (ROOT / "reports/gemma-3-270m/study.md").read_text().splitlines()
                 if x.startswith("- At 20 of 72 heads removed"))
     assert "uniform" not in line
+
+def random_recovery(seed: int) -> pd.DataFrame:
+    """A distillation table with arms and seeds, drawn at random: gaps large and small, arms apart and together."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for corpus in ("default", "code"):
+        base = rng.uniform(1.5, 3.5)
+        for f, heads in ((0.3, 8), (0.5, 13)):
+            pruned = {"ranking": base + rng.uniform(0.1, 2.0), "random": base + rng.uniform(0.1, 3.0)}
+            for arm, method in (("ranking", "grad@layer"), ("random", "random")):
+                drawn = pruned[arm] + rng.normal(0, 0.2, 3) if arm == "random" else np.full(3, pruned[arm])
+                end = base + rng.uniform(-0.1, 1.0) + rng.normal(0, rng.uniform(0.001, 0.2), 3)
+                rows += [{"arm": arm, "method": method, "fraction": f, "seed": k, "measured_on": corpus,
+                          "heads_pruned": heads, "nll_pruned": drawn[k], "nll_distilled": end[k],
+                          "nll_distilled_se": rng.uniform(0.005, 0.1), "steps": 50, "train_tokens": 25600,
+                          "nll_unpruned": base} for k in range(3)]
+        rows += [{"arm": "unpruned", "method": "none", "fraction": 0.0, "seed": k, "measured_on": corpus,
+                  "heads_pruned": 0, "nll_pruned": base, "nll_distilled": base + rng.normal(0, 0.01),
+                  "nll_distilled_se": 0.02, "steps": 50, "train_tokens": 25600, "nll_unpruned": base}
+                 for k in range(3)]
+    t = pd.DataFrame(rows)
+    for c in ("unpruned", "pruned", "distilled"):
+        t[f"ppl_{c}"] = np.exp(t[f"nll_{c}"])
+    return t
+
+
+def test_randomised_distillation_tables_every_claim_recomputed():
+    from analyses.study_recovery import recovery_sentences
+
+    verdicts = set()
+    for seed in range(40):
+        rec = random_recovery(seed)
+        lines = recovery_sentences(rec)
+        check_distillation(lines, rec, "grad@layer")
+        verdicts |= {m[24] for line in lines if (m := DISTILLED.match(line))}
+    assert verdicts == {"ends below", "ends above", "is not told apart from"}  # every verdict reached

@@ -4,13 +4,16 @@ to flip it."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analyses.study_status import CERTIFIED, CONTESTED, REFUTED, best_cheap, top_head, top_layer, versus_random
+from tests.report.test_claims import arm_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = [p.parent for p in sorted((ROOT / "reports").glob("*/study.md"))
@@ -97,12 +100,38 @@ def test_every_status_is_recomputed_from_its_table(folder):
             said = re.search(r"between ([\d.]+)% and ([\d.]+)% of heads", finding)
             assert m and said
             assert status == (CERTIFIED if m.groups() == said.groups() else CONTESTED)
-        elif finding.startswith("distillation"):
-            assert status == CONTESTED and "no control run" in evidence
+        elif finding.startswith(("distillation", "distilled, ")):
+            rec = pd.read_csv(folder / "study_recovery.csv")
+            if "arm" not in rec.columns:
+                assert status == CONTESTED and "no control run" in evidence
+            else:
+                assert status == distilled_status(finding, rec)
         else:
             continue
         checked += 1
     assert checked >= 10
+
+
+def distilled_status(finding: str, rec: pd.DataFrame) -> str:
+    """A distillation row's status from the table, on every evaluation corpus: the ranking's prune wins back more
+    than half its gap (the interval's worse end above 50%), or ends below the random prunes (the difference's
+    interval below 0)."""
+    from scipy.stats import t as student
+
+    f = int(re.search(r"at (\d+)%$", finding)[1]) / 100
+    sides = []
+    for corpus in rec["measured_on"].unique():
+        at = rec[np.isclose(rec["fraction"], f) & (rec["measured_on"] == corpus)]
+        (m, var, half, p0, pp), (m_r, var_r, _, _, _) = (arm_stats(at[at["arm"] == a]) for a in ("ranking", "random"))
+        if finding.startswith("distillation wins back most"):
+            worst, best = ((pp - math.exp(m + k * half)) / (pp - p0) for k in (1, -1))
+            sides.append(1 if worst > 0.5 else -1 if best < 0.5 else 0)
+        else:
+            d = m - m_r
+            n = min((at["arm"] == a).sum() for a in ("ranking", "random"))
+            both = student.ppf(0.975, n - 1) * math.sqrt(var + var_r)
+            sides.append(1 if d + both < 0 else -1 if d - both > 0 else 0)
+    return CERTIFIED if set(sides) == {1} else REFUTED if set(sides) == {-1} else CONTESTED
 
 
 def _scores(values: list[tuple[float, float, float]]) -> pd.DataFrame:
@@ -157,3 +186,18 @@ def test_a_cheap_score_whose_interval_lies_below_0_is_refuted():
                               "spearman_ci_lo": lo, "spearman_ci_hi": hi}])
     assert [best_cheap(pred(*i)).status for i in ((0.1, 0.5), (-0.1, 0.5), (-0.5, -0.1))] == [
         CERTIFIED, CONTESTED, REFUTED]
+
+
+def test_distillation_statuses_on_randomised_tables():
+    from analyses.study_status import distillation
+    from tests.report.test_claims import random_recovery
+
+    seen = set()
+    for seed in range(40):
+        rec = random_recovery(seed)
+        rows = distillation(rec)
+        assert len(rows) == 4  # two fractions, two claims each
+        for row in rows:
+            assert row.status == distilled_status(row.finding, rec), (seed, row)
+            seen.add((row.finding.split(" ")[0], row.status))
+    assert seen == {(w, s) for w in ("distillation", "distilled,") for s in (CERTIFIED, CONTESTED, REFUTED)}
