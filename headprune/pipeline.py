@@ -34,6 +34,7 @@ from headprune.scoring import HeadScores, ScoringOptions, score_heads
 from headprune.stages.curves import CurveResult, curve_stage
 from headprune.stages.inputs import RunInputs, load_inputs
 from headprune.stages.settings import RunSettings, rankings_of, run_plan, settings_fields, split_text
+from headprune.stages.window_length import planned as long_plan
 
 
 def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = False):
@@ -48,12 +49,15 @@ def _patching(model, s: RunSettings, pairs, progress: Progress, quiet: bool = Fa
     return patch_stage(model, pairs, options, task=s.patch_task, progress=progress, quiet=quiet)[1]
 
 
-STAGE_ORDER = ("scoring", "layers", "curves", "compensated_curves", "patching", "gates")  # as settings list seconds
+# as settings list their seconds
+STAGE_ORDER = ("scoring", "layers", "long", "curves", "compensated_curves", "patching", "gates")
 
 
-def stage_names(s: RunSettings) -> list[str]:
-    """The stages of a run with ``s``, in order: each gets one numbered line (:func:`stage_line`)."""
-    return ["ledger", "scoring", "layers", *(["gates"] if s.learn_gates else []), "pruning curves",
+def stage_names(s: RunSettings, long: bool = False) -> list[str]:
+    """The stages of a run with ``s``, in order: each gets one numbered line (:func:`stage_line`); ``long``: the model's
+    context holds the long-documents stage (:mod:`headprune.stages.window_length`)."""
+    return ["ledger", "scoring", "layers", *(["long documents"] if long else []),
+            *(["gates"] if s.learn_gates else []), "pruning curves",
             *(["patching"] if s.patch_task != "none" else []), "report"]
 
 
@@ -90,9 +94,10 @@ class Run:
     quiet: bool
     log: Callable[[str], None]
     seconds: dict[str, float] = field(default_factory=dict)
+    long: tuple[list[int], str] | None = None  # the long-documents stage's lengths and cost line, where it runs
 
     def stage(self, name: str, detail: str) -> None:
-        self.log(stage_line(stage_names(self.s), name, detail))
+        self.log(stage_line(stage_names(self.s, self.long is not None), name, detail))
 
 
 @dataclass
@@ -103,6 +108,7 @@ class RunResults:
     layers: Any  # each layer's heads removed together, on both splits (headprune.stages.layers)
     curves: CurveResult
     patching: Any  # the PatchingReport, None without a patching task
+    long: dict[str, Any] | None = None  # the long-documents tables by file name, where the model's context holds them
 
 
 def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Path:
@@ -131,7 +137,7 @@ def report_stage(run: Run, results: RunResults, settings: dict, out: Path) -> Pa
     t0 = time.perf_counter()
     extra = ReportSections(anatomy=anatomy, patching=results.patching, serving=serving.transformers,
                            serving_llama_cpp=serving.llama_cpp, context=read_context_section(out, settings),
-                           layers=results.layers)
+                           layers=results.layers, long=results.long)
     save_beside(results.scored, out / "scores.parquet")  # the means and the meta; the report writes the table
     report = build_report(scores, table, out, settings=settings, baseline=curves.baseline, extra=extra,
                           replicates=results.scored.replicates)
@@ -168,6 +174,21 @@ def _layers(run: Run):
     return layers
 
 
+def _long(run: Run, scored: HeadScores) -> dict[str, Any] | None:
+    """On a model with a long context: perplexity and taylor at the run's window length and longer ones, on the same
+    tokens of the long documents (:mod:`headprune.stages.window_length`)."""
+    if run.long is None:
+        return None
+    from headprune.stages.window_length import long_stage, run_taylor_of
+
+    run.stage("long documents", run.long[1])
+    t0 = time.perf_counter()
+    taylor, replicates = run_taylor_of(scored.table, scored.replicates, run.inputs.model.head_ids)
+    tables = long_stage(run.inputs, run.s, taylor, replicates, run.progress, run.quiet)
+    run.seconds["long"] = time.perf_counter() - t0
+    return tables
+
+
 def _gates(run: Run) -> dict | None:
     """With ``learn_gates``: one head set per fraction, learned on the scoring split."""
     s = run.s
@@ -187,6 +208,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> RunResults:
     s, inputs = run.s, run.inputs
     scored = _scoring(run, methods)
     layers = _layers(run)
+    long = _long(run, scored)
     head_sets = _gates(run)
     rankings = rankings_of(s, ranked)
     run.stage("pruning curves", f"{len(rankings) - 1} rankings + random ({s.seeds} seeds) on {s.data} "
@@ -203,7 +225,7 @@ def _measure(run: Run, methods: list[str], ranked: list[str]) -> RunResults:
     patching = _patching(inputs.model, s, inputs.patch_pairs, run.progress, run.quiet)
     if patching is not None:
         run.seconds["patching"] = time.perf_counter() - t0
-    return RunResults(scored, layers, curves, patching)
+    return RunResults(scored, layers, curves, patching, long)
 
 
 def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, log=print) -> dict | None:
@@ -224,6 +246,7 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     mine, others = progress_files(out / ".progress.jsonl")
     run = Run(s, inputs, Progress(mine, fingerprint, overwrite=overwrite, others=others), quiet,
               log if is_main() else (lambda *a: None))
+    run.long = long_plan(inputs, s)
     write_text(out / "ledger.txt", format_info(inputs.model, 1, inputs.windowing.seq_len) + "\n")
     if inputs.budget is not None:
         run.log(inputs.budget.line(DEFAULT_MAX_TOKENS))
@@ -232,6 +255,8 @@ def run_analysis(s: RunSettings, overwrite: bool = False, quiet: bool = False, l
     if not quiet:
         for line in run_lines(inputs.model, run_plan(s), len(inputs.score_ids), inputs.windowing, methods):
             run.log(line)
+        if run.long is not None:
+            run.log(f"and the long documents: {run.long[1]}")
     run.stage("ledger", f"parameters and shapes -> {out / 'ledger.txt'}")
     results = _measure(run, methods, ranked)
     choice = results.curves.choice

@@ -22,7 +22,7 @@ from headprune.version import __version__
 #: command name -> module of headprune.cli, in the order ``headprune --help`` lists them
 COMMANDS = {"info": "info", "eval": "eval", "score": "score", "curve": "curve", "learn-gates": "learn_gates",
             "prune": "prune", "finetune": "finetune", "report": "report", "run": "run", "layers": "layers",
-            "anatomy": "anatomy",
+            "long": "long", "anatomy": "anatomy",
             "patch": "patch", "verify": "verify", "rank": "rank", "context": "context", "generate": "generate",
             "models": "models"}
 

@@ -93,6 +93,7 @@ from headprune.report.tables import (
     jsonable,
     summary_table,
 )
+from headprune.report.window_length_section import long_section, read_long
 from headprune.table_checks import check_curves, check_layers, check_scores
 
 __all__ = ["ReportSections", "baseline_from_curves", "best_method", "build_report", "markdown_table",
@@ -111,6 +112,7 @@ class ReportSections:
     serving_llama_cpp: pd.DataFrame | None = None  # the prunes run by llama.cpp (:mod:`.serving_gguf_section`)
     context: Section | None = None  # read from the run's context/ folder (:mod:`.context_section`)
     layers: pd.DataFrame | None = None  # each layer's heads removed together (:mod:`.layers`, layers.csv)
+    long: dict[str, pd.DataFrame] | None = None  # windows of several lengths on long documents (by file name)
 
 
 NO_SECTIONS = ReportSections()
@@ -158,6 +160,10 @@ def _write_report(out: Path, content, curves, pictures, extra: ReportSections, r
     if extra.layers is not None:  # after the findings' tables, before the anatomy
         write_table(extra.layers, out / LAYERS_FILE)
         secs = before_pictures(secs, layers_section(extra.layers, scores))
+    if extra.long is not None:  # after the layers
+        for name, table in extra.long.items():
+            write_table(table, out / name)
+        secs = before_pictures(secs, long_section(extra.long))
     if anatomy is not None:
         write_anatomy_files(out, anatomy)
         section, anatomy_pictures = anatomy_parts(anatomy, scores)
@@ -222,6 +228,7 @@ def rebuild_report(scores_path: str | os.PathLike, curves_path: str | os.PathLik
     baseline = _read_json(folder / "baseline.json") or baseline_from_curves(curves)
     extra = ReportSections(anatomy=read_anatomy_files(folder), patching=read_patching_files(folder),
                            serving=read_serving_file(folder), serving_llama_cpp=read_gguf_serving_file(folder),
-                           context=read_context_section(folder, settings), layers=read_layers(folder))
+                           context=read_context_section(folder, settings), layers=read_layers(folder),
+                           long=read_long(folder))
     return build_report(scores, curves, out_dir, settings=settings, baseline=baseline, extra=extra, scale=scale,
                         replicates=read_replicates(scores_path, row_heads(scores)))

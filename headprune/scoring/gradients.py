@@ -26,17 +26,18 @@ from headprune.bootstrap import ratio
 from headprune.models.base import HeadModel
 from headprune.models.memory import backward_windows
 from headprune.models.nll import model_nll
-from headprune.perplexity import Batch
+from headprune.perplexity import Batch, window_sums
 from headprune.schema import GRADIENT_METHODS
 from headprune.scoring.base import Family, FamilyScores, ScoringContext, Unit
 
 
 def batch_gate_grad(model: HeadModel, batch: Batch) -> dict:
-    """Per window of the batch: n_w and ∂L_w/∂g for every head (layer-major), as lists."""
+    """Per window of the batch: n_w, its scored NLL sum n_w·L_w and ∂L_w/∂g for every head (layer-major), as
+    lists."""
     batch = batch.to(model.device)
     windows, checkpoint_layers = backward_windows(model.cfg, batch.tokens.shape[1])
     n = batch.mask.sum(1)  # (b,) scored tokens per window (every window scores at least one)
-    rows = []
+    rows, sums = [], []
     for tokens, mask in zip(batch.tokens.split(windows), batch.mask.split(windows)):
         b = mask.shape[0]
         gates = [torch.ones(b, blk.attn.n_heads, device=model.device, requires_grad=True) for blk in model.h]
@@ -45,7 +46,8 @@ def batch_gate_grad(model: HeadModel, batch: Batch) -> dict:
             loss = ((nll * mask).sum(1) / mask.sum(1).clamp_min(1)).sum()  # Σ_w L_w
             grads = torch.autograd.grad(loss, [gates[l] for l in model.active_layers])
         rows.append(torch.cat(grads, dim=1).double())
-    return {"n": n.tolist(), "dL_dg": torch.cat(rows).tolist()}  # [b], [b][H]
+        sums += window_sums(nll.detach(), mask)
+    return {"n": n.tolist(), "nll_sum": sums, "dL_dg": torch.cat(rows).tolist()}  # [b], [b], [b][H]
 
 
 def combine(units: list[dict]) -> FamilyScores:

@@ -1,0 +1,51 @@
+"""``headprune long``: ``run``'s long-documents stage (:mod:`headprune.stages.window_length`) on a finished run's
+folder: perplexity and the heads' taylor ranking at the run's window length and longer ones on the same tokens of the
+long documents, written beside the run's tables, and the report re-rendered with its section."""
+
+from __future__ import annotations
+
+import argparse
+
+from headprune.cli.options import add_run_flags
+from headprune.errors import HeadpruneError
+
+HELP = "perplexity and the taylor ranking in longer windows on long documents, for a finished run's folder"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_run_flags(p, "a finished headprune run's folder (settings.json, scores with taylor, curves): the long_*.csv "
+                     "tables are written there and the report re-rendered")
+
+
+def run(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from headprune.io.work.files import check_writable, write_table
+    from headprune.io.work.progress import Progress
+    from headprune.report import rebuild_report
+    from headprune.scoring.result import load_scores
+    from headprune.stages.inputs import reload_inputs
+    from headprune.stages.window_length import long_stage, planned, run_taylor_of
+
+    out = Path(args.out)
+    for name in ("scores.parquet", "curves.parquet"):
+        if not (out / name).is_file():
+            raise HeadpruneError(f"{out} holds no {name}: not the output folder of headprune run")
+    check_writable(out)
+    record, s, inputs = reload_inputs(out)
+    plan = planned(inputs, s)
+    if plan is None:
+        raise HeadpruneError(f"{s.model}: its context ({inputs.model.cfg.n_positions} positions) holds no window 4× "
+                             f"the run's {inputs.windowing.seq_len} tokens of at least 1,024, or the run has no taylor "
+                             "scores: no long-documents stage")
+    if not args.quiet:
+        print(f"long documents for {s.model}: {plan[1]}")
+    scored = load_scores(out / "scores.parquet")
+    run_taylor, run_reps = run_taylor_of(scored.table, scored.replicates, inputs.model.head_ids)
+    progress = Progress(out / ".long-progress.jsonl", {"stage": "long", "settings": record}, overwrite=args.overwrite)
+    tables = long_stage(inputs, s, run_taylor, run_reps, progress, args.quiet)
+    for name, table in tables.items():
+        write_table(table, out / name)
+    report = rebuild_report(out / "scores.parquet", out / "curves.parquet", out)
+    progress.remove()
+    print(f"long documents -> {', '.join(str(out / name) for name in tables)}; report -> {report}")
