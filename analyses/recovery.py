@@ -32,11 +32,12 @@ from headprune.io.work.files import read_scores
 from headprune.models.gpt2 import GPT2
 from headprune.models.heads import format_heads
 from headprune.perplexity import Windowing, evaluate
-from headprune.pruning.finetune import Recipe, finetune, gap_recovered
+from headprune.pruning.finetune import Recipe, finetune
 from headprune.pruning.gates import GATE, gate_head_sets
 from headprune.pruning.prune import prune_model
 from headprune.pruning.selection import check_scores_match, select_heads
 from headprune.report import markdown_table
+from headprune.schema import gap_recovered
 
 GATE_SEQ, GATE_BATCH = 128, 4  # gate training windows, as analyses.learned_gates
 GATES = "learned gates"

@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from headprune.schema import gap_recovered
+
 RECOVER_FRACTIONS = (0.3, 0.5)
 RECOVER_SEEDS = 3
 BATCH = 4  # windows of the run's length per training step
@@ -109,13 +111,8 @@ def recovery_table(model, best: str, arms_: list[Arm], evals: dict, windowing, s
     t = pd.DataFrame(rows)
     for c in ("unpruned", "pruned", "distilled"):
         t[f"ppl_{c}"] = np.exp(t[f"nll_{c}"])
-    return t.assign(gap_recovered=[gap_share(*v) for v in t[["ppl_unpruned", "ppl_pruned", "ppl_distilled"]].values])
-
-
-def gap_share(unpruned: float, pruned: float, distilled: float) -> float:
-    """(P_p − P_d) / (P_p − P₀); NaN where pruning cost nothing (no gap)."""
-    gap = pruned - unpruned
-    return (pruned - distilled) / gap if gap > 0 else math.nan
+    ppl = t[["ppl_unpruned", "ppl_pruned", "ppl_distilled"]].to_numpy()
+    return t.assign(gap_recovered=[gap_recovered(*v) for v in ppl])
 
 
 def controlled(rec: pd.DataFrame) -> bool:
@@ -167,7 +164,7 @@ class ArmSummary:
     def gap(self) -> tuple[float, float, float]:
         """The share of the gap won back at the mean, and at the interval's ends (a lower perplexity wins more)."""
         p, lo, hi = self.ppl
-        return tuple(gap_share(self.ppl_unpruned, self.ppl_pruned, x) for x in (p, hi, lo))  # type: ignore[return-value]
+        return tuple(gap_recovered(self.ppl_unpruned, self.ppl_pruned, x) for x in (p, hi, lo))  # type: ignore[return-value]
 
 
 def summarise(rec: pd.DataFrame, kind: str, fraction: float, measured_on: str) -> ArmSummary | None:

@@ -10,6 +10,7 @@ Curves: one row per (method, compensation, fraction), columns :data:`CURVE_COLUM
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -195,6 +196,12 @@ CURVE_NUMBERS = CURVE_COLUMNS[2:-1]
 #: Optional curves column (``curve --recover STEPS``): 0 for a pruned point as measured, STEPS for the same point after
 #: STEPS fine-tuning steps (headprune.pruning.finetune); a table without it holds only unrecovered points.
 RECOVER_COLUMN = "recover_steps"
+
+
+def gap_recovered(unpruned_ppl: float, pruned_ppl: float, recovered_ppl: float) -> float:
+    """The share of the perplexity gap recovered, (P_p − P_r) / (P_p − P₀); NaN where pruning cost nothing (no gap)."""
+    gap = pruned_ppl - unpruned_ppl
+    return (pruned_ppl - recovered_ppl) / gap if gap > 0 else math.nan
 FILL_COLUMN = "fill_data"  # optional curves column: the data compensated rows' fills came from ("" for none)
 # kept as text when read from csv (a hex id may look numeric)
 TEXT_COLUMNS = ("head_id", "model_fingerprint", FILL_COLUMN, "scores_digest")

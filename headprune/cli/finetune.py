@@ -65,8 +65,9 @@ def run_finetune(args: argparse.Namespace) -> dict:
     from headprune.data.tokens import corpus_ids
     from headprune.io.read.tokenizer import model_tokenizer
     from headprune.perplexity import Windowing, evaluate
-    from headprune.pruning.finetune import finetune, gap_recovered, load_pruned
+    from headprune.pruning.finetune import finetune, load_pruned
     from headprune.runtime import configure_allocator
+    from headprune.schema import gap_recovered
 
     out, ckpt = _checked_targets(args)
     model, marker = load_pruned(args.pruned, args.device, args.dtype, args.fold_value_bias)

@@ -329,8 +329,3 @@ def export_recovered(model: HeadModel, folder: str | os.PathLike, fmt: str, mark
     export = export_native if fmt == "native" else export_hf
     return export(model, folder, overwrite=overwrite, metadata=meta, dtype=model.dtype)
 
-
-def gap_recovered(unpruned_ppl: float, pruned_ppl: float, recovered_ppl: float) -> float:
-    """(P_p − P_r) / (P_p − P₀); NaN where pruning cost nothing (no gap)."""
-    gap = pruned_ppl - unpruned_ppl
-    return (pruned_ppl - recovered_ppl) / gap if gap > 0 else math.nan

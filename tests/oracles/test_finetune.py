@@ -19,8 +19,9 @@ from headprune.io.read.loading import load_model
 from headprune.io.read.tokenizer import model_tokenizer
 from headprune.perplexity import Windowing, evaluate
 from headprune.pruning import finetune as ft
-from headprune.pruning.finetune import Recipe, finetune, gap_recovered, lr_factor, make_optimizer, recovery_loss
+from headprune.pruning.finetune import Recipe, finetune, lr_factor, make_optimizer, recovery_loss
 from headprune.pruning.prune import prune_model
+from headprune.schema import gap_recovered
 
 RECIPE = {"lr": 1e-3, "batch_size": 2, "seq_len": 16, "checkpoint_every": 2}
 
