@@ -446,6 +446,42 @@ def test_committed_summaries_say_what_their_tables_say(folder):
     assert check_all(found, said, scores, curves, base, pred, layers) >= 3 + (layers is not None) * 2
     if layers is not None:
         check_joint_vs_sum((folder / "summary.md").read_text(), layers, scores)
+    if (folder / "long_windows.csv").is_file():
+        check_long((folder / "summary.md").read_text(), pd.read_csv(folder / "long_windows.csv"),
+                   pd.read_csv(folder / "long_ranks.csv"))
+
+
+LONGER = re.compile(r"in windows of ([\d,]+): ([\d.]+) \[([\d.]+), ([\d.]+)\], ΔNLL ([-+][\d.]+) \[([-+][\d.]+), "
+                    r"([-+][\d.]+)\] nats/token \((lower|higher|not told apart)\)")
+AGREE = re.compile(r"([\d,]+) against (\d+) tokens on the same text: ρ ([-+][\d.]+) \[([-+][\d.]+), ([-+][\d.]+)\], "
+                   r"(\d+)% \[(\d+)%, (\d+)%\] of the top (\d+) in common")
+MOVES = re.compile(r"From (\d+) to ([\d,]+) tokens (the ranking moves (less than|more than) with the corpus|how far it "
+                   r"moves is not told apart from how far the corpus moves it)\.")
+
+
+def check_long(md: str, windows: pd.DataFrame, ranks: pd.DataFrame) -> None:
+    """The long-documents section read back: every longer window's perplexity and paired change with its side of 0,
+    every length's rank agreement, and whether the window moves the ranking less or more than the corpus, recomputed
+    from the two tables with code of its own."""
+    said = LONGER.findall(md)
+    first = windows.iloc[0]
+    assert len(said) == len(windows) - 1 and first["delta_nll"] == 0
+    for got, r in zip(said, windows.iloc[1:].itertuples(), strict=True):
+        side_ = "lower" if r.delta_ci_hi < 0 else "higher" if r.delta_ci_lo > 0 else "not told apart"
+        assert got == (f"{r.seq_len:,}", f"{r.ppl:.2f}", f"{r.ppl_ci_lo:.2f}", f"{r.ppl_ci_hi:.2f}",
+                       f"{r.nll - first.nll:+.3f}", f"{r.delta_ci_lo:+.3f}", f"{r.delta_ci_hi:+.3f}", side_)
+    lengths = ranks[ranks["x_len"] != ranks["y_len"]]
+    agreed = AGREE.findall(md)
+    assert len(agreed) == len(lengths)
+    for got, r in zip(agreed, lengths.itertuples(), strict=True):
+        assert got == (f"{r.y_len:,}", str(r.x_len), f"{r.spearman_rho:+.2f}", f"{r.spearman_ci_lo:+.2f}",
+                       f"{r.spearman_ci_hi:+.2f}", f"{100 * r.top_shared:.0f}", f"{100 * r.top_shared_ci_lo:.0f}",
+                       f"{100 * r.top_shared_ci_hi:.0f}", str(r.top))
+    corpus, longest = ranks[ranks["x_len"] == ranks["y_len"]].iloc[0], lengths.iloc[-1]
+    truth_ = ("less than" if longest.spearman_ci_lo > corpus.spearman_ci_hi else "more than"
+              if longest.spearman_ci_hi < corpus.spearman_ci_lo else "")
+    m = MOVES.search(md)
+    assert m and (m[4] or "") == truth_ and m[2] == f"{longest.y_len:,}"
 
 
 def test_smollm2_layer_normalised_sentence_says_the_spec_rankings_are_not_worse_at_50_percent():
@@ -791,3 +827,40 @@ def test_randomised_distillation_tables_every_claim_recomputed():
         check_distillation(lines, rec, "grad@layer")
         verdicts |= {m[24] for line in lines if (m := DISTILLED.match(line))}
     assert verdicts == {"ends below", "ends above", "is not told apart from"}  # every verdict reached
+
+
+def random_long(seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Long-documents tables drawn at random: changes below, above and across 0, rankings apart and together."""
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(1.5, 3.0)
+    rows = [{"seq_len": 128, "tokens": 16000, "spans": 8, "windows": 128, "nll": base, "delta_nll": 0.0,
+             "delta_ci_lo": 0.0, "delta_ci_hi": 0.0}]
+    for n in (512, 2048):
+        d = rng.uniform(-0.3, 0.1)
+        half = rng.uniform(0.01, 0.2)
+        rows.append({"seq_len": n, "tokens": 16000, "spans": 8, "windows": 8 * 2048 // n,
+                     "nll": base + d, "delta_nll": d, "delta_ci_lo": d - half, "delta_ci_hi": d + half})
+    windows = pd.DataFrame(rows)
+    windows["ppl"] = np.exp(windows["nll"])
+    windows["ppl_ci_lo"], windows["ppl_ci_hi"] = windows["ppl"] * 0.95, windows["ppl"] * 1.05
+    ranks = []
+    for x, y, xl, yl in (("longdocs, 128", "longdocs, 512", 128, 512), ("longdocs, 128", "longdocs, 2048", 128, 2048),
+                         ("the run's corpus, 128", "longdocs, 128", 128, 128)):
+        r, w = rng.uniform(0.2, 0.95), rng.uniform(0.02, 0.2)
+        share = rng.uniform(0.3, 0.9)
+        ranks.append({"x": x, "y": y, "x_len": xl, "y_len": yl, "spearman_rho": r, "spearman_ci_lo": r - w,
+                      "spearman_ci_hi": min(1.0, r + w), "top": 27, "top_shared": share,
+                      "top_shared_ci_lo": share - 0.1, "top_shared_ci_hi": min(1.0, share + 0.1)})
+    return windows, pd.DataFrame(ranks)
+
+
+def test_randomised_long_tables_every_claim_recomputed():
+    from headprune.report.window_length_section import length_sentence, rank_sentence
+
+    verdicts = set()
+    for seed in range(60):
+        windows, ranks = random_long(seed)
+        md = length_sentence(windows) + "\n" + rank_sentence(ranks)
+        check_long(md, windows, ranks)
+        verdicts |= {m[4] or m[3] for m in [MOVES.search(md)]} | {g[-1] for g in LONGER.findall(md)}
+    assert {"lower", "higher", "not told apart", "less than", "more than"} <= verdicts
