@@ -44,10 +44,11 @@ def _agreement(r) -> str:
 
 
 def moves(window: pd.Series, corpus: pd.Series) -> str:
-    """Whether the longest window moves the ranking less or more than the corpus does: from the ρ intervals."""
+    """Whether the longest window moves the ranking less or more than the change of corpus does: from the ρ
+    intervals (a higher ρ moves it less)."""
     if window["spearman_ci_lo"] > corpus["spearman_ci_hi"]:
         return "less than"
-    return "more than" if window["spearman_ci_hi"] < corpus["spearman_ci_lo"] else "not told apart from how much"
+    return "more than" if window["spearman_ci_hi"] < corpus["spearman_ci_lo"] else "not told apart from"
 
 
 def rank_sentence(ranks: pd.DataFrame) -> str:
@@ -59,11 +60,11 @@ def rank_sentence(ranks: pd.DataFrame) -> str:
                      for r in lengths.itertuples())
     longest = lengths.iloc[-1]
     verdict = moves(longest, corpus)
-    how = (f"the ranking moves {verdict} with the corpus" if verdict != "not told apart from how much"
-           else "how far it moves is not told apart from how far the corpus moves it")
+    how = (f"moves the ranking {verdict} the change of corpus does" if verdict != "not told apart from"
+           else "is not told apart from the change of corpus in how far it moves the ranking")
     return (f"The heads' taylor ranking (Spearman ρ over heads and spans resampled together): {said}; the run's "
-            f"corpus against the long documents, both in windows of {first}: {_agreement(corpus)}. From {first} to "
-            f"{int(longest.y_len):,} tokens {how}.")
+            f"corpus against the long documents, both in windows of {first}: {_agreement(corpus)}. Going from {first} "
+            f"to {int(longest.y_len):,} tokens {how}.")
 
 
 def long_section(tables: dict[str, pd.DataFrame]) -> Section:

@@ -455,8 +455,8 @@ LONGER = re.compile(r"in windows of ([\d,]+): ([\d.]+) \[([\d.]+), ([\d.]+)\], Î
                     r"([-+][\d.]+)\] nats/token \((lower|higher|not told apart)\)")
 AGREE = re.compile(r"([\d,]+) against (\d+) tokens on the same text: Ï ([-+][\d.]+) \[([-+][\d.]+), ([-+][\d.]+)\], "
                    r"(\d+)% \[(\d+)%, (\d+)%\] of the top (\d+) in common")
-MOVES = re.compile(r"From (\d+) to ([\d,]+) tokens (the ranking moves (less than|more than) with the corpus|how far it "
-                   r"moves is not told apart from how far the corpus moves it)\.")
+MOVES = re.compile(r"Going from (\d+) to ([\d,]+) tokens (moves the ranking (less than|more than) the change of corpus "
+                   r"does|is not told apart from the change of corpus in how far it moves the ranking)\.")
 
 
 def check_long(md: str, windows: pd.DataFrame, ranks: pd.DataFrame) -> None:
