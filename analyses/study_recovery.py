@@ -6,10 +6,13 @@ One row per arm, fraction, seed and evaluation corpus: perplexity unpruned P₀ 
 share of the gap won back g = (P_p − P_d) / (P_p − P₀), and the distilled NLL's standard error over evaluation
 windows ``nll_distilled_se``. A seed sets the training batches and, for the random arm, the heads drawn.
 
-Intervals (:func:`summarise`) hold both noises. For an arm, over its n seeds, the mean distilled NLL m ± t·√(s²/n +
-se²): s the seeds' spread, se the mean window standard error (every seed is measured on the same windows, so that
-noise does not shrink with seeds), t the 97.5% Student quantile with n − 1 degrees of freedom. The comparison of two
-arms d = m_a − m_b ± t·√(s_a²/n_a + s_b²/n_b + se_a² + se_b²), with min(n_a, n_b) − 1 degrees of freedom.
+Intervals (:func:`summarise`) hold both noises. For an arm, over its n seeds, the mean distilled NLL
+m ± √(t²·s²/n + z²·se²): s the seeds' spread with t the 97.5% Student quantile at n − 1 degrees of freedom, se the
+mean window standard error with z the normal one (every seed is measured on the same windows, so that noise does not
+shrink with seeds). Two arms: d = m_a − m_b ± √(t²·(s_a²/n_a + s_b²/n_b) + z²·(se_a² + se_b²)), t at
+min(n_a, n_b) − 1. The rows keep each model's NLL and its window standard error, not the per-window sums, so the
+window noise of a difference (and of the pruned → distilled change) is counted unpaired: conservative, since both
+sides are measured on the same windows.
 """
 
 from __future__ import annotations
@@ -133,10 +136,18 @@ def distilled_points(rec: pd.DataFrame) -> pd.DataFrame:
 
 # --- summaries: each arm over its seeds, with both noises ----------------------------------------------------------
 
+Z = float(stats.norm.ppf(0.975))
+
+
 def _t(n: int) -> float:
-    """The 97.5% quantile for a mean over n seeds: Student's t with n − 1 degrees of freedom (normal for n = 1, where
-    the seeds' spread is unknown and only the window noise is counted)."""
-    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else float(stats.norm.ppf(0.975))
+    """The 97.5% quantile for a mean over n seeds: Student's t with n − 1 degrees of freedom (0 for n = 1, where the
+    seeds' spread is unknown and only the window noise is counted)."""
+    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else 0.0
+
+
+def half_width(n: int, seed_var: float, window_var: float) -> float:
+    """√((t_{n−1})² s²/n + z² se²): the seeds' part with Student's t, the windows' with the normal quantile."""
+    return math.sqrt(_t(n) ** 2 * seed_var + Z**2 * window_var)
 
 
 @dataclass(frozen=True)
@@ -148,13 +159,14 @@ class ArmSummary:
     ppl_unpruned: float
     ppl_pruned: float  # exp of the seeds' mean pruned NLL (one value for the ranking's prune)
     nll: float  # mean distilled NLL
-    var: float  # s²/n + se²: the variance of ``nll`` the interval is built from
+    seed_var: float  # s²/n: the seeds' part of the variance of ``nll``
+    window_var: float  # se²: the evaluation windows' part
     seeds_lo: float  # the lowest and highest seed's distilled perplexity
     seeds_hi: float
 
     @property
     def half(self) -> float:
-        return _t(self.n) * math.sqrt(self.var)
+        return half_width(self.n, self.seed_var, self.window_var)
 
     @property
     def ppl(self) -> tuple[float, float, float]:
@@ -177,7 +189,7 @@ def summarise(rec: pd.DataFrame, kind: str, fraction: float, measured_on: str) -
     se = float(rows["nll_distilled_se"].fillna(0.0).mean())
     return ArmSummary(n, int(rows["heads_pruned"].iloc[0]), math.exp(float(rows["nll_unpruned"].iloc[0])),
                       math.exp(float(rows["nll_pruned"].mean())), float(rows["nll_distilled"].mean()),
-                      spread + se**2, float(rows["ppl_distilled"].min()), float(rows["ppl_distilled"].max()))
+                      spread, se**2, float(rows["ppl_distilled"].min()), float(rows["ppl_distilled"].max()))
 
 
 def arms_at(rec: pd.DataFrame, fraction: float, corpus: str) -> tuple[ArmSummary, ArmSummary]:
@@ -195,7 +207,7 @@ def ranking_fractions(rec: pd.DataFrame) -> list[float]:
 def difference(a: ArmSummary, b: ArmSummary) -> tuple[float, float, float]:
     """m_a − m_b in nats/token with its 95% interval (min(n_a, n_b) − 1 degrees of freedom)."""
     d = a.nll - b.nll
-    half = _t(min(a.n, b.n)) * math.sqrt(a.var + b.var)
+    half = half_width(min(a.n, b.n), a.seed_var + b.seed_var, a.window_var + b.window_var)
     return d, d - half, d + half
 
 

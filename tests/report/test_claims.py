@@ -690,33 +690,45 @@ DISTILLED = re.compile(r"At (\d+)% \((\d+) heads\), on the (\w+) corpus' test sp
                        r"nats/token\)\.$")
 
 
-def arm_stats(rows: pd.DataFrame) -> tuple[float, float, float, float, float]:
-    """An arm's seeds read here: its mean distilled NLL, the variance of that mean (the seeds' spread and the window
-    noise, which every seed shares), the 95% half-width (Student's t over the seeds), P₀ and the mean pruned P_p."""
+def arm_stats(rows: pd.DataFrame) -> tuple[float, float, float, float, float, float]:
+    """An arm's seeds read here: its mean distilled NLL, the seeds' variance of that mean s²/n and the windows' se²
+    (every seed is measured on the same windows), its 95% half-width √(t²·s²/n + z²·se²) (Student's t over the seeds,
+    the normal quantile for the windows), P₀ and the mean pruned P_p."""
+    from scipy.stats import norm
     from scipy.stats import t as student
 
     n, nll = len(rows), rows["nll_distilled"].to_numpy()
-    var = (nll.var(ddof=1) / n if n > 1 else 0.0) + rows["nll_distilled_se"].mean() ** 2
-    return (nll.mean(), var, student.ppf(0.975, n - 1) * math.sqrt(var), math.exp(rows["nll_unpruned"].iloc[0]),
-            math.exp(rows["nll_pruned"].mean()))
+    seeds, windows = (nll.var(ddof=1) / n if n > 1 else 0.0), rows["nll_distilled_se"].mean() ** 2
+    t = student.ppf(0.975, n - 1) if n > 1 else 0.0
+    return (nll.mean(), seeds, windows, math.sqrt(t**2 * seeds + norm.ppf(0.975) ** 2 * windows),
+            math.exp(rows["nll_unpruned"].iloc[0]), math.exp(rows["nll_pruned"].mean()))
 
 
-def arm_numbers(rows: pd.DataFrame) -> tuple[list[str], float, float]:
+def difference_stats(a: pd.DataFrame, b: pd.DataFrame) -> tuple[float, float]:
+    """Two arms' mean distilled NLL difference and its 95% half-width: both seeds' parts with t at min(n) − 1, both
+    windows' parts with the normal quantile (unpaired: the rows keep no per-window sums)."""
+    from scipy.stats import norm
+    from scipy.stats import t as student
+
+    (m_a, s_a, w_a, *_), (m_b, s_b, w_b, *_) = arm_stats(a), arm_stats(b)
+    t = student.ppf(0.975, min(len(a), len(b)) - 1)
+    return m_a - m_b, math.sqrt(t**2 * (s_a + s_b) + norm.ppf(0.975) ** 2 * (w_a + w_b))
+
+
+def arm_numbers(rows: pd.DataFrame) -> list[str]:
     """An arm as its sentence states it: [P_p, P_d, its interval, the gap won back at P_d and at the interval's ends,
-    the lowest and highest seed], its mean distilled NLL and that mean's variance."""
-    mean, var, half, p0, pp = arm_stats(rows)
+    the lowest and highest seed]."""
+    mean, _, _, half, p0, pp = arm_stats(rows)
     ppl = [math.exp(mean + k * half) for k in (0, -1, 1)]
     gaps = [(pp - x) / (pp - p0) if pp > p0 else math.nan for x in (ppl[0], ppl[2], ppl[1])]
     seeds = np.exp(rows["nll_distilled"].to_numpy())
-    return ([f"{pp:.2f}", *(f"{x:.2f}" for x in ppl), *(f"{100 * g:.0f}" for g in gaps), f"{seeds.min():.2f}",
-             f"{seeds.max():.2f}"], mean, var)
+    return [f"{pp:.2f}", *(f"{x:.2f}" for x in ppl), *(f"{100 * g:.0f}" for g in gaps), f"{seeds.min():.2f}",
+            f"{seeds.max():.2f}"]
 
 
 def check_distillation(lines: list[str], rec: pd.DataFrame, best: str) -> None:
     """Every distillation sentence of a table with arms and seeds recomputed from the table, with code of its own;
     each fraction and evaluation corpus stated once, the unpruned model's control stated."""
-    from scipy.stats import t as student
-
     said = [m for line in lines if (m := DISTILLED.match(line))]
     expected = {(f, c) for f in rec.loc[rec["arm"] == "ranking", "fraction"] for c in rec["measured_on"]}
     assert {(int(m[1]) / 100, m[3]) for m in said} == expected
@@ -727,19 +739,16 @@ def check_distillation(lines: list[str], rec: pd.DataFrame, best: str) -> None:
         mine, rand = at[at["arm"] == "ranking"], at[at["arm"] == "random"]
         assert m[5] == best and int(m[2]) == mine["heads_pruned"].iloc[0] == rand["heads_pruned"].iloc[0]
         assert (m[4] == "other text of the corpus it trained on") == (corpus == rec["measured_on"].iloc[0])
-        (mine_said, m_mine, v_mine), (rand_said, m_rand, v_rand) = arm_numbers(mine), arm_numbers(rand)
         numbers = list(m.groups())
-        assert [numbers[5], numbers[6], numbers[7], numbers[8], numbers[9], numbers[10], numbers[11], numbers[12],
-                numbers[13]] == mine_said, m[0]
-        assert numbers[14:23] == rand_said, m[0]
-        d = m_mine - m_rand
-        half = student.ppf(0.975, min(len(mine), len(rand)) - 1) * math.sqrt(v_mine + v_rand)
+        assert numbers[5:14] == arm_numbers(mine), m[0]
+        assert numbers[14:23] == arm_numbers(rand), m[0]
+        d, half = difference_stats(mine, rand)
         truth_ = "ends below" if d + half < 0 else "ends above" if d - half > 0 else "is not told apart from"
         assert numbers[23:] == [truth_, f"{d:+.3f}", f"{d - half:+.3f}", f"{d + half:+.3f}"], m[0]
     control = next(line for line in lines if line.startswith("The unpruned model trained the same way"))
     for corpus in rec["measured_on"].unique():
         plain = rec[(rec["arm"] == "unpruned") & (rec["measured_on"] == corpus)]
-        assert f"{math.exp(plain['nll_unpruned'].iloc[0]):.2f} → {arm_numbers(plain)[0][1]}" in control
+        assert f"{math.exp(plain['nll_unpruned'].iloc[0]):.2f} → {arm_numbers(plain)[1]}" in control
 
 
 @pytest.mark.parametrize("folder", STUDIES, ids=[p.name for p in STUDIES])

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analyses.study_status import CERTIFIED, CONTESTED, REFUTED, best_cheap, top_head, top_layer, versus_random
-from tests.report.test_claims import arm_stats
+from tests.report.test_claims import arm_stats, difference_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = [p.parent for p in sorted((ROOT / "reports").glob("*/study.md"))
@@ -116,20 +116,17 @@ def distilled_status(finding: str, rec: pd.DataFrame) -> str:
     """A distillation row's status from the table, on every evaluation corpus: the ranking's prune wins back more
     than half its gap (the interval's worse end above 50%), or ends below the random prunes (the difference's
     interval below 0)."""
-    from scipy.stats import t as student
-
     f = int(re.search(r"at (\d+)%$", finding)[1]) / 100
     sides = []
     for corpus in rec["measured_on"].unique():
         at = rec[np.isclose(rec["fraction"], f) & (rec["measured_on"] == corpus)]
-        (m, var, half, p0, pp), (m_r, var_r, _, _, _) = (arm_stats(at[at["arm"] == a]) for a in ("ranking", "random"))
+        mine, rand = (at[at["arm"] == a] for a in ("ranking", "random"))
         if finding.startswith("distillation wins back most"):
+            m, _, _, half, p0, pp = arm_stats(mine)
             worst, best = ((pp - math.exp(m + k * half)) / (pp - p0) for k in (1, -1))
             sides.append(1 if worst > 0.5 else -1 if best < 0.5 else 0)
         else:
-            d = m - m_r
-            n = min((at["arm"] == a).sum() for a in ("ranking", "random"))
-            both = student.ppf(0.975, n - 1) * math.sqrt(var + var_r)
+            d, both = difference_stats(mine, rand)
             sides.append(1 if d + both < 0 else -1 if d - both > 0 else 0)
     return CERTIFIED if set(sides) == {1} else REFUTED if set(sides) == {-1} else CONTESTED
 

@@ -23,6 +23,7 @@ from analyses.study_recovery import (
 from analyses.study_status import CERTIFIED, CONTESTED, REFUTED, distillation
 
 T2 = 4.302652729911275  # Student's t, 97.5%, 2 degrees of freedom
+Z = 1.959963984540054  # the normal 97.5% quantile
 
 
 def _rows(arm: str, fraction: float, nlls, corpus: str = "default", pruned: float = 2.0, se: float = 0.05,
@@ -45,13 +46,13 @@ def _table(random_nlls=(1.5, 1.6, 1.7)) -> pd.DataFrame:
 
 def test_an_arms_interval_holds_the_seeds_spread_and_the_window_noise():
     s = summarise(_table(), RANKING, 0.3, "default")
-    half = T2 * math.sqrt(0.01 / 3 + 0.05**2)  # s² = 0.01 over 3 seeds; se 0.05 on the same windows in every seed
+    half = math.sqrt(T2**2 * 0.01 / 3 + Z**2 * 0.05**2)  # s² = 0.01 over 3 seeds; se 0.05, the same windows in each
     assert s.ppl == pytest.approx((math.exp(1.1), math.exp(1.1 - half), math.exp(1.1 + half)), rel=1e-9)
     p0, pp = math.exp(0.5), math.exp(2.0)
     assert s.gap == pytest.approx(tuple((pp - x) / (pp - p0) for x in (math.exp(1.1), math.exp(1.1 + half),
                                                                        math.exp(1.1 - half))), rel=1e-9)
     d = difference(s, summarise(_table(), RANDOM, 0.3, "default"))
-    both = T2 * math.sqrt(2 * (0.01 / 3 + 0.05**2))
+    both = math.sqrt(T2**2 * 2 * 0.01 / 3 + Z**2 * 2 * 0.05**2)
     assert d == pytest.approx((-0.5, -0.5 - both, -0.5 + both), rel=1e-9)
     assert summarise(_table(), RANKING, 0.5, "default") is None
 
@@ -60,7 +61,8 @@ def test_the_sentences_state_each_arm_and_the_verdict_from_the_interval():
     lines = recovery_sentences(_table())
     assert lines[0].startswith("Distillation from the unpruned model (50 steps, 25,600 training tokens of the default "
                                "corpus' train split, 3 seeds each)")
-    half, both = T2 * math.sqrt(0.01 / 3 + 0.05**2), T2 * math.sqrt(2 * (0.01 / 3 + 0.05**2))
+    half = math.sqrt(T2**2 * 0.01 / 3 + Z**2 * 0.05**2)
+    both = math.sqrt(T2**2 * 2 * 0.01 / 3 + Z**2 * 2 * 0.05**2)
     p0, pp = math.exp(0.5), math.exp(2.0)
     g = [(pp - x) / (pp - p0) for x in (math.exp(1.1), math.exp(1.1 + half), math.exp(1.1 - half))]
     assert lines[1] == (
