@@ -9,7 +9,7 @@ import argparse
 from headprune.cli.options import add_run_flags
 from headprune.errors import HeadpruneError
 
-HELP = "perplexity and the taylor ranking in longer windows on long documents, for a finished run's folder"
+HELP = "perplexity and taylor in longer windows of long texts, for a run's folder"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
