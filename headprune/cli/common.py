@@ -114,3 +114,34 @@ def print_estimate(model, methods: list[str], tokens: int, seq_len: int) -> None
 
     for line in scoring_lines(model, methods, tokens, seq_len):
         print(line, flush=True)
+
+
+def open_finished_run(out: str):
+    """A finished run's folder for a stage added to it (``layers``, ``long``): its path, settings.json record, its
+    RunSettings and inputs (:func:`headprune.stages.inputs.reload_inputs`), refused where the run's tables are missing
+    or the folder is not writable."""
+    from pathlib import Path
+
+    from headprune.errors import HeadpruneError
+    from headprune.io.work.files import check_writable
+    from headprune.stages.inputs import reload_inputs
+
+    folder = Path(out)
+    for name in ("scores.parquet", "curves.parquet"):
+        if not (folder / name).is_file():
+            raise HeadpruneError(f"{folder} holds no {name}: not the output folder of headprune run")
+    check_writable(folder)
+    return (folder, *reload_inputs(folder))
+
+
+def finish_stage(folder, tables: dict, progress):
+    """A stage's ``tables`` ({file name: table}) written into the run's ``folder``, its report re-rendered with them and
+    the stage's ``progress`` file removed; the report's path."""
+    from headprune.io.work.files import write_table
+    from headprune.report import rebuild_report
+
+    for name, table in tables.items():
+        write_table(table, folder / name)
+    report = rebuild_report(folder / "scores.parquet", folder / "curves.parquet", folder)
+    progress.remove()
+    return report

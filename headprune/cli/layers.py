@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 
 from headprune.cli.options import add_run_flags
-from headprune.errors import HeadpruneError
 
 HELP = "remove each layer's heads together, for a finished run's folder"
 
@@ -18,22 +17,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
+    from headprune.cli.common import finish_stage, open_finished_run
     from headprune.cost import Pace, estimate_layers
-    from headprune.io.work.files import check_writable, write_table
     from headprune.io.work.progress import Progress
-    from headprune.report import rebuild_report
     from headprune.report.layers import LAYERS_FILE
-    from headprune.stages.inputs import reload_inputs
     from headprune.stages.layers import layer_stage
 
-    out = Path(args.out)
-    for name in ("scores.parquet", "curves.parquet"):
-        if not (out / name).is_file():
-            raise HeadpruneError(f"{out} holds no {name}: not the output folder of headprune run")
-    check_writable(out)
-    record, s, inputs = reload_inputs(out)
+    out, record, s, inputs = open_finished_run(args.out)
     tokens = len(inputs.score_ids) + len(inputs.eval_ids)
     if not args.quiet:
         pace = Pace.here(inputs.model, inputs.windowing.seq_len)
@@ -41,8 +31,5 @@ def run(args: argparse.Namespace) -> None:
               + estimate_layers(inputs.model, tokens, inputs.windowing.seq_len, pace).line())
     progress = Progress(out / ".layers-progress.jsonl", {"stage": "layers", "settings": record},
                         overwrite=args.overwrite)
-    layers = layer_stage(inputs, s, progress, args.quiet)
-    write_table(layers, out / LAYERS_FILE)
-    report = rebuild_report(out / "scores.parquet", out / "curves.parquet", out)
-    progress.remove()
+    report = finish_stage(out, {LAYERS_FILE: layer_stage(inputs, s, progress, args.quiet)}, progress)
     print(f"layers -> {out / LAYERS_FILE}; report -> {report}")

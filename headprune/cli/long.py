@@ -18,21 +18,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from headprune.io.work.files import check_writable, write_table
+    from headprune.cli.common import finish_stage, open_finished_run
     from headprune.io.work.progress import Progress
-    from headprune.report import rebuild_report
     from headprune.scoring.result import load_scores
-    from headprune.stages.inputs import reload_inputs
     from headprune.stages.window_length import long_stage, planned, run_taylor_of
 
-    out = Path(args.out)
-    for name in ("scores.parquet", "curves.parquet"):
-        if not (out / name).is_file():
-            raise HeadpruneError(f"{out} holds no {name}: not the output folder of headprune run")
-    check_writable(out)
-    record, s, inputs = reload_inputs(out)
+    out, record, s, inputs = open_finished_run(args.out)
     plan = planned(inputs, s)
     if plan is None:
         raise HeadpruneError(f"{s.model}: its context ({inputs.model.cfg.n_positions} positions) holds no window 4× "
@@ -44,8 +35,5 @@ def run(args: argparse.Namespace) -> None:
     run_taylor, run_reps = run_taylor_of(scored.table, scored.replicates, inputs.model.head_ids)
     progress = Progress(out / ".long-progress.jsonl", {"stage": "long", "settings": record}, overwrite=args.overwrite)
     tables = long_stage(inputs, s, run_taylor, run_reps, progress, args.quiet)
-    for name, table in tables.items():
-        write_table(table, out / name)
-    report = rebuild_report(out / "scores.parquet", out / "curves.parquet", out)
-    progress.remove()
+    report = finish_stage(out, tables, progress)
     print(f"long documents -> {', '.join(str(out / name) for name in tables)}; report -> {report}")
