@@ -228,8 +228,9 @@ def recovery_part(study: Study, args: argparse.Namespace) -> None:
           f"runs of {args.recover_steps} steps ({seeds} seeds each), resumable run by run")
     tokenizer, n = study.inputs.tokenizer, study.s.max_tokens
     train_ids = corpus_ids(study.s.data, "train", tokenizer, args.recover_steps * BATCH * w.seq_len + 1)
-    evals = {c: corpus_ids(c, "test", tokenizer, n) for c in (study.s.data, held_out_corpus(study.s.data))}
-    evals[study.s.data] = study.inputs.eval_ids  # the run's own test tokens
+    held_out = held_out_corpus(study.s.data)
+    # the run's own test tokens first, then the corpus distillation never sees
+    evals = {study.s.data: study.inputs.eval_ids, held_out: corpus_ids(held_out, "test", tokenizer, n)}
     model, progress = study.inputs.model, study.progress
     units = {"steps": args.recover_steps, "ranking": meta["ranking"]}
 
